@@ -1,0 +1,3 @@
+"""Leaf dispenser: unique 64-bit IDs over message brokers, from Postgres segments or snowflake generators."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,151 @@
+"""Every error the dispenser can answer with: one class per situation, each with a code and a retry hint.
+
+A client sees ``code`` (stable, machine-readable), ``message`` (for a person) and ``retryable`` (whether the
+same request may succeed later). ``status`` is the HTTP-like number sent in the ``Nats-Service-Error-Code``
+header, as the NATS services convention (ADR-32) expects. Errors caused by the request itself also subclass
+:class:`ValueError`. Foreign exceptions (asyncpg, aiozk, nats) are converted into these only in the
+adapters; one handler in the service turns them into replies.
+"""
+
+from __future__ import annotations
+
+
+class DispenserError(Exception):
+    """Base of every error that becomes an error reply."""
+
+    code: str = "internal"
+    status: int = 500
+    retryable: bool = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(DispenserError, ValueError):
+    """The request can never succeed as sent; fix it before retrying."""
+
+    code = "bad_request"
+    status = 400
+
+
+class MalformedRequest(BadRequest):
+    """The body is not valid JSON (or msgpack, when the client said so)."""
+
+    code = "malformed"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"request body could not be decoded: {detail}")
+
+
+class InvalidRequest(BadRequest):
+    """The body decodes but a field has the wrong type or an unknown value (msgspec names the path)."""
+
+    code = "invalid"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"invalid request: {detail}")
+
+
+class InvalidCount(BadRequest):
+    """``count`` is zero or negative."""
+
+    code = "invalid_count"
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"count must be at least 1, got {count}")
+        self.count = count
+
+
+class CountTooLarge(BadRequest):
+    """``count`` is over the configured limit for the requested format."""
+
+    code = "count_too_large"
+    status = 413
+
+    def __init__(self, count: int, limit: int, fmt: str) -> None:
+        hint = "; ask with format 'ranges' for larger batches" if fmt == "ids" else ""
+        super().__init__(f"count {count} is over the limit of {limit} for format '{fmt}'{hint}")
+        self.count = count
+        self.limit = limit
+
+
+class MessageTooLarge(BadRequest):
+    """The request body is larger than any valid request could be."""
+
+    code = "too_large"
+    status = 413
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"request body of {size} bytes is over the limit of {limit} bytes")
+
+
+class InvalidTag(BadRequest):
+    """The tag does not match ``[A-Za-z0-9_.-]{1,128}``."""
+
+    code = "invalid_tag"
+
+    def __init__(self, tag: str) -> None:
+        shown = tag if len(tag) <= 140 else tag[:140] + "…"
+        super().__init__(f"tag {shown!r} is not valid: use 1 to 128 of A-Z a-z 0-9 _ . -")
+        self.tag = tag
+
+
+class UnknownTag(DispenserError, LookupError):
+    """No such tag exists in the store (``dispenser tag add`` creates one)."""
+
+    code = "unknown_tag"
+    status = 404
+
+    def __init__(self, tag: str) -> None:
+        super().__init__(f"unknown tag {tag!r}: create it with `dispenser tag add {tag} --step N`")
+        self.tag = tag
+
+
+class Unavailable(DispenserError):
+    """A dependency (store or coordinator) could not answer in time; retrying later may succeed."""
+
+    code = "unavailable"
+    status = 503
+    retryable = True
+
+
+class StoreUnavailable(Unavailable):
+    """The segment store could not be reached, and the buffer for this tag ran dry."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"segment store unavailable: {detail}")
+
+
+class ClockMovedBackwards(DispenserError):
+    """The wall clock went back further than the generator may wait out; no ID was issued."""
+
+    code = "clock_moved_backwards"
+    status = 503
+    retryable = True
+
+    def __init__(self, last_ms: int, now_ms: int) -> None:
+        super().__init__(
+            f"clock moved backwards by {last_ms - now_ms} ms (last issued at {last_ms}, now {now_ms}); "
+            "refusing to issue IDs until it has caught up"
+        )
+        self.last_ms = last_ms
+        self.now_ms = now_ms
+
+
+class InternalError(DispenserError):
+    """An unexpected failure inside the worker; it is logged with its traceback."""
+
+    def __init__(self, detail: str = "internal error") -> None:
+        super().__init__(detail)
+
+
+class TagExists(DispenserError, ValueError):
+    """``tag add`` named a tag that is already in the store."""
+
+    code = "tag_exists"
+    status = 409
+
+    def __init__(self, tag: str) -> None:
+        super().__init__(f"tag {tag!r} already exists; change its step with `dispenser tag set {tag} --step N`")
+        self.tag = tag

@@ -1,0 +1,254 @@
+"""Segments and Leaf's double buffer for one tag: which IDs to hand out, and when to fetch more.
+
+Rules of this module (everything that decides an ID lives here, nothing else does):
+
+* A :class:`Segment` is an inclusive range ``[first, last]`` granted by the store in one round trip.
+  Every ID handed out lies inside a segment that was installed, and each is handed out once: the
+  position only moves forward, and segments are consumed in the order they were installed.
+* :meth:`SegmentBuffer.take` is all-or-nothing. It returns a :class:`Batch` of ranges (a batch spans
+  segments when the current one runs out), or :data:`NEED_SEGMENT` without consuming anything when the
+  buffered IDs are not enough: the shell then waits on the one in-flight fetch and asks again.
+* Prefetch (Leaf's double buffer): once more than ``prefetch_threshold`` of the current segment is
+  used and no further segment is buffered, :attr:`SegmentBuffer.wants_fetch` turns true. The shell
+  starts a fetch, calls :meth:`begin_fetch`, and later :meth:`install` or :meth:`fetch_failed`.
+  At most one fetch is in flight per tag: ``wants_fetch`` is false while one is.
+* Time is passed in (``now`` in seconds, any monotonic origin); it is recorded for statistics only.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = [
+    "NEED_SEGMENT",
+    "Batch",
+    "BufferStats",
+    "NeedSegment",
+    "Segment",
+    "SegmentBuffer",
+    "SegmentStats",
+]
+
+Range = tuple[int, int]
+"""An inclusive range of IDs, ``(first, last)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """An inclusive range of IDs granted by the store: ``[first, last]``."""
+
+    first: int
+    last: int
+
+    def __post_init__(self) -> None:
+        if self.first > self.last:
+            raise ValueError(f"empty segment [{self.first}, {self.last}]")
+        if self.first < 0:
+            raise ValueError(f"segment [{self.first}, {self.last}] holds negative IDs")
+
+    @property
+    def size(self) -> int:
+        """How many IDs the segment holds."""
+        return self.last - self.first + 1
+
+    @classmethod
+    def from_max_id(cls, max_id: int, step: int) -> Segment:
+        """The segment Leaf's ``UPDATE … SET max_id = max_id + step RETURNING max_id`` grants."""
+        return cls(max_id - step, max_id - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """IDs handed out by one take, as inclusive ranges in increasing order."""
+
+    ranges: tuple[Range, ...]
+
+    @property
+    def count(self) -> int:
+        """How many IDs the batch holds."""
+        return sum(last - first + 1 for first, last in self.ranges)
+
+    def ids(self) -> list[int]:
+        """The IDs one by one (for replies in the ``ids`` format)."""
+        if len(self.ranges) == 1:
+            first, last = self.ranges[0]
+            return list(range(first, last + 1))
+        return [i for first, last in self.ranges for i in range(first, last + 1)]
+
+
+class NeedSegment(enum.Enum):
+    """Sentinel type: the buffer cannot serve the take until another segment is installed."""
+
+    NEED_SEGMENT = "NEED_SEGMENT"
+
+
+NEED_SEGMENT = NeedSegment.NEED_SEGMENT
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentStats:
+    """One buffered segment as monitoring sees it."""
+
+    first: int
+    last: int
+    position: int
+    """The next ID this segment would hand out (``last + 1`` when used up)."""
+    remaining: int
+
+
+@dataclass(frozen=True, slots=True)
+class BufferStats:
+    """A snapshot of one tag's double buffer, for monitoring and the rate events."""
+
+    current: SegmentStats | None
+    next: tuple[SegmentStats, ...]
+    remaining: int
+    fetching: bool
+    fetches: int
+    failed_fetches: int
+    last_install_at: float | None
+    prefetch_threshold: float
+
+
+class SegmentBuffer:
+    """The double buffer of one tag. Pure: no I/O, no clock; the shell drives it."""
+
+    def __init__(self, prefetch_threshold: float = 0.1) -> None:
+        """Create an empty buffer.
+
+        Args:
+            prefetch_threshold: fraction of the current segment that, once used, makes the buffer
+                want the next segment (Leaf uses 10%). ``0.0`` fetches as soon as one ID is used.
+        """
+        if not 0.0 <= prefetch_threshold <= 1.0:
+            raise ValueError(f"prefetch_threshold must be within [0, 1], got {prefetch_threshold}")
+        self.prefetch_threshold = prefetch_threshold
+        self._current: Segment | None = None
+        self._position = 0  # next ID of the current segment
+        self._queue: deque[Segment] = deque()
+        self._available = 0  # IDs left in current + queue, kept so take() need not add them up
+        self._high = -1  # last ID of the newest installed segment: installs must lie above it
+        self._fetching = False
+        self._fetches = 0
+        self._failed_fetches = 0
+        self._last_install_at: float | None = None
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @property
+    def remaining(self) -> int:
+        """IDs buffered and not yet handed out, across all installed segments."""
+        return self._available
+
+    @property
+    def fetching(self) -> bool:
+        """Whether a fetch is in flight (between :meth:`begin_fetch` and install/failure)."""
+        return self._fetching
+
+    @property
+    def wants_fetch(self) -> bool:
+        """Whether the shell should start a background fetch now.
+
+        True when nothing is in flight, no further segment is buffered, and either there is no
+        current segment or more than ``prefetch_threshold`` of it is used.
+        """
+        if self._fetching or self._queue:
+            return False
+        current = self._current
+        if current is None:
+            return True
+        used = self._position - current.first
+        return used > self.prefetch_threshold * current.size or self._position > current.last
+
+    def shortfall(self, count: int) -> int:
+        """How many IDs are missing to serve a take of ``count`` (0 when it can be served)."""
+        return max(0, count - self._available)
+
+    def stats(self) -> BufferStats:
+        """A snapshot for monitoring: both segments' bounds, position, fetch state."""
+        current = None
+        if self._current is not None:
+            c = self._current
+            current = SegmentStats(c.first, c.last, self._position, c.last - self._position + 1)
+        queued = tuple(SegmentStats(s.first, s.last, s.first, s.size) for s in self._queue)
+        return BufferStats(
+            current=current,
+            next=queued,
+            remaining=self._available,
+            fetching=self._fetching,
+            fetches=self._fetches,
+            failed_fetches=self._failed_fetches,
+            last_install_at=self._last_install_at,
+            prefetch_threshold=self.prefetch_threshold,
+        )
+
+    # -- deciding --------------------------------------------------------------------------------
+
+    def take(self, count: int) -> Batch | NeedSegment:
+        """Hand out ``count`` IDs, or :data:`NEED_SEGMENT` (consuming nothing) if too few are buffered."""
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        if count > self._available:
+            return NEED_SEGMENT
+        current = self._current
+        assert current is not None  # _available > 0 implies a current segment
+        position = self._position
+        # Fast path: the current segment alone serves the take (nearly every request).
+        end = position + count - 1
+        if end <= current.last:
+            self._position = end + 1
+            self._available -= count
+            return Batch(((position, end),))
+        ranges: list[Range] = []
+        left = count
+        while left:
+            if position > current.last:
+                current = self._queue.popleft()
+                position = current.first
+            end = min(current.last, position + left - 1)
+            ranges.append((position, end))
+            left -= end - position + 1
+            position = end + 1
+        self._current = current
+        self._position = position
+        self._available -= count
+        return Batch(tuple(ranges))
+
+    def begin_fetch(self) -> None:
+        """Record that a fetch is now in flight."""
+        if self._fetching:
+            raise RuntimeError("a fetch is already in flight for this tag")
+        self._fetching = True
+
+    def install(self, segment: Segment, now: float) -> None:
+        """Add a fetched segment after those buffered; ends the in-flight fetch.
+
+        Raises:
+            ValueError: the segment overlaps or lies below one installed before. The store grants
+                increasing segments, so this means two writers share a tag's row wrongly, and
+                handing the IDs out could repeat them.
+        """
+        if segment.first <= self._high:
+            self._fetching = False
+            raise ValueError(
+                f"segment [{segment.first}, {segment.last}] is not above the last one installed "
+                f"(ending at {self._high}); refusing IDs that may repeat"
+            )
+        self._fetching = False
+        self._fetches += 1
+        self._last_install_at = now
+        self._high = segment.last
+        self._available += segment.size
+        if self._current is None or (self._position > self._current.last and not self._queue):
+            # The current segment is used up (or never existed) and none waits: switch at once.
+            self._current = segment
+            self._position = segment.first
+        else:
+            self._queue.append(segment)
+
+    def fetch_failed(self) -> None:
+        """Record that the in-flight fetch failed; the shell retries it with backoff."""
+        self._fetching = False
+        self._failed_fetches += 1

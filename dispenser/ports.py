@@ -1,0 +1,150 @@
+"""The ports: what the service needs from the outside world, as typing.Protocol classes.
+
+Adapters (``dispenser.adapters``) implement them over real drivers; ``dispenser.adapters.memory`` holds
+fakes that pass the same contract tests, for fast unit tests.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from dispenser.core.segment import Segment
+
+__all__ = ["Allocation", "Clock", "SegmentStore", "SystemClock", "TagInfo", "WorkerLease", "WorkerRegistry"]
+
+
+@dataclass(frozen=True, slots=True)
+class TagInfo:
+    """One row of the ``leaf_alloc`` table."""
+
+    tag: str
+    max_id: int
+    """The first ID the next segment will hold (Leaf's ``max_id``)."""
+    step: int
+    """The configured segment size."""
+    description: str
+    update_time: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A segment granted by the store, with the tag's configured step at that moment."""
+
+    segment: Segment
+    configured_step: int
+
+
+class SegmentStore(Protocol):
+    """Where segments come from: Leaf's ``leaf_alloc`` table, one round trip per segment."""
+
+    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+        """Reserve the next segment of ``tag``.
+
+        Args:
+            tag: the business tag.
+            step: the segment size to reserve; ``None`` uses the tag's configured step.
+
+        Raises:
+            UnknownTag: no such tag.
+            StoreUnavailable: the store could not be reached or did not answer in time.
+        """
+        ...
+
+    async def list_tags(self) -> list[TagInfo]:
+        """All tags, ordered by name.
+
+        Raises:
+            StoreUnavailable: the store could not be reached.
+        """
+        ...
+
+    async def add_tag(self, tag: str, step: int, start: int = 1, description: str = "") -> TagInfo:
+        """Create a tag whose first ID will be ``start``.
+
+        Raises:
+            TagExists: the tag is already there.
+            InvalidTag: the name is not valid.
+        """
+        ...
+
+    async def set_step(self, tag: str, step: int) -> TagInfo:
+        """Change a tag's configured step (takes effect at its next segment).
+
+        Raises:
+            UnknownTag: no such tag.
+        """
+        ...
+
+    async def remove_tag(self, tag: str) -> None:
+        """Delete a tag. Its IDs are never reissued unless someone adds it again below its old max.
+
+        Raises:
+            UnknownTag: no such tag.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLease:
+    """A snowflake worker ID held by this process, with the highest timestamp recorded for it."""
+
+    worker_id: int
+    high_water_ms: int
+    """The last millisecond recorded as used under this worker ID (0 if never): issue only above it."""
+
+
+class WorkerRegistry(Protocol):
+    """Where snowflake worker IDs come from: ZooKeeper, a lease in ZooKeeper, Postgres, or config."""
+
+    async def register(self) -> WorkerLease:
+        """Obtain this worker's ID and its recorded high-water timestamp.
+
+        Raises:
+            WorkerIdsExhausted: every worker ID the layout allows is taken.
+            CoordinatorUnavailable: the registry could not be reached (the shell may fall back to the
+                local cache, in the modes where that is safe).
+        """
+        ...
+
+    async def report(self, high_water_ms: int) -> None:
+        """Record that IDs up to ``high_water_ms`` may have been issued (called every few seconds)."""
+        ...
+
+    def can_issue(self) -> bool:
+        """Whether this worker may issue IDs now (false once a lease can no longer be proved)."""
+        ...
+
+    async def close(self) -> None:
+        """Release the registration (ephemeral nodes, connections)."""
+        ...
+
+
+class Clock(Protocol):
+    """Time as the shell reads it; tests pass a controllable one."""
+
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary origin, never going back."""
+        ...
+
+    def wall_ms(self) -> int:
+        """Unix time in milliseconds (may go back: that is what snowflake must survive)."""
+        ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def monotonic(self) -> float:
+        """``time.monotonic()``."""
+        return time.monotonic()
+
+    def wall_ms(self) -> int:
+        """``time.time_ns() // 1_000_000``."""
+        return time.time_ns() // 1_000_000
