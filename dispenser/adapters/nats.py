@@ -1,0 +1,236 @@
+"""NATS: connecting with the configured credentials, and serving IDs as a NATS micro service (ADR-32).
+
+Each generator is one endpoint (``<prefix>.segment.>``, ``<prefix>.snowflake.>``) in one queue group,
+so any number of workers share the load. Discovery works through ``$SRV.PING``, ``$SRV.INFO`` and
+``$SRV.STATS``; error replies carry ``Nats-Service-Error`` and ``Nats-Service-Error-Code`` headers as
+well as the JSON body.
+
+nats-py runs one subscription's callbacks one after another. The handler therefore answers the common
+case inline (no await but the publish) and moves only requests that must wait — for a segment, for the
+clock — into tasks of their own, so one slow tag never holds up the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import EndpointConfig, Service
+
+from dispenser import __version__
+from dispenser.config import NatsConfig, redact
+from dispenser.messages import MSGPACK
+from dispenser.service.dispatch import Answer, Dispatcher
+
+__all__ = ["NatsIdService", "RawEndpoint", "connect"]
+
+log = logging.getLogger(__name__)
+
+_CONTENT_TYPE = "Content-Type"
+_MSGPACK_HEADERS = {_CONTENT_TYPE: MSGPACK}
+
+
+async def connect(config: NatsConfig, name: str = "leaf-dispenser") -> Client:
+    """Connect to NATS with the configured servers and credentials; reconnects forever once connected.
+
+    Raises:
+        OSError: no server could be reached within ``connect_timeout`` (the message names the URLs).
+    """
+    tls: ssl.SSLContext | None = None
+    if config.tls_ca or config.tls_cert:
+        tls = ssl.create_default_context(cafile=config.tls_ca)
+        if config.tls_cert:
+            tls.load_cert_chain(config.tls_cert, config.tls_key)
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("NATS error: %s", exc)
+
+    async def on_disconnect() -> None:
+        log.warning("disconnected from NATS; reconnecting")
+
+    async def on_reconnect() -> None:
+        log.info(
+            "reconnected to NATS at %s", redact(str(nc.connected_url.geturl() if nc.connected_url else ""))
+        )
+
+    servers = [url.strip() for url in config.url.split(",") if url.strip()]
+    try:
+        nc = await nats.connect(
+            servers=servers,
+            name=name,
+            user=config.user,
+            password=config.password,
+            token=config.token,
+            user_credentials=config.creds_file,
+            nkeys_seed=config.nkeys_seed,
+            tls=tls,
+            connect_timeout=config.connect_timeout,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+        )
+    except Exception as exc:
+        shown = ", ".join(redact(s) for s in servers)
+        raise OSError(f"cannot connect to NATS at {shown}: {exc or type(exc).__name__}") from exc
+    return nc
+
+
+@dataclass(frozen=True, slots=True)
+class RawEndpoint:
+    """An endpoint that answers whole messages itself (e.g. snowflake decode, peer clock checks)."""
+
+    name: str
+    subject: str
+    handler: Callable[[bytes], Awaitable[bytes]]
+    queue_group: str | None = None
+
+
+class NatsIdService:
+    """The dispenser's NATS face: one micro service, one endpoint per generator."""
+
+    def __init__(
+        self,
+        nc: Client,
+        config: NatsConfig,
+        dispatchers: dict[str, Dispatcher],
+        raw_endpoints: list[RawEndpoint] | None = None,
+    ) -> None:
+        """Prepare the service.
+
+        Args:
+            nc: a connected client.
+            config: subjects, queue group and service name.
+            dispatchers: by generator kind (``segment``, ``snowflake``): served on
+                ``<prefix>.<kind>.<tag>``.
+            raw_endpoints: further endpoints served as they are.
+        """
+        self._nc = nc
+        self._config = config
+        self._dispatchers = dispatchers
+        self._raw = raw_endpoints or []
+        self._service: Service | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    @property
+    def service(self) -> Service:
+        """The nats-py micro service (for its id, info and stats)."""
+        if self._service is None:
+            raise RuntimeError("service not started")
+        return self._service
+
+    async def start(self) -> None:
+        """Subscribe every endpoint and answer discovery requests."""
+        config = self._config
+        service = await add_service(
+            self._nc,
+            name=config.service_name,
+            version=__version__,
+            description="Unique 64-bit IDs (Leaf segment and snowflake)",
+            queue_group=config.queue_group,
+        )
+        self._service = service
+        for kind, dispatcher in self._dispatchers.items():
+            prefix = f"{config.subject_prefix}.{kind}."
+            await service.add_endpoint(
+                EndpointConfig(
+                    name=kind,
+                    subject=prefix + ">",
+                    queue_group=config.queue_group,
+                    handler=self._id_handler(prefix, dispatcher),
+                    metadata={"format": "json|msgpack", "subject": prefix + "<tag>"},
+                )
+            )
+        for raw in self._raw:
+            await service.add_endpoint(
+                EndpointConfig(
+                    name=raw.name,
+                    subject=raw.subject,
+                    queue_group=raw.queue_group or config.queue_group,
+                    handler=self._raw_handler(raw),
+                )
+            )
+        await self._nc.flush()
+
+    def _id_handler(self, prefix: str, dispatcher: Dispatcher) -> Callable[[Request], Awaitable[None]]:
+        cut = len(prefix)
+
+        async def handle(request: Request) -> None:
+            tag = request.subject[cut:]
+            headers = request.headers
+            msgpack = headers is not None and headers.get(_CONTENT_TYPE) == MSGPACK
+            answer = dispatcher.answer_now(tag, request.data, msgpack)
+            if answer is not None:
+                await self._respond(request, answer, msgpack)
+                return
+            task = asyncio.create_task(self._answer_later(request, dispatcher, tag, msgpack))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+        return handle
+
+    async def _answer_later(self, request: Request, dispatcher: Dispatcher, tag: str, msgpack: bool) -> None:
+        answer = await dispatcher.answer(tag, request.data, msgpack)
+        try:
+            await self._respond(request, answer, msgpack)
+        except Exception:
+            log.exception("could not send the reply for tag %r", tag)
+
+    @staticmethod
+    async def _respond(request: Request, answer: Answer, msgpack: bool) -> None:
+        if not request._msg.reply:
+            return
+        error = answer.error
+        if error is None:
+            await request.respond(answer.body, headers=_MSGPACK_HEADERS if msgpack else None)
+            return
+        await request.respond_error(
+            str(error.status),
+            error.message,
+            answer.body,
+            headers=_MSGPACK_HEADERS if msgpack else None,
+        )
+
+    @staticmethod
+    def _raw_handler(raw: RawEndpoint) -> Callable[[Request], Awaitable[None]]:
+        async def handle(request: Request) -> None:
+            await request.respond(await raw.handler(request.data))
+
+        return handle
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop taking requests, answer those already received, then leave the service."""
+        service = self._service
+        if service is None:
+            return
+        # Drain (not unsubscribe) each endpoint so requests already delivered are still answered;
+        # nats-py's Service.stop() unsubscribes, which would drop them. The endpoints and their
+        # subscriptions are private in nats-py, hence the getattr; once drained, they are taken out
+        # of the service so that its stop() only drains the discovery subscriptions.
+        endpoints = getattr(service, "_endpoints", [])
+        for endpoint in endpoints:
+            subscription = getattr(endpoint, "_subscription", None)
+            if subscription is not None:
+                try:
+                    await subscription.drain()
+                except Exception as exc:
+                    log.debug("drain failed: %s", exc)
+        endpoints.clear()
+        if self._inflight:
+            _, pending = await asyncio.wait(set(self._inflight), timeout=grace)
+            for task in pending:
+                task.cancel()
+        try:
+            await service.stop()
+        except Exception as exc:
+            log.debug("service stop: %s", exc)
+        self._service = None

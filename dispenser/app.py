@@ -1,0 +1,126 @@
+"""Wiring: builds the running worker from a :class:`Config`, and runs it until a signal arrives."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+
+from nats.aio.client import Client
+
+from dispenser.adapters.nats import NatsIdService, connect
+from dispenser.adapters.postgres import PostgresSegmentStore
+from dispenser.config import Config, redact
+from dispenser.core.errors import DispenserError
+from dispenser.ports import Clock, SegmentStore, SystemClock
+from dispenser.service.dispatch import Dispatcher, Limits
+from dispenser.service.segments import AllocatorSettings, SegmentAllocator
+
+__all__ = ["Worker", "run_worker"]
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    """One dispenser worker: its store, allocator, NATS connection and service."""
+
+    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.store: SegmentStore | None = None
+        self.allocator: SegmentAllocator | None = None
+        self.nc: Client | None = None
+        self.service: NatsIdService | None = None
+        self._background: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Connect to everything and start serving.
+
+        Raises:
+            OSError: NATS cannot be reached.
+            StoreUnavailable: PostgreSQL cannot be reached.
+        """
+        config = self.config
+        limits = Limits(
+            max_ids=config.limits.max_ids,
+            max_ranges=config.limits.max_ranges,
+            max_body_bytes=config.limits.max_body_bytes,
+            fetch_deadline=config.segment.fetch_deadline,
+        )
+        dispatchers: dict[str, Dispatcher] = {}
+        if config.segment.enabled:
+            pg = config.postgres
+            self.store = await PostgresSegmentStore.connect(
+                pg.dsn, min_size=pg.pool_min, max_size=pg.pool_max, command_timeout=pg.command_timeout
+            )
+            log.info("connected to PostgreSQL at %s", redact(pg.dsn))
+            self.allocator = SegmentAllocator(
+                self.store,
+                self.clock,
+                AllocatorSettings(
+                    prefetch_threshold=config.segment.prefetch_threshold,
+                    fetch_deadline=config.segment.fetch_deadline,
+                    refresh_interval=config.segment.refresh_interval,
+                    retry_max=config.segment.retry_max,
+                ),
+            )
+            try:
+                await self.allocator.refresh()
+                log.info("serving %d segment tags", len(self.allocator.tags))
+            except DispenserError as exc:
+                log.warning("could not load the tag list yet (will retry): %s", exc)
+            self._background.append(asyncio.create_task(self.allocator.run_refresh_loop()))
+            dispatchers["segment"] = Dispatcher(self.allocator, self.clock, limits, config.limits.dedup_ttl)
+        self.nc = await connect(config.nats)
+        log.info("connected to NATS at %s", redact(config.nats.url))
+        self.service = NatsIdService(self.nc, config.nats, dispatchers)
+        await self.service.start()
+        prefix = config.nats.subject_prefix
+        log.info(
+            "serving %s in queue group %r",
+            ", ".join(f"{prefix}.{kind}.<tag>" for kind in dispatchers),
+            config.nats.queue_group,
+        )
+
+    async def stop(self) -> None:
+        """Stop taking requests, answer those in flight, close every connection."""
+        if self.service is not None:
+            await self.service.stop()
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+        if self.allocator is not None:
+            await self.allocator.close()
+        if self.store is not None:
+            await self.store.close()
+
+
+async def run_worker(config: Config, on_ready: Callable[[Worker], None] | None = None) -> int:
+    """Run a worker until SIGTERM or SIGINT; returns the exit status."""
+    worker = Worker(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        try:
+            await worker.start()
+        except (OSError, DispenserError) as exc:
+            log.error("cannot start: %s", exc)
+            await worker.stop()
+            return 1
+        if on_ready is not None:
+            on_ready(worker)
+        await stop.wait()
+        log.info("shutting down: answering requests in flight")
+        await worker.stop()
+        log.info("stopped")
+        return 0
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

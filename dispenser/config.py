@@ -1,0 +1,154 @@
+"""Configuration: defaults, overridden by a TOML file, overridden by ``DISPENSER_*`` environment variables.
+
+Every setting ``<section>.<name>`` can be set in the file as ``[section] name = …`` and in the
+environment as ``DISPENSER_<SECTION>_<NAME>`` (e.g. ``DISPENSER_NATS_URL``, ``DISPENSER_POSTGRES_DSN``,
+``DISPENSER_SEGMENT_FETCH_DEADLINE``). The file is ``--config PATH`` or ``DISPENSER_CONFIG``.
+Secrets (passwords, tokens, DSNs) never appear in logs: :func:`redact` masks them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+from msgspec import Struct
+
+__all__ = ["Config", "ConfigError", "load_config", "redact"]
+
+
+class ConfigError(ValueError):
+    """The configuration file or environment holds a value that cannot be used."""
+
+
+class NatsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """How to reach NATS and which subjects to serve."""
+
+    url: str = "nats://127.0.0.1:4222"
+    """One or more server URLs, comma-separated."""
+    subject_prefix: str = "leaf"
+    """Subjects are ``<prefix>.segment.<tag>`` and ``<prefix>.snowflake.<tag>``."""
+    queue_group: str = "leaf"
+    service_name: str = "leaf-dispenser"
+    """The name under which ``$SRV.PING/INFO/STATS`` discovery lists this worker."""
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds_file: str | None = None
+    """A ``.creds`` file (JWT + nkey seed) for decentralised auth."""
+    nkeys_seed: str | None = None
+    """Path of an nkey seed file."""
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    connect_timeout: float = 5.0
+
+
+class PostgresConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """How to reach the segment store."""
+
+    dsn: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    """libpq-style DSN; ``sslmode=verify-full`` etc. work as in libpq."""
+    pool_min: int = 1
+    pool_max: int = 4
+    command_timeout: float = 2.0
+    """Seconds before a segment fetch counts as failed (and is retried)."""
+
+
+class SegmentConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Segment mode (Leaf-segment)."""
+
+    enabled: bool = True
+    prefetch_threshold: float = 0.1
+    fetch_deadline: float = 2.0
+    refresh_interval: float = 60.0
+    retry_max: float = 2.0
+
+
+class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """What a single request may ask for."""
+
+    max_ids: int = 10_000
+    """Largest ``count`` in the ``ids`` format."""
+    max_ranges: int = 1_000_000
+    """Largest ``count`` in the ``ranges`` format."""
+    max_body_bytes: int = 4096
+    dedup_ttl: float = 60.0
+    """Seconds a ``request_id`` is remembered."""
+
+
+class LogConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Logging."""
+
+    level: str = "INFO"
+    format: Literal["text", "json"] = "text"
+
+
+class Config(Struct, forbid_unknown_fields=True, kw_only=True):
+    """The whole configuration."""
+
+    nats: NatsConfig = msgspec.field(default_factory=NatsConfig)
+    postgres: PostgresConfig = msgspec.field(default_factory=PostgresConfig)
+    segment: SegmentConfig = msgspec.field(default_factory=SegmentConfig)
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
+
+
+_SECTIONS: dict[str, type[Struct]] = {
+    "nats": NatsConfig,
+    "postgres": PostgresConfig,
+    "segment": SegmentConfig,
+    "limits": LimitsConfig,
+    "log": LogConfig,
+}
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    overrides: dict[str, dict[str, str]] = {}
+    for section, cls in _SECTIONS.items():
+        for field in cls.__struct_fields__:
+            value = environ.get(f"DISPENSER_{section}_{field}".upper())
+            if value is not None:
+                overrides.setdefault(section, {})[field] = value
+    return overrides
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Build the configuration from defaults, the TOML file (if any) and the environment.
+
+    Raises:
+        ConfigError: the file is missing or unreadable, or a value has the wrong type.
+    """
+    environ = os.environ if environ is None else environ
+    path = path or environ.get("DISPENSER_CONFIG")
+    raw: dict[str, Any] = {}
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    try:
+        config = msgspec.convert(raw, Config)
+        # Environment values are strings: convert them leniently ("2.5" → 2.5, "true" → True).
+        for section, values in _env_overrides(environ).items():
+            merged = msgspec.to_builtins(getattr(config, section)) | values
+            setattr(config, section, msgspec.convert(merged, _SECTIONS[section], strict=False))
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from exc
+    return config
+
+
+_SECRET_IN_URL = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@]*):(?P<pw>[^@/]*)@", re.I)
+_SECRET_PARAM = re.compile(r"(password|sslpassword|token)=([^&\s]+)", re.I)
+
+
+def redact(url_or_dsn: str) -> str:
+    """Mask passwords and tokens in a URL or DSN, for logs and error messages."""
+    masked = _SECRET_IN_URL.sub(r"\g<scheme>\g<user>:***@", url_or_dsn)
+    return _SECRET_PARAM.sub(r"\1=***", masked)

@@ -1,0 +1,124 @@
+"""Wire messages: every request and reply is a msgspec Struct, with encoders and decoders built once.
+
+JSON is the default encoding; a client that sends the header ``Content-Type: application/msgpack`` gets
+its request decoded as msgpack and its reply encoded as msgpack.
+
+Schema evolution (msgspec's rules, which keep old clients and workers talking to new ones):
+
+* a new field must have a default, so messages without it still decode;
+* never change a field's type or meaning, never reuse a removed field's name;
+* requests forbid unknown fields (a misspelt ``cuont`` is an error, not a silent single ID), so a client
+  may send a new field only to workers that know it;
+* ``schemas/`` holds the JSON Schemas generated from these Structs (``dispenser schemas --write``);
+  a test fails when they drift.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+__all__ = [
+    "MSGPACK",
+    "DecodeReply",
+    "DecodeRequest",
+    "ErrorBody",
+    "IdRequest",
+    "Reply",
+    "decode_request",
+    "encode_reply",
+    "json_schemas",
+]
+
+MSGPACK: Final = "application/msgpack"
+"""The ``Content-Type`` header value that selects msgpack for the request and its reply."""
+
+Format = Literal["ids", "ranges"]
+RequestId = Annotated[str, Meta(min_length=1, max_length=128)]
+
+
+class IdRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Ask for IDs of the tag named by the subject. An empty body means ``{"count": 1}``."""
+
+    count: int = 1
+    """How many IDs (at least 1; at most the worker's limit for the format)."""
+    request_id: RequestId | None = None
+    """Idempotency key: a retry with the same key within the worker's TTL gets the same IDs."""
+    format: Format = "ids"
+    """``ids``: a list of IDs; ``ranges``: inclusive ``[first, last]`` pairs, for large batches."""
+
+
+class ErrorBody(Struct, frozen=True):
+    """Why a request failed."""
+
+    code: str
+    """Stable machine-readable code, e.g. ``unknown_tag``, ``invalid_count``, ``unavailable``."""
+    message: str
+    """What went wrong, for a person."""
+    retryable: bool
+    """Whether sending the same request again later may succeed."""
+
+
+class Reply(Struct, omit_defaults=True):
+    """The answer to an :class:`IdRequest`: exactly one of ``ids``, ``ranges`` or ``error`` is set."""
+
+    tag: str
+    ids: list[int] | None = None
+    ranges: list[tuple[int, int]] | None = None
+    error: ErrorBody | None = None
+    request_id: str | None = None
+
+
+class DecodeRequest(Struct, forbid_unknown_fields=True):
+    """Ask a snowflake worker to take an ID apart (subject ``leaf.snowflake.decode``)."""
+
+    id: Annotated[int, Meta(ge=0)]
+
+
+class DecodeReply(Struct, omit_defaults=True):
+    """A snowflake ID's fields, read with the worker's layout and epoch."""
+
+    id: int
+    timestamp_ms: int | None = None
+    """Unix time of the ID, in milliseconds."""
+    time: str | None = None
+    """The same as an ISO 8601 UTC timestamp."""
+    worker_id: int | None = None
+    sequence: int | None = None
+    error: ErrorBody | None = None
+
+
+_json_encoder = msgspec.json.Encoder()
+_msgpack_encoder = msgspec.msgpack.Encoder()
+_json_request = msgspec.json.Decoder(IdRequest)
+_msgpack_request = msgspec.msgpack.Decoder(IdRequest)
+_DEFAULT_REQUEST = IdRequest()
+
+
+def decode_request(data: bytes, msgpack: bool = False) -> IdRequest:
+    """Decode a request body; an empty body is one ID.
+
+    Raises:
+        msgspec.DecodeError: malformed body (``msgspec.ValidationError``, a subclass, for wrong types).
+    """
+    if not data:
+        return _DEFAULT_REQUEST
+    return (_msgpack_request if msgpack else _json_request).decode(data)
+
+
+def encode_reply(reply: Struct, msgpack: bool = False) -> bytes:
+    """Encode any reply Struct in the client's encoding."""
+    return (_msgpack_encoder if msgpack else _json_encoder).encode(reply)
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schema of every wire message, by file name under ``schemas/``."""
+    types: dict[str, type[Struct]] = {
+        "id-request": IdRequest,
+        "reply": Reply,
+        "decode-request": DecodeRequest,
+        "decode-reply": DecodeReply,
+    }
+    return {f"{name}.schema.json": msgspec.json.schema(cls) for name, cls in types.items()}

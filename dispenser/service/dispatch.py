@@ -1,0 +1,161 @@
+"""Turns request bodies into reply bodies, whatever broker carried them.
+
+The broker adapters (NATS now, Kafka later) hand over ``(tag, body, msgpack)`` and get bytes back. The
+common case, a known tag with IDs buffered, is answered by :meth:`Dispatcher.answer_now` without
+awaiting anything; everything else goes through :meth:`Dispatcher.answer`. Every failure, expected or
+not, becomes an error reply here, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
+
+from dispenser.core.errors import (
+    CountTooLarge,
+    DispenserError,
+    InternalError,
+    InvalidCount,
+    InvalidRequest,
+    MalformedRequest,
+    MessageTooLarge,
+)
+from dispenser.core.tags import TAG_PATTERN, validate_tag
+from dispenser.messages import ErrorBody, IdRequest, Reply, decode_request, encode_reply
+from dispenser.ports import Clock
+from dispenser.service.dedup import ReplayCache
+
+__all__ = ["Answer", "Dispatcher", "IdSource", "Limits", "RangesBatch"]
+
+log = logging.getLogger(__name__)
+
+
+class RangesBatch(Protocol):
+    """What a generator hands out: inclusive ``(first, last)`` ranges in increasing order."""
+
+    @property
+    def ranges(self) -> Sequence[tuple[int, int]]:
+        """The ranges."""
+        ...
+
+
+class IdSource(Protocol):
+    """A generator of IDs by tag (the segment allocator, a snowflake worker)."""
+
+    def try_take(self, tag: str, count: int) -> RangesBatch | None:
+        """IDs at once, or ``None`` when they need waiting for (or the tag needs looking up)."""
+        ...
+
+    async def take(self, tag: str, count: int, deadline: float) -> RangesBatch:
+        """IDs, waiting until ``deadline`` (monotonic seconds) at most."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one request may ask for."""
+
+    max_ids: int = 10_000
+    max_ranges: int = 1_000_000
+    max_body_bytes: int = 4096
+    fetch_deadline: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A reply body, and the error it carries if it is an error reply (for broker headers)."""
+
+    body: bytes
+    error: DispenserError | None = None
+
+
+class Dispatcher:
+    """Request in, reply out, for one kind of generator."""
+
+    def __init__(self, source: IdSource, clock: Clock, limits: Limits, dedup_ttl: float = 60.0) -> None:
+        self._source = source
+        self._clock = clock
+        self.limits = limits
+        self._replays: ReplayCache[RangesBatch] = ReplayCache(dedup_ttl, clock.monotonic)
+
+    def answer_now(self, tag: str, body: bytes, msgpack: bool = False) -> Answer | None:
+        """Answer without waiting if possible; ``None`` means: call :meth:`answer`."""
+        try:
+            request = self._parse(tag, body, msgpack)
+            if request.request_id is not None:
+                return None
+            batch = self._source.try_take(tag, request.count)
+        except DispenserError as exc:
+            return self.error(tag, exc, msgpack)
+        except Exception as exc:
+            return self._internal(tag, exc, msgpack)
+        if batch is None:
+            return None
+        return Answer(self._reply(tag, request, batch, msgpack))
+
+    async def answer(self, tag: str, body: bytes, msgpack: bool = False) -> Answer:
+        """Answer, waiting for a segment or the clock where needed; never raises."""
+        try:
+            request = self._parse(tag, body, msgpack)
+            deadline = self._clock.monotonic() + self.limits.fetch_deadline
+            if request.request_id is None:
+                batch = await self._source.take(tag, request.count, deadline)
+            else:
+                batch = await self._replays.get_or_compute(
+                    (tag, request.request_id),
+                    (request.count, request.format),
+                    lambda: self._source.take(tag, request.count, deadline),
+                )
+        except DispenserError as exc:
+            return self.error(tag, exc, msgpack)
+        except Exception as exc:
+            return self._internal(tag, exc, msgpack)
+        return Answer(self._reply(tag, request, batch, msgpack))
+
+    def error(self, tag: str, exc: DispenserError, msgpack: bool = False) -> Answer:
+        """The error reply for ``exc``."""
+        body = ErrorBody(code=exc.code, message=exc.message, retryable=exc.retryable)
+        return Answer(encode_reply(Reply(tag=tag, error=body), msgpack), exc)
+
+    def _internal(self, tag: str, exc: Exception, msgpack: bool) -> Answer:
+        log.exception("unexpected failure answering a request for tag %r", tag, exc_info=exc)
+        return self.error(
+            tag, InternalError(f"internal error ({type(exc).__name__}); see the worker's log"), msgpack
+        )
+
+    def _parse(self, tag: str, body: bytes, msgpack: bool) -> IdRequest:
+        if TAG_PATTERN.fullmatch(tag) is None:
+            validate_tag(tag)  # raises InvalidTag with the message
+        limits = self.limits
+        if len(body) > limits.max_body_bytes:
+            raise MessageTooLarge(len(body), limits.max_body_bytes)
+        try:
+            request = decode_request(body, msgpack)
+        except msgspec.ValidationError as exc:
+            raise InvalidRequest(str(exc)) from None
+        except msgspec.DecodeError as exc:
+            raise MalformedRequest(str(exc)) from None
+        count = request.count
+        if count < 1:
+            raise InvalidCount(count)
+        limit = limits.max_ids if request.format == "ids" else limits.max_ranges
+        if count > limit:
+            raise CountTooLarge(count, limit, request.format)
+        return request
+
+    @staticmethod
+    def _reply(tag: str, request: IdRequest, batch: RangesBatch, msgpack: bool) -> bytes:
+        ranges = batch.ranges
+        if request.format == "ranges":
+            reply = Reply(tag=tag, ranges=list(ranges), request_id=request.request_id)
+        elif len(ranges) == 1:
+            first, last = ranges[0]
+            reply = Reply(tag=tag, ids=list(range(first, last + 1)), request_id=request.request_id)
+        else:
+            ids = [i for first, last in ranges for i in range(first, last + 1)]
+            reply = Reply(tag=tag, ids=ids, request_id=request.request_id)
+        return encode_reply(reply, msgpack)

@@ -1,0 +1,290 @@
+"""The segment allocator: drives one :class:`SegmentBuffer` per tag against a :class:`SegmentStore`.
+
+What it adds to the pure buffer is time and I/O:
+
+* at most one fetch per tag in flight, started in the background once the buffer wants one;
+* a request that finds the buffer short waits (up to its deadline) on that fetch instead of failing,
+  where Leaf answers error -3;
+* a failed fetch is retried with capped exponential backoff until it succeeds, so the tag recovers by
+  itself when the store is back; waiters get :class:`StoreUnavailable` only when their deadline passes;
+* tags appear and disappear as the store's table changes: a periodic refresh, and one at once when a
+  request names a tag this worker has not seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dispenser.core.errors import DispenserError, StoreUnavailable, UnknownTag
+from dispenser.core.segment import NEED_SEGMENT, Batch, BufferStats, SegmentBuffer
+from dispenser.ports import Clock, SegmentStore
+
+__all__ = ["AllocatorSettings", "SegmentAllocator", "TagAllocator"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorSettings:
+    """Tuning of the allocator; the defaults are Leaf's where Leaf has one."""
+
+    prefetch_threshold: float = 0.1
+    """Fetch the next segment once this fraction of the current one is used."""
+    fetch_deadline: float = 2.0
+    """Seconds a request may wait for a segment before it gets ``unavailable``."""
+    retry_initial: float = 0.05
+    """First backoff after a failed fetch, in seconds; doubles up to ``retry_max``."""
+    retry_max: float = 2.0
+    refresh_interval: float = 60.0
+    """Seconds between refreshes of the tag list (Leaf: 60)."""
+    unknown_tag_refresh_interval: float = 1.0
+    """Requests for unknown tags refresh the tag list at most this often, so a flood of bogus tags
+    cannot turn into a flood of queries."""
+
+
+class TagAllocator:
+    """One tag's buffer, its single in-flight fetch and the requests waiting on it."""
+
+    def __init__(
+        self,
+        tag: str,
+        store: SegmentStore,
+        clock: Clock,
+        settings: AllocatorSettings,
+        *,
+        step: int | None = None,
+        on_unknown: Callable[[str], None] | None = None,
+    ) -> None:
+        self.tag = tag
+        self.buffer = SegmentBuffer(settings.prefetch_threshold)
+        self.step = step
+        """The configured step, once known (from the tag list or the last fetch)."""
+        self.last_error: DispenserError | None = None
+        self._store = store
+        self._clock = clock
+        self._settings = settings
+        self._on_unknown = on_unknown
+        self._fetcher: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._wanted = 0  # the largest count a waiter needs; sizes the next fetch
+        self._closed = False
+
+    # -- the hot path ------------------------------------------------------------------------------
+
+    def try_take(self, count: int) -> Batch | None:
+        """Take from the buffer without waiting; ``None`` when it is short (then await :meth:`take`)."""
+        batch = self.buffer.take(count)
+        if self.buffer.wants_fetch:
+            self._start_fetch()
+        return None if batch is NEED_SEGMENT else batch
+
+    async def take(self, count: int, deadline: float) -> Batch:
+        """Take ``count`` IDs, waiting for the in-flight fetch until ``deadline`` (monotonic seconds).
+
+        Raises:
+            UnknownTag: the tag was removed from the store.
+            StoreUnavailable: the deadline passed before a segment arrived.
+        """
+        while True:
+            batch = self.buffer.take(count)
+            if self.buffer.wants_fetch:
+                self._start_fetch()
+            if batch is not NEED_SEGMENT:
+                return batch
+            if self._closed:
+                raise self.last_error or StoreUnavailable("the worker is shutting down")
+            self._wanted = max(self._wanted, count)
+            self._start_fetch()
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0:
+                raise self._timeout_error()
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                raise self._timeout_error() from None
+            if isinstance(self.last_error, UnknownTag):
+                raise self.last_error
+
+    def stats(self) -> BufferStats:
+        """The buffer's snapshot."""
+        return self.buffer.stats()
+
+    # -- fetching ----------------------------------------------------------------------------------
+
+    def _timeout_error(self) -> StoreUnavailable:
+        detail = self.last_error.message if self.last_error else "no segment arrived in time"
+        return StoreUnavailable(
+            f"no IDs buffered for tag {self.tag!r} and the next segment is late ({detail})"
+        )
+
+    def _start_fetch(self) -> None:
+        if self._fetcher is None and not self._closed:
+            self.buffer.begin_fetch()
+            self._fetcher = asyncio.create_task(self._fetch(), name=f"fetch-segment-{self.tag}")
+
+    def _notify(self) -> None:
+        # Wake every waiter at once; each re-checks the buffer. A fresh Event for the next round.
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _fetch(self) -> None:
+        delay = self._settings.retry_initial
+        try:
+            while True:
+                step = self._next_step()
+                try:
+                    allocation = await self._store.next_segment(self.tag, step)
+                except UnknownTag as exc:
+                    self.buffer.fetch_failed()
+                    self.last_error = exc
+                    self._closed = True
+                    if self._on_unknown is not None:
+                        self._on_unknown(self.tag)
+                    return
+                except DispenserError as exc:
+                    self.buffer.fetch_failed()
+                    self.last_error = exc
+                    log.warning("segment fetch for %r failed, retrying in %.2fs: %s", self.tag, delay, exc)
+                    self._notify()
+                    await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                    delay = min(delay * 2, self._settings.retry_max)
+                    self.buffer.begin_fetch()
+                    continue
+                self.step = allocation.configured_step
+                self.buffer.install(allocation.segment, self._clock.monotonic())
+                if self.last_error is not None:
+                    log.info("segment fetch for %r recovered", self.tag)
+                self.last_error = None
+                if self.buffer.remaining >= self._wanted:
+                    self._wanted = 0
+                    return
+                # A waiter needs more than this segment gave (a huge batch): fetch again at once.
+                self._notify()
+                self.buffer.begin_fetch()
+        finally:
+            self._fetcher = None
+            self._notify()
+
+    def _next_step(self) -> int | None:
+        """The size of the next segment: the configured step, or more when a waiter needs more."""
+        shortfall = self.buffer.shortfall(self._wanted)
+        if self.step is None:
+            return shortfall or None
+        return max(self.step, shortfall)
+
+    async def close(self, reason: DispenserError | None = None) -> None:
+        """Stop fetching; later takes that find the buffer short fail with ``reason``."""
+        self._closed = True
+        if reason is not None:
+            self.last_error = reason
+        task = self._fetcher
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+class SegmentAllocator:
+    """All tags of one worker: finds the tag's allocator, learning new tags from the store."""
+
+    def __init__(self, store: SegmentStore, clock: Clock, settings: AllocatorSettings | None = None) -> None:
+        self._store = store
+        self._clock = clock
+        self.settings = settings or AllocatorSettings()
+        self._tags: dict[str, TagAllocator] = {}
+        self._refreshing: asyncio.Task[None] | None = None
+        self._last_refresh = float("-inf")
+        self._refresher: asyncio.Task[None] | None = None
+
+    @property
+    def tags(self) -> dict[str, TagAllocator]:
+        """The tags this worker knows, by name."""
+        return self._tags
+
+    def get(self, tag: str) -> TagAllocator | None:
+        """The tag's allocator if the tag is known (the hot path: no I/O)."""
+        return self._tags.get(tag)
+
+    def try_take(self, tag: str, count: int) -> Batch | None:
+        """IDs from a known tag's buffer at once, or ``None`` (unknown tag, or the buffer is short)."""
+        allocator = self._tags.get(tag)
+        return None if allocator is None else allocator.try_take(count)
+
+    async def take(self, tag: str, count: int, deadline: float) -> Batch:
+        """IDs of ``tag``, learning the tag and waiting for a segment as needed (until ``deadline``).
+
+        Raises:
+            UnknownTag: the store has no such tag.
+            StoreUnavailable: the store could not supply a segment before the deadline.
+        """
+        allocator = await self.resolve(tag)
+        return await allocator.take(count, deadline)
+
+    async def resolve(self, tag: str) -> TagAllocator:
+        """The tag's allocator, refreshing the tag list once if the tag is not known yet.
+
+        Raises:
+            UnknownTag: the store has no such tag.
+            StoreUnavailable: the tag is not known and the store cannot be asked.
+        """
+        allocator = self._tags.get(tag)
+        if allocator is not None:
+            return allocator
+        if self._clock.monotonic() - self._last_refresh >= self.settings.unknown_tag_refresh_interval:
+            await self.refresh()
+            allocator = self._tags.get(tag)
+            if allocator is not None:
+                return allocator
+        raise UnknownTag(tag)
+
+    async def refresh(self) -> None:
+        """Reload the tag list now (concurrent callers share one query)."""
+        if self._refreshing is None:
+            self._refreshing = asyncio.create_task(self._refresh())
+        task = self._refreshing
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._refreshing = None
+
+    async def _refresh(self) -> None:
+        infos = await self._store.list_tags()
+        self._last_refresh = self._clock.monotonic()
+        seen = set()
+        for info in infos:
+            seen.add(info.tag)
+            allocator = self._tags.get(info.tag)
+            if allocator is None:
+                self._tags[info.tag] = TagAllocator(
+                    info.tag, self._store, self._clock, self.settings, step=info.step, on_unknown=self._forget
+                )
+                log.info("tag %r appeared (step %d)", info.tag, info.step)
+            else:
+                allocator.step = info.step
+        for tag in [t for t in self._tags if t not in seen]:
+            log.info("tag %r was removed from the store", tag)
+            await self._tags.pop(tag).close(UnknownTag(tag))
+
+    def _forget(self, tag: str) -> None:
+        # The store said the tag is gone while we fetched: drop it now rather than at the next refresh.
+        if self._tags.pop(tag, None) is not None:
+            log.info("tag %r was removed from the store", tag)
+
+    async def run_refresh_loop(self) -> None:
+        """Refresh the tag list every ``refresh_interval`` seconds, until cancelled."""
+        while True:
+            await asyncio.sleep(self.settings.refresh_interval)
+            try:
+                await self.refresh()
+            except DispenserError as exc:
+                log.warning("tag refresh failed, keeping the %d known tags: %s", len(self._tags), exc)
+
+    async def close(self) -> None:
+        """Stop every fetch."""
+        for allocator in self._tags.values():
+            await allocator.close()

@@ -1,0 +1,202 @@
+"""The double buffer: unit tests and properties (no ID twice, increasing, inside fetched segments)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from dispenser.core.segment import NEED_SEGMENT, Batch, Segment, SegmentBuffer
+
+
+def test_segment_from_max_id_matches_leaf() -> None:
+    """Leaf's UPDATE returning max_id=1001 after a step of 1000 grants [1, 1000]."""
+    assert Segment.from_max_id(1001, 1000) == Segment(1, 1000)
+
+
+def test_empty_buffer_needs_a_segment_and_wants_a_fetch() -> None:
+    """A new buffer serves nothing and asks for its first segment."""
+    buf = SegmentBuffer()
+    assert buf.take(1) is NEED_SEGMENT
+    assert buf.wants_fetch
+
+
+def test_take_within_segment_returns_one_range() -> None:
+    """A take that fits in the current segment is one range, and the position moves on."""
+    buf = SegmentBuffer()
+    buf.install(Segment(1, 100), now=0.0)
+    assert buf.take(5) == Batch(((1, 5),))
+    assert buf.take(1) == Batch(((6, 6),))
+    assert buf.remaining == 94
+
+
+def test_prefetch_wanted_only_past_threshold() -> None:
+    """With a 10% threshold the next segment is wanted once more than 10 of 100 IDs are used."""
+    buf = SegmentBuffer(prefetch_threshold=0.1)
+    buf.install(Segment(1, 100), now=0.0)
+    buf.take(10)
+    assert not buf.wants_fetch
+    buf.take(1)
+    assert buf.wants_fetch
+
+
+def test_one_fetch_in_flight_at_most() -> None:
+    """While a fetch is in flight the buffer wants no other, and a second begin is refused."""
+    buf = SegmentBuffer()
+    buf.begin_fetch()
+    assert not buf.wants_fetch
+    with pytest.raises(RuntimeError):
+        buf.begin_fetch()
+
+
+def test_take_across_boundary_returns_ranges() -> None:
+    """A take larger than what is left spans into the next segment as a list of ranges."""
+    buf = SegmentBuffer()
+    buf.install(Segment(1, 10), now=0.0)
+    buf.take(8)
+    buf.begin_fetch()
+    buf.install(Segment(101, 110), now=1.0)
+    assert buf.take(5) == Batch(((9, 10), (101, 103)))
+    assert buf.stats().current is not None
+    assert buf.stats().current.first == 101  # type: ignore[union-attr]
+
+
+def test_short_buffer_consumes_nothing() -> None:
+    """A take larger than everything buffered returns NEED_SEGMENT and leaves the buffer as it was."""
+    buf = SegmentBuffer()
+    buf.install(Segment(1, 10), now=0.0)
+    assert buf.take(11) is NEED_SEGMENT
+    assert buf.take(10) == Batch(((1, 10),))
+
+
+def test_install_below_previous_is_refused() -> None:
+    """A segment overlapping one installed before is refused rather than risk repeating IDs."""
+    buf = SegmentBuffer()
+    buf.install(Segment(1, 10), now=0.0)
+    buf.begin_fetch()
+    with pytest.raises(ValueError, match="not above"):
+        buf.install(Segment(5, 20), now=1.0)
+    assert not buf.fetching
+
+
+def test_install_after_exhaustion_switches_at_once() -> None:
+    """When the current segment is used up, a newly installed one becomes current."""
+    buf = SegmentBuffer()
+    buf.install(Segment(1, 2), now=0.0)
+    buf.take(2)
+    assert buf.wants_fetch
+    buf.begin_fetch()
+    buf.install(Segment(11, 20), now=1.0)
+    assert buf.take(1) == Batch(((11, 11),))
+
+
+def test_stats_report_bounds_position_and_fetch_state() -> None:
+    """Stats show both segments' bounds, the position, and the fetch counters."""
+    buf = SegmentBuffer()
+    buf.install(Segment(1, 100), now=5.0)
+    buf.take(50)
+    buf.begin_fetch()
+    buf.install(Segment(101, 200), now=6.0)
+    stats = buf.stats()
+    assert stats.current is not None
+    assert (stats.current.first, stats.current.last, stats.current.position) == (1, 100, 51)
+    assert [(s.first, s.last) for s in stats.next] == [(101, 200)]
+    assert (stats.remaining, stats.fetches, stats.fetching, stats.last_install_at) == (150, 2, False, 6.0)
+
+
+def test_threshold_out_of_range_refused() -> None:
+    """A prefetch threshold outside [0, 1] is a configuration error."""
+    with pytest.raises(ValueError, match="prefetch_threshold"):
+        SegmentBuffer(prefetch_threshold=1.5)
+
+
+@given(
+    steps=st.lists(st.integers(1, 50), min_size=1, max_size=20),
+    counts=st.lists(st.integers(1, 120), min_size=1, max_size=60),
+)
+def test_takes_hand_out_each_id_once_in_order(steps: list[int], counts: list[int]) -> None:
+    """Whatever the segment sizes and takes, IDs are unique, strictly increasing and all handed out."""
+    buf = SegmentBuffer()
+    next_first = 1
+    for step in steps:
+        buf.install(Segment(next_first, next_first + step - 1), now=0.0)
+        next_first += step + 7  # gaps between segments, as when another worker took one
+    issued: list[int] = []
+    for count in counts:
+        batch = buf.take(count)
+        if batch is NEED_SEGMENT:
+            assert count > buf.remaining
+            continue
+        assert batch.count == count
+        issued.extend(batch.ids())
+    assert issued == sorted(set(issued))
+    assert len(issued) + buf.remaining == sum(steps)
+
+
+class DoubleBufferMachine(RuleBasedStateMachine):
+    """Any interleaving of takes, fetch starts, installs and failures keeps the invariants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buf = SegmentBuffer(prefetch_threshold=0.1)
+        self.store_max = 1  # Leaf's max_id: the next segment starts here
+        self.granted: list[Segment] = []
+        self.issued: list[int] = []
+
+    @rule(count=st.integers(1, 300))
+    def take(self, count: int) -> None:
+        """Take IDs; the result is a batch of exactly count IDs or nothing at all."""
+        before = self.buf.remaining
+        batch = self.buf.take(count)
+        if batch is NEED_SEGMENT:
+            assert count > before
+            assert self.buf.remaining == before
+            return
+        assert batch.count == count
+        ids = batch.ids()
+        if self.issued:
+            assert ids[0] > self.issued[-1]
+        self.issued.extend(ids)
+
+    @precondition(lambda self: not self.buf.fetching)
+    @rule()
+    def begin_fetch(self) -> None:
+        """Start a fetch (the shell does when wants_fetch, or when a request waits)."""
+        self.buf.begin_fetch()
+
+    @precondition(lambda self: self.buf.fetching)
+    @rule(step=st.integers(1, 200), skipped=st.integers(0, 50))
+    def install(self, step: int, skipped: int) -> None:
+        """The store grants the next segment (others may have taken some in between)."""
+        self.store_max += skipped
+        segment = Segment.from_max_id(self.store_max + step, step)
+        self.store_max += step
+        self.granted.append(segment)
+        self.buf.install(segment, now=0.0)
+
+    @precondition(lambda self: self.buf.fetching)
+    @rule()
+    def fail(self) -> None:
+        """The fetch fails; nothing changes but the counter."""
+        self.buf.fetch_failed()
+
+    @invariant()
+    def no_id_twice_and_all_inside_segments(self) -> None:
+        """Every issued ID is unique, increasing, and inside a granted segment."""
+        assert all(a < b for a, b in zip(self.issued, self.issued[1:], strict=False))
+        granted = sum(s.size for s in self.granted)
+        assert len(self.issued) + self.buf.remaining == granted
+        for i in self.issued[-300:]:
+            assert any(s.first <= i <= s.last for s in self.granted)
+
+    @invariant()
+    def wants_fetch_only_when_idle_and_nothing_queued(self) -> None:
+        """The buffer never asks for a second fetch while one is in flight or a segment waits."""
+        stats = self.buf.stats()
+        if self.buf.wants_fetch:
+            assert not stats.fetching
+            assert not stats.next
+
+
+TestDoubleBuffer = DoubleBufferMachine.TestCase
