@@ -1,0 +1,7 @@
+"""``python -m dispenser`` is the ``dispenser`` command."""
+
+import sys
+
+from dispenser.cli import main
+
+sys.exit(main())

@@ -1,0 +1,282 @@
+"""The ``dispenser`` command: serve IDs, run a development stack, administer tags, ask for IDs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from dispenser import __version__
+from dispenser.config import Config, ConfigError, load_config, redact
+from dispenser.core.errors import DispenserError
+
+__all__ = ["main"]
+
+log = logging.getLogger("dispenser")
+
+T = TypeVar("T")
+
+EPILOG = """\
+configuration:
+  Settings come from defaults, then the TOML file (--config or DISPENSER_CONFIG), then environment
+  variables DISPENSER_<SECTION>_<NAME>, e.g. DISPENSER_NATS_URL, DISPENSER_POSTGRES_DSN. See
+  docs/configuration.md for every setting.
+
+examples:
+  dispenser dev                                  # NATS + PostgreSQL on this machine, serving tag 'demo'
+  dispenser get demo 5                           # five IDs of tag 'demo'
+  dispenser tag add order --step 10000           # a new tag (picked up by running workers)
+  DISPENSER_POSTGRES_DSN=postgresql://… dispenser serve
+"""
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop  # noqa: PLC0415 - optional speed-up, imported only when running
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every platform we run on
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _setup_logging(config: Config, verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if config.log.format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel("DEBUG" if verbose else config.log.level.upper())
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dispenser",
+        description="Leaf dispenser: unique 64-bit IDs over NATS, from PostgreSQL segments (Leaf-segment).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-c", "--config", metavar="PATH", help="TOML configuration file")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("serve", help="serve IDs over NATS (config from file and DISPENSER_* variables)")
+
+    dev = sub.add_parser(
+        "dev",
+        help="start NATS and PostgreSQL locally, create tag 'demo', and serve (Ctrl-C stops everything)",
+    )
+    dev.add_argument("--data-dir", type=Path, default=Path(".dispenser"), help="where server data lives")
+    dev.add_argument("--nats-port", type=int, default=4222, help="NATS port (a free one if taken)")
+    dev.add_argument("--postgres-port", type=int, default=None, help="PostgreSQL port (default: a free one)")
+
+    get = sub.add_parser("get", help="ask the running service for IDs and print them, one per line")
+    get.add_argument("tag")
+    get.add_argument("count", type=int, nargs="?", default=1)
+    get.add_argument("--ranges", action="store_true", help="ask for ranges; print 'first last' per line")
+    get.add_argument("--kind", default="segment", help="generator: segment (default) or snowflake")
+    get.add_argument("--request-id", help="idempotency key: a retry returns the same IDs")
+    get.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply")
+
+    sub.add_parser("check", help="check that every dependency can be reached; non-zero exit names failures")
+    sub.add_parser("migrate", help="create or upgrade the tables in PostgreSQL (idempotent)")
+
+    tag = sub.add_parser("tag", help="administer segment tags")
+    tag_sub = tag.add_subparsers(dest="tag_command", required=True, metavar="ACTION")
+    add = tag_sub.add_parser("add", help="create a tag")
+    add.add_argument("tag")
+    add.add_argument("--step", type=int, required=True, help="IDs per segment")
+    add.add_argument("--start", type=int, default=1, help="first ID (default 1)")
+    add.add_argument("--description", default="", help="free text")
+    tag_sub.add_parser("list", help="list tags with their next ID and step")
+    set_ = tag_sub.add_parser("set", help="change a tag's step (from its next segment)")
+    set_.add_argument("tag")
+    set_.add_argument("--step", type=int, required=True)
+    remove = tag_sub.add_parser("remove", help="delete a tag")
+    remove.add_argument("tag")
+
+    schemas = sub.add_parser("schemas", help="write (or check) the JSON Schemas of the wire messages")
+    schemas.add_argument("--dir", type=Path, default=Path("schemas"))
+    schemas.add_argument("--check", action="store_true", help="exit 1 if the files differ from the code")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (tests call this without a subprocess)."""
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"dispenser: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(config, args.verbose)
+    handlers: dict[str, Callable[[argparse.Namespace, Config], int]] = {
+        "serve": _serve,
+        "dev": _dev,
+        "get": _get,
+        "check": _check,
+        "migrate": _migrate,
+        "tag": _tag,
+        "schemas": _schemas,
+    }
+    try:
+        return handlers[args.command](args, config)
+    except KeyboardInterrupt:
+        return 130
+    except (DispenserError, OSError) as exc:
+        print(f"dispenser: {exc}", file=sys.stderr)
+        return 1
+
+
+def _serve(_args: argparse.Namespace, config: Config) -> int:
+    from dispenser.app import run_worker  # noqa: PLC0415 - keep `dispenser get` light
+
+    return _run(run_worker(config))
+
+
+def _dev(args: argparse.Namespace, config: Config) -> int:
+    from dispenser.devstack import run_dev  # noqa: PLC0415 - imports the server harness
+
+    return run_dev(config, args.data_dir, nats_port=args.nats_port, postgres_port=args.postgres_port)
+
+
+def _get(args: argparse.Namespace, config: Config) -> int:
+    import nats  # noqa: PLC0415
+    from nats.errors import NoRespondersError  # noqa: PLC0415
+    from nats.errors import TimeoutError as NatsTimeout  # noqa: PLC0415
+
+    from dispenser.adapters.nats import connect  # noqa: PLC0415
+    from dispenser.messages import Reply  # noqa: PLC0415
+
+    body: dict[str, Any] = {"count": args.count}
+    if args.ranges:
+        body["format"] = "ranges"
+    if args.request_id:
+        body["request_id"] = args.request_id
+    subject = f"{config.nats.subject_prefix}.{args.kind}.{args.tag}"
+
+    async def ask() -> Reply:
+        nc = await connect(config.nats, name="dispenser-get")
+        try:
+            msg = await nc.request(subject, msgspec.json.encode(body), timeout=args.timeout)
+        except NoRespondersError:
+            raise OSError(f"no dispenser is serving {subject} on {redact(config.nats.url)}") from None
+        except NatsTimeout:
+            raise OSError(f"no reply on {subject} within {args.timeout}s") from None
+        finally:
+            await nc.close()
+        return msgspec.json.decode(msg.data, type=Reply)
+
+    _ = nats  # the package import above fails early with a clear message if nats-py is missing
+    reply = _run(ask())
+    if reply.error is not None:
+        retry = " (retryable)" if reply.error.retryable else ""
+        print(f"dispenser: {reply.error.code}: {reply.error.message}{retry}", file=sys.stderr)
+        return 1
+    out = sys.stdout
+    if reply.ranges is not None:
+        out.writelines(f"{first} {last}\n" for first, last in reply.ranges)
+    elif reply.ids is not None:
+        out.writelines(f"{i}\n" for i in reply.ids)
+    return 0
+
+
+def _check(_args: argparse.Namespace, config: Config) -> int:
+    from dispenser.health import check_all  # noqa: PLC0415
+
+    results = _run(check_all(config))
+    failed = [r for r in results if not r.ok]
+    for result in results:
+        print(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {result.detail}")
+    if failed:
+        print(f"dispenser: cannot reach {', '.join(r.name for r in failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _with_store(config: Config, action: Callable[[Any], Awaitable[T]]) -> T:
+    from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
+
+    async def go() -> T:
+        store = await PostgresSegmentStore.connect(config.postgres.dsn, command_timeout=10.0)
+        try:
+            return await action(store)
+        finally:
+            await store.close()
+
+    return _run(go())
+
+
+def _migrate(_args: argparse.Namespace, config: Config) -> int:
+    from dispenser.adapters.postgres_schema import migrate  # noqa: PLC0415
+
+    applied = _run(migrate(config.postgres.dsn))
+    if applied:
+        print(f"applied schema version(s) {', '.join(map(str, applied))}")
+    else:
+        print("schema is up to date")
+    return 0
+
+
+def _tag(args: argparse.Namespace, config: Config) -> int:
+    if args.tag_command == "list":
+        infos = _with_store(config, lambda store: store.list_tags())
+        print(f"{'TAG':<32} {'NEXT ID':>20} {'STEP':>10}  DESCRIPTION")
+        for info in infos:
+            print(f"{info.tag:<32} {info.max_id:>20} {info.step:>10}  {info.description}")
+        return 0
+    if args.tag_command == "add":
+        info = _with_store(
+            config, lambda store: store.add_tag(args.tag, args.step, args.start, args.description)
+        )
+        print(f"added tag {info.tag!r}: first ID {info.max_id}, step {info.step}")
+    elif args.tag_command == "set":
+        info = _with_store(config, lambda store: store.set_step(args.tag, args.step))
+        print(f"tag {info.tag!r}: step is now {info.step} (from its next segment)")
+    else:
+        _with_store(config, lambda store: store.remove_tag(args.tag))
+        print(f"removed tag {args.tag!r}")
+    return 0
+
+
+def _schemas(args: argparse.Namespace, _config: Config) -> int:
+    from dispenser.messages import json_schemas  # noqa: PLC0415
+
+    directory: Path = args.dir
+    drift = []
+    for name, schema in json_schemas().items():
+        text = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+        path = directory / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                drift.append(str(path))
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+    if drift:
+        print(f"dispenser: schemas differ from the code: {', '.join(drift)}", file=sys.stderr)
+        print("run `dispenser schemas` to regenerate them", file=sys.stderr)
+        return 1
+    return 0

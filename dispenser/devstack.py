@@ -1,0 +1,80 @@
+"""``dispenser dev``: NATS and PostgreSQL from wheels in a data directory, a ``demo`` tag, and a worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import msgspec
+
+from dispenser.config import Config
+from dispenser.core.errors import TagExists
+from dispenser.devservers import NatsServer, PostgresServer
+from dispenser.devservers._process import port_is_free
+
+__all__ = ["DEMO_TAG", "run_dev"]
+
+log = logging.getLogger(__name__)
+
+DEMO_TAG = "demo"
+
+
+async def _prepare(dsn: str) -> None:
+    from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
+    from dispenser.adapters.postgres_schema import migrate  # noqa: PLC0415
+
+    await migrate(dsn)
+    store = await PostgresSegmentStore.connect(dsn)
+    try:
+        await store.add_tag(DEMO_TAG, 1000, description="created by `dispenser dev`")
+        log.info("created tag %r", DEMO_TAG)
+    except TagExists:
+        pass
+    finally:
+        await store.close()
+
+
+def _banner(config: Config) -> str:
+    prefix = config.nats.subject_prefix
+    url = config.nats.url
+    return f"""
+Leaf dispenser is serving on {url}  (Ctrl-C stops it and the servers it started)
+
+  from another terminal:
+    dispenser get {DEMO_TAG} 5                                  # with DISPENSER_NATS_URL={url}
+    nats request {prefix}.segment.{DEMO_TAG} '{{"count": 5}}'          # with the nats CLI, if you have it
+
+  from Python:
+    nc = await nats.connect("{url}")
+    msg = await nc.request("{prefix}.segment.{DEMO_TAG}", b'{{"count": 5}}')
+
+  new tags:  DISPENSER_POSTGRES_DSN={config.postgres.dsn} dispenser tag add order --step 1000
+"""
+
+
+def run_dev(config: Config, data_dir: Path, nats_port: int = 4222, postgres_port: int | None = None) -> int:
+    """Start the servers, prepare the database, serve until Ctrl-C, then stop everything started here."""
+    from dispenser.app import run_worker  # noqa: PLC0415
+    from dispenser.cli import _run  # noqa: PLC0415
+
+    data_dir = data_dir.absolute()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    nats = NatsServer(data_dir / "nats", port=nats_port if port_is_free(nats_port) else None)
+    postgres = PostgresServer(data_dir / "postgres", port=postgres_port)
+    try:
+        log.info("starting NATS and PostgreSQL in %s", data_dir)
+        nats.start()
+        postgres.start()
+        config = msgspec.structs.replace(
+            config,
+            nats=msgspec.structs.replace(config.nats, url=nats.url),
+            postgres=msgspec.structs.replace(config.postgres, dsn=postgres.dsn),
+        )
+        asyncio.run(_prepare(postgres.dsn))
+        return _run(run_worker(config, on_ready=lambda _worker: print(_banner(config), file=sys.stderr)))
+    finally:
+        postgres.stop()
+        nats.stop()
+        log.info("stopped NATS and PostgreSQL")

@@ -1,0 +1,61 @@
+"""``dispenser check``: can this worker reach every dependency its configuration names?"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from dispenser.config import Config, redact
+
+__all__ = ["CheckResult", "check_all"]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """The outcome of one check."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+async def _check_nats(config: Config) -> CheckResult:
+    from dispenser.adapters.nats import connect  # noqa: PLC0415
+
+    try:
+        nc = await asyncio.wait_for(connect(config.nats, name="dispenser-check"), config.nats.connect_timeout)
+    except (OSError, TimeoutError) as exc:
+        return CheckResult("nats", False, str(exc) or f"no answer from {redact(config.nats.url)}")
+    try:
+        version = nc._server_info.get("version", "?")
+        return CheckResult("nats", True, f"{redact(config.nats.url)} (nats-server {version})")
+    finally:
+        await nc.close()
+
+
+async def _check_postgres(config: Config) -> CheckResult:
+    from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
+    from dispenser.adapters.postgres_schema import schema_version  # noqa: PLC0415
+    from dispenser.core.errors import DispenserError  # noqa: PLC0415
+
+    dsn = config.postgres.dsn
+    try:
+        version = await schema_version(dsn)
+        if version == 0:
+            return CheckResult("postgres", False, f"{redact(dsn)}: no schema yet; run `dispenser migrate`")
+        store = await PostgresSegmentStore.connect(dsn, command_timeout=config.postgres.command_timeout)
+        try:
+            tags = await store.list_tags()
+        finally:
+            await store.close()
+    except (OSError, DispenserError) as exc:
+        return CheckResult("postgres", False, str(exc))
+    return CheckResult("postgres", True, f"{redact(dsn)} (schema version {version}, {len(tags)} tags)")
+
+
+async def check_all(config: Config) -> list[CheckResult]:
+    """Run every check that applies to the configuration, at once."""
+    checks = [_check_nats(config)]
+    if config.segment.enabled:
+        checks.append(_check_postgres(config))
+    return list(await asyncio.gather(*checks))

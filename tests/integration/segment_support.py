@@ -1,0 +1,137 @@
+"""Helpers for the segment end-to-end tests: a worker in this process or in a child process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+
+import msgspec
+import nats
+from nats.aio.client import Client
+
+from dispenser.adapters.postgres import PostgresSegmentStore
+from dispenser.adapters.postgres_schema import migrate
+from dispenser.app import Worker
+from dispenser.config import Config, load_config
+from dispenser.messages import Reply
+
+
+def worker_config(nats_url: str, dsn: str, **segment: object) -> Config:
+    """A config for tests: the given servers, fast refresh, and any segment overrides."""
+    env = {"DISPENSER_NATS_URL": nats_url, "DISPENSER_POSTGRES_DSN": dsn}
+    env |= {f"DISPENSER_SEGMENT_{k.upper()}": str(v) for k, v in segment.items()}
+    return load_config(environ=env)
+
+
+async def prepare(dsn: str, tags: Iterable[tuple[str, int]]) -> None:
+    """Migrate and add tags ``(name, step)``."""
+    await migrate(dsn)
+    store = await PostgresSegmentStore.connect(dsn)
+    try:
+        for tag, step in tags:
+            await store.add_tag(tag, step)
+    finally:
+        await store.close()
+
+
+@contextlib.asynccontextmanager
+async def running_worker(config: Config) -> AsyncIterator[Worker]:
+    """A worker serving in this event loop, stopped afterwards."""
+    worker = Worker(config)
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+
+
+@contextlib.asynccontextmanager
+async def client(url: str) -> AsyncIterator[Client]:
+    """A plain nats-py client."""
+    nc = await nats.connect(url)
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+async def ask(nc: Client, subject: str, body: bytes = b"", timeout: float = 5.0) -> Reply:
+    """Send one request and decode the reply."""
+    msg = await nc.request(subject, body, timeout=timeout)
+    return msgspec.json.decode(msg.data, type=Reply)
+
+
+def ids_of(reply: Reply) -> list[int]:
+    """The IDs of a successful reply, whichever format it used."""
+    assert reply.error is None, reply.error
+    if reply.ranges is not None:
+        return [i for first, last in reply.ranges for i in range(first, last + 1)]
+    assert reply.ids is not None
+    return reply.ids
+
+
+class WorkerProcess:
+    """``dispenser serve`` in a child process, for SIGKILL and SIGTERM tests."""
+
+    def __init__(self, nats_url: str, dsn: str, log_path: Path, **env: str) -> None:
+        self.env = os.environ | {
+            "DISPENSER_NATS_URL": nats_url,
+            "DISPENSER_POSTGRES_DSN": dsn,
+            "DISPENSER_LOG_LEVEL": "INFO",
+        }
+        self.env |= env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the worker (readiness is waited for with :meth:`wait_ready`)."""
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dispenser", "serve"], env=self.env, stdout=log, stderr=log
+        )
+        log.close()
+
+    async def wait_ready(self, nc: Client, subject: str, timeout: float = 20.0) -> None:
+        """Wait until the worker answers on ``subject`` (any reply counts)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"worker exited with {self.proc.returncode}: {self.log_path.read_text()}"
+                )
+            try:
+                await nc.request(subject, b"", timeout=0.5)
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"worker not ready: {self.log_path.read_text()}") from None
+                await asyncio.sleep(0.1)
+            else:
+                return
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send a signal to the worker we started."""
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 15.0) -> int:
+        """Wait for exit; returns the exit status."""
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        """Stop it if it still runs (SIGTERM, then SIGKILL)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
