@@ -1,0 +1,29 @@
+"""The JSON Schemas in schemas/ are generated from the msgspec Structs and must not drift."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dispenser.cli import main
+from dispenser.messages import json_schemas
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+
+
+@pytest.mark.parametrize("name", sorted(json_schemas()))
+def test_schema_file_matches_the_code(name: str) -> None:
+    """Each schema file equals what the code generates (run `dispenser schemas` after changing messages)."""
+    assert json.loads((SCHEMAS / name).read_text()) == json_schemas()[name]
+
+
+def test_schemas_check_reports_drift(tmp_path: Path) -> None:
+    """`dispenser schemas --check` fails on a stale file and passes once regenerated."""
+    assert main(["schemas", "--dir", str(tmp_path)]) == 0
+    stale = tmp_path / "reply.schema.json"
+    stale.write_text("{}\n")
+    assert main(["schemas", "--dir", str(tmp_path), "--check"]) == 1
+    assert main(["schemas", "--dir", str(tmp_path)]) == 0
+    assert main(["schemas", "--dir", str(tmp_path), "--check"]) == 0
