@@ -169,7 +169,7 @@ async def test_replay_cache_shares_a_computation_in_flight() -> None:
     second = asyncio.ensure_future(cache.get_or_compute(("t", "a"), (1, "ids"), compute))
     await asyncio.sleep(0)
     gate.set()
-    assert await asyncio.gather(first, second) == [7, 7]
+    assert list(await asyncio.gather(first, second)) == [7, 7]
     assert calls == 1
 
 
