@@ -89,7 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     dev.add_argument("--data-dir", type=Path, default=Path(".dispenser"), help="where server data lives")
     dev.add_argument("--nats-port", type=int, default=4222, help="NATS port (a free one if taken)")
-    dev.add_argument("--postgres-port", type=int, default=None, help="PostgreSQL port (default: a free one)")
+    dev.add_argument(
+        "--postgres-port",
+        type=int,
+        default=None,
+        help="PostgreSQL port (default 54329, or a free one if taken)",
+    )
 
     get = sub.add_parser("get", help="ask the running service for IDs and print them, one per line")
     get.add_argument("tag")
@@ -156,9 +161,14 @@ def _serve(_args: argparse.Namespace, config: Config) -> int:
 
 
 def _dev(args: argparse.Namespace, config: Config) -> int:
-    from dispenser.devstack import run_dev  # noqa: PLC0415 - imports the server harness
+    from dispenser.devservers import DevServerError  # noqa: PLC0415 - imports the server harness
+    from dispenser.devstack import run_dev  # noqa: PLC0415
 
-    return run_dev(config, args.data_dir, nats_port=args.nats_port, postgres_port=args.postgres_port)
+    try:
+        return run_dev(config, args.data_dir, nats_port=args.nats_port, postgres_port=args.postgres_port)
+    except DevServerError as exc:
+        print(f"dispenser dev: {exc}", file=sys.stderr)
+        return 1
 
 
 def _get(args: argparse.Namespace, config: Config) -> int:

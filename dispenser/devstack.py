@@ -19,6 +19,7 @@ __all__ = ["DEMO_TAG", "run_dev"]
 log = logging.getLogger(__name__)
 
 DEMO_TAG = "demo"
+DEV_POSTGRES_PORT = 54329
 
 
 async def _prepare(dsn: str) -> None:
@@ -62,6 +63,9 @@ def run_dev(config: Config, data_dir: Path, nats_port: int = 4222, postgres_port
     data_dir = data_dir.absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
     nats = NatsServer(data_dir / "nats", port=nats_port if port_is_free(nats_port) else None)
+    if postgres_port is None:
+        # A fixed port by default, so the DSN printed for `dispenser tag add` stays the same across runs.
+        postgres_port = DEV_POSTGRES_PORT if port_is_free(DEV_POSTGRES_PORT) else None
     postgres = PostgresServer(data_dir / "postgres", port=postgres_port)
     try:
         log.info("starting NATS and PostgreSQL in %s", data_dir)

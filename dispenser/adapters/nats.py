@@ -53,7 +53,8 @@ async def connect(config: NatsConfig, name: str = "leaf-dispenser") -> Client:
         log.warning("NATS error: %s", exc)
 
     async def on_disconnect() -> None:
-        log.warning("disconnected from NATS; reconnecting")
+        if not (nc.is_closed or nc.is_draining):  # a disconnect we asked for is not news
+            log.warning("disconnected from NATS; reconnecting")
 
     async def on_reconnect() -> None:
         log.info(
