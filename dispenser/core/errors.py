@@ -149,3 +149,71 @@ class TagExists(DispenserError, ValueError):
     def __init__(self, tag: str) -> None:
         super().__init__(f"tag {tag!r} already exists; change its step with `dispenser tag set {tag} --step N`")
         self.tag = tag
+
+
+class InvalidLayout(DispenserError, ValueError):
+    """The configured snowflake bit layout cannot be used (too many bits, a bad field, an end past 9999)."""
+
+    code = "invalid_layout"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"invalid snowflake layout: {detail}")
+
+
+class WorkerIdOutOfRange(DispenserError, ValueError):
+    """A worker id (configured, or handed out by the registry) does not fit the layout's worker field."""
+
+    code = "worker_id_out_of_range"
+
+    def __init__(self, worker_id: int, max_worker_id: int) -> None:
+        super().__init__(
+            f"worker id {worker_id} does not fit the snowflake layout: "
+            f"it must be between 0 and {max_worker_id}"
+        )
+        self.worker_id = worker_id
+        self.max_worker_id = max_worker_id
+
+
+class ClockOutOfRange(DispenserError):
+    """The clock reads before the layout's epoch or after its last millisecond; no ID can express it."""
+
+    code = "clock_out_of_range"
+    status = 503
+
+    def __init__(self, now_ms: int, first_ms: int, last_ms: int) -> None:
+        where = "before the layout's epoch" if now_ms < first_ms else "past the layout's last millisecond"
+        super().__init__(
+            f"clock reads {now_ms} ms, {where} (the layout covers {first_ms} to {last_ms} ms since 1970); "
+            "no ID was issued"
+        )
+        self.now_ms = now_ms
+        self.first_ms = first_ms
+        self.last_ms = last_ms
+
+
+class ClockBehindRecorded(DispenserError):
+    """The clock is behind the timestamp an earlier run of this worker recorded: no start, no ID."""
+
+    code = "clock_behind_recorded"
+    status = 503
+    retryable = True
+
+    def __init__(self, recorded_ms: int, now_ms: int) -> None:
+        super().__init__(
+            f"clock reads {now_ms} ms, {recorded_ms - now_ms} ms behind the timestamp {recorded_ms} recorded "
+            "for this worker by an earlier run; refusing to issue IDs until the clock has passed it"
+        )
+        self.recorded_ms = recorded_ms
+        self.now_ms = now_ms
+
+
+class InvalidId(BadRequest):
+    """The number given to decode is not an ID of the configured layout (negative, or too many bits)."""
+
+    code = "invalid_id"
+
+    def __init__(self, value: int, max_id: int) -> None:
+        super().__init__(f"{value} is not an ID of this layout: IDs are between 0 and {max_id}")
+        self.value = value
+        self.max_id = max_id
+

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from tests.strategies import DATETIME_MAX_MS, clock_moves, layout_fields, request_counts, snowflake_layouts
 
 from dispenser.core.errors import (
     ClockBehindRecorded,
@@ -30,6 +29,7 @@ from dispenser.core.snowflake import (
     WaitUntil,
     check_startup_clock,
 )
+from tests.strategies import DATETIME_MAX_MS, clock_moves, layout_fields, request_counts, snowflake_layouts
 
 LEAF = SnowflakeLayout()
 NOW = 1_700_000_000_000  # 2023-11-14, inside the default layout
@@ -329,6 +329,16 @@ def test_after_a_rollback_error_the_next_request_gets_its_own_wait() -> None:
     with pytest.raises(ClockMovedBackwards):
         gen.take(NOW - 2, 1)
     assert gen.take(NOW - 2, 1) == WaitUntil(NOW + 2, "clock_back")
+
+
+def test_each_rollback_after_the_clock_caught_up_gets_its_own_wait() -> None:
+    """Once the clock has caught up and IDs were issued, a later small rollback is waited out again."""
+    for caught_up in (NOW + 2, NOW):  # into a new millisecond, or back to the last one
+        gen = state()
+        gen.take(NOW, 1)
+        assert gen.take(NOW - 2, 1) == WaitUntil(NOW + 2, "clock_back")
+        assert isinstance(gen.take(caught_up, 1), Batch)
+        assert gen.take(caught_up - 1, 1) == WaitUntil(caught_up + 1, "clock_back")
 
 
 def test_large_rollback_is_an_error_at_once() -> None:
