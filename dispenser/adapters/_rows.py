@@ -1,0 +1,48 @@
+"""Rules every segment store applies before writing a ``leaf_alloc`` row, so the fake and Postgres agree."""
+
+from __future__ import annotations
+
+from dispenser.core.errors import BadRequest, StoreUnavailable
+from dispenser.core.tags import validate_tag
+
+__all__ = ["MAX_DESCRIPTION", "MAX_ID", "MAX_STEP", "check_new_tag", "check_step", "no_room"]
+
+MAX_STEP = 2**31 - 1
+"""``leaf_alloc.step`` is an ``int`` column (Leaf's ``int(11)``)."""
+
+MAX_ID = 2**63 - 1
+"""``leaf_alloc.max_id`` is a ``bigint``."""
+
+MAX_DESCRIPTION = 256
+"""``leaf_alloc.description`` is ``varchar(256)``: characters, not bytes."""
+
+
+def check_step(step: int) -> int:
+    """Return ``step`` if it fits the ``step`` column and grants at least one ID, else raise BadRequest."""
+    if not 1 <= step <= MAX_STEP:
+        raise BadRequest(f"step must be between 1 and {MAX_STEP}, got {step}")
+    return step
+
+
+def check_new_tag(tag: str, step: int, start: int, description: str) -> None:
+    """Validate the arguments of ``add_tag``.
+
+    Raises:
+        InvalidTag: the name is not valid.
+        BadRequest: the step, start or description does not fit the table.
+    """
+    validate_tag(tag)
+    check_step(step)
+    if not 1 <= start <= MAX_ID:
+        raise BadRequest(f"start must be between 1 and {MAX_ID}, got {start}")
+    if len(description) > MAX_DESCRIPTION:
+        raise BadRequest(f"description is {len(description)} characters long; the limit is {MAX_DESCRIPTION}")
+
+
+def no_room(tag: str, step: int | None) -> StoreUnavailable:
+    """The error for a tag whose ``max_id`` cannot grow by ``step`` without passing ``MAX_ID``."""
+    size = "its configured step" if step is None else f"{step} IDs"
+    return StoreUnavailable(
+        f"tag {tag!r} has no room for a segment of {size}: max_id would pass {MAX_ID}; "
+        "a smaller step or a new tag is needed"
+    )

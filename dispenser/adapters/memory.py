@@ -1,0 +1,125 @@
+"""In-memory fakes of the ports, held to the same contract tests as the real adapters."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from dispenser.adapters._rows import MAX_ID, check_new_tag, check_step, no_room
+from dispenser.core.errors import StoreUnavailable, TagExists, UnknownTag
+from dispenser.core.segment import Segment
+from dispenser.ports import Allocation, TagInfo
+
+__all__ = ["MemorySegmentStore"]
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True)
+class _Row:
+    max_id: int
+    step: int
+    description: str
+    update_time: datetime
+
+
+class MemorySegmentStore:
+    """A :class:`~dispenser.ports.SegmentStore` in a dict, with knobs for tests.
+
+    Behaves like the Postgres adapter (same errors, same validation, tags listed in code point order) and
+    yields to the event loop on every call, as a round trip would, so concurrent callers interleave.
+
+    Attributes:
+        calls: how many times :meth:`next_segment` was called (each a round trip for the real store),
+            counting calls that failed.
+        fail_with: when set, every call except :meth:`close` raises it instead of touching the rows.
+        delay: seconds each :meth:`next_segment` takes (``asyncio.sleep``), to model a slow database.
+    """
+
+    def __init__(self, *, now: Callable[[], datetime] = _utc_now) -> None:
+        """Create an empty store.
+
+        Args:
+            now: the clock stamped into ``update_time``.
+        """
+        self._rows: dict[str, _Row] = {}
+        self._now = now
+        self._closed = False
+        self.calls = 0
+        self.fail_with: Exception | None = None
+        self.delay = 0.0
+
+    def set_unavailable(self, unavailable: bool = True) -> None:
+        """Make every call raise :class:`StoreUnavailable` (or stop), as if the database were down."""
+        self.fail_with = StoreUnavailable("the in-memory store was made unavailable") if unavailable else None
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StoreUnavailable("the in-memory store is closed")
+        if self.fail_with is not None:
+            # Drop the previous raise's traceback: re-raising one instance would keep growing it.
+            raise self.fail_with.with_traceback(None)
+
+    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+        """Reserve the next segment of ``tag`` (see :meth:`dispenser.ports.SegmentStore.next_segment`)."""
+        if step is not None:
+            check_step(step)
+        self.calls += 1
+        await asyncio.sleep(self.delay)
+        self._check()
+        row = self._rows.get(tag)
+        if row is None:
+            raise UnknownTag(tag)
+        used = row.step if step is None else step
+        if row.max_id > MAX_ID - used:
+            raise no_room(tag, used)
+        row.max_id += used
+        row.update_time = self._now()
+        return Allocation(Segment.from_max_id(row.max_id, used), row.step)
+
+    async def list_tags(self) -> list[TagInfo]:
+        """All tags, ordered by name."""
+        await asyncio.sleep(0)
+        self._check()
+        return [self._info(tag, self._rows[tag]) for tag in sorted(self._rows)]
+
+    async def add_tag(self, tag: str, step: int, start: int = 1, description: str = "") -> TagInfo:
+        """Create a tag whose first segment starts at ``start``."""
+        check_new_tag(tag, step, start, description)
+        await asyncio.sleep(0)
+        self._check()
+        if tag in self._rows:
+            raise TagExists(tag)
+        row = self._rows[tag] = _Row(start, step, description, self._now())
+        return self._info(tag, row)
+
+    async def set_step(self, tag: str, step: int) -> TagInfo:
+        """Change a tag's configured step (used from its next segment on)."""
+        check_step(step)
+        await asyncio.sleep(0)
+        self._check()
+        row = self._rows.get(tag)
+        if row is None:
+            raise UnknownTag(tag)
+        row.step = step
+        row.update_time = self._now()
+        return self._info(tag, row)
+
+    async def remove_tag(self, tag: str) -> None:
+        """Delete a tag."""
+        await asyncio.sleep(0)
+        self._check()
+        if self._rows.pop(tag, None) is None:
+            raise UnknownTag(tag)
+
+    async def close(self) -> None:
+        """Refuse further calls, as a closed pool does. Idempotent."""
+        self._closed = True
+
+    @staticmethod
+    def _info(tag: str, row: _Row) -> TagInfo:
+        return TagInfo(tag, row.max_id, row.step, row.description, row.update_time)
