@@ -10,13 +10,17 @@ from collections.abc import Callable
 
 from nats.aio.client import Client
 
-from dispenser.adapters.nats import NatsIdService, connect
+from dispenser.adapters.nats import NatsIdService, collect_peer_clocks, connect, serve_clock
 from dispenser.adapters.postgres import PostgresSegmentStore
 from dispenser.config import Config, redact
 from dispenser.core.errors import DispenserError
+from dispenser.core.peers import check_peer_clocks
 from dispenser.ports import Clock, SegmentStore, SystemClock
+from dispenser.registries import SnowflakeRegistration, open_registration
+from dispenser.service.decode import decode_handler
 from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
+from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 
 __all__ = ["Worker", "run_worker"]
 
@@ -33,6 +37,8 @@ class Worker:
         self.allocator: SegmentAllocator | None = None
         self.nc: Client | None = None
         self.service: NatsIdService | None = None
+        self.snowflake: SnowflakeGenerator | None = None
+        self.registration: SnowflakeRegistration | None = None
         self._background: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -75,7 +81,12 @@ class Worker:
             dispatchers["segment"] = Dispatcher(self.allocator, self.clock, limits, config.limits.dedup_ttl)
         self.nc = await connect(config.nats)
         log.info("connected to NATS at %s", redact(config.nats.url))
-        self.service = NatsIdService(self.nc, config.nats, dispatchers)
+        special = {}
+        if config.snowflake.enabled:
+            self.snowflake = await self._start_snowflake()
+            dispatchers["snowflake"] = Dispatcher(self.snowflake, self.clock, limits, config.limits.dedup_ttl)
+            special["snowflake"] = {"decode": decode_handler(self.snowflake.layout)}
+        self.service = NatsIdService(self.nc, config.nats, dispatchers, special_tags=special)
         await self.service.start()
         prefix = config.nats.subject_prefix
         log.info(
@@ -84,10 +95,54 @@ class Worker:
             config.nats.queue_group,
         )
 
+    async def _start_snowflake(self) -> SnowflakeGenerator:
+        """Register the worker ID, check the clock against the record and the peers, start the generator."""
+        assert self.nc is not None
+        config = self.config
+        sf = config.snowflake
+        self.registration = registration = await open_registration(sf, config.postgres, self.clock)
+        lease = registration.lease
+        clock_subject = f"{config.nats.subject_prefix}.snowflake-clock"
+        readings = await collect_peer_clocks(
+            self.nc, clock_subject, self.clock.wall_ms, sf.peer_check_timeout
+        )
+        offset = check_peer_clocks(readings, sf.peer_threshold_ms)
+        if offset is not None:
+            log.info("clock is within %.0f ms of the mean of %d live peer(s)", offset, len(readings))
+        settings = SnowflakeSettings(
+            random_start=sf.random_start,
+            max_backward_ms=sf.max_backward_ms,
+            report_interval=sf.report_interval,
+            peer_threshold_ms=sf.peer_threshold_ms,
+        )
+        generator = SnowflakeGenerator(
+            registration.layout,
+            lease,
+            registration.registry,
+            self.clock,
+            registration.persist,
+            settings=settings,
+        )
+        await generator.start()
+        if registration.from_cache:
+            generator.relocate()  # keep trying the registry in the background
+        await serve_clock(self.nc, clock_subject, self.clock.wall_ms, lambda: generator.worker_id)
+        log.info(
+            "snowflake worker ID %d (%s mode); layout valid until %s",
+            generator.worker_id,
+            sf.mode,
+            registration.layout.end_datetime().isoformat(),
+        )
+        return generator
+
     async def stop(self) -> None:
         """Stop taking requests, answer those in flight, close every connection."""
         if self.service is not None:
             await self.service.stop()
+        if self.snowflake is not None:
+            await self.snowflake.stop()
+        if self.registration is not None:
+            await self.registration.registry.close()
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -72,7 +72,10 @@ def _setup_logging(config: Config, verbose: bool) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dispenser",
-        description="Leaf dispenser: unique 64-bit IDs over NATS, from PostgreSQL segments (Leaf-segment).",
+        description=(
+            "Leaf dispenser: unique 64-bit IDs over NATS, from PostgreSQL segments (Leaf-segment) "
+            "or snowflake generators with registered worker IDs (Leaf-snowflake)."
+        ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -121,6 +124,15 @@ def _parser() -> argparse.ArgumentParser:
     remove = tag_sub.add_parser("remove", help="delete a tag")
     remove.add_argument("tag")
 
+    bench = sub.add_parser("bench", help="benchmark the service (see `dispenser bench nats --help`)")
+    bench.add_argument("target", choices=["nats"], help="nats: the worker against an echo responder")
+    bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
+
+    decode = sub.add_parser(
+        "decode", help="take a snowflake ID apart (time, worker, sequence) with the configured layout"
+    )
+    decode.add_argument("id", type=int)
+
     schemas = sub.add_parser("schemas", help="write (or check) the JSON Schemas of the wire messages")
     schemas.add_argument("--dir", type=Path, default=Path("schemas"))
     schemas.add_argument("--check", action="store_true", help="exit 1 if the files differ from the code")
@@ -144,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "migrate": _migrate,
         "tag": _tag,
         "schemas": _schemas,
+        "bench": _bench,
+        "decode": _decode,
     }
     try:
         return handlers[args.command](args, config)
@@ -267,6 +281,24 @@ def _tag(args: argparse.Namespace, config: Config) -> int:
     else:
         _with_store(config, lambda store: store.remove_tag(args.tag))
         print(f"removed tag {args.tag!r}")
+    return 0
+
+
+def _bench(args: argparse.Namespace, _config: Config) -> int:
+    from dispenser.bench.nats_bench import run_cli  # noqa: PLC0415 - starts servers; only when asked
+
+    return run_cli(args.target, args.options)
+
+
+def _decode(args: argparse.Namespace, config: Config) -> int:
+    from dispenser.registries import layout_of  # noqa: PLC0415
+    from dispenser.service.decode import decode_id  # noqa: PLC0415
+
+    reply = decode_id(layout_of(config.snowflake), args.id)
+    print(f"id:        {reply.id}")
+    print(f"time:      {reply.time}  ({reply.timestamp_ms} ms since 1970)")
+    print(f"worker:    {reply.worker_id}")
+    print(f"sequence:  {reply.sequence}")
     return 0
 
 

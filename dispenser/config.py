@@ -69,6 +69,41 @@ class SegmentConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     retry_max: float = 2.0
 
 
+class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Snowflake mode: layout, worker-ID registry and clock rules."""
+
+    enabled: bool = False
+    mode: Literal["static", "zookeeper", "zookeeper-lease", "postgres"] = "static"
+    """Where the worker ID comes from (see docs/snowflake.md)."""
+    worker_id: int = 0
+    """The worker ID in ``static`` mode."""
+    name: str = "leaf"
+    """Registry namespace: ZooKeeper nodes live under ``/leaf/snowflake/<name>/``."""
+    address: str | None = None
+    """This worker's ``ip:port`` in the registry; default: this host's IP and the process ID. Give each
+    worker a stable, distinct address so that a restart gets its worker ID back."""
+    zookeeper_hosts: str = "127.0.0.1:2181"
+    zookeeper_session_timeout: float = 10.0
+    state_dir: str | None = None
+    """Where the local cache (worker ID, high-water mark) lives; default ``~/.local/state/leaf-dispenser``.
+    Never a temporary directory: a reboot must not erase the high-water mark."""
+    timestamp_bits: int = 41
+    worker_bits: int = 10
+    sequence_bits: int = 12
+    epoch_ms: int = 1288834974657
+    """Unix ms of the layout's epoch (Twitter's and Leaf's 2010-11-04 by default)."""
+    random_start: int = 100
+    """Each millisecond's sequence starts at a random value below this (0 disables)."""
+    max_backward_ms: int = 5
+    """A run-time clock rollback up to this is waited out (twice the offset); more is an error."""
+    report_interval: float = 3.0
+    """Seconds between high-water reports to the registry and the local cache."""
+    peer_threshold_ms: int = 5000
+    """Refuse to start when the clock is further than this from the mean of the live peers' clocks."""
+    peer_check_timeout: float = 0.3
+    """Seconds to collect the live peers' clock readings at start-up."""
+
+
 class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """What a single request may ask for."""
 
@@ -94,6 +129,7 @@ class Config(Struct, forbid_unknown_fields=True, kw_only=True):
     nats: NatsConfig = msgspec.field(default_factory=NatsConfig)
     postgres: PostgresConfig = msgspec.field(default_factory=PostgresConfig)
     segment: SegmentConfig = msgspec.field(default_factory=SegmentConfig)
+    snowflake: SnowflakeConfig = msgspec.field(default_factory=SnowflakeConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
 
@@ -102,6 +138,7 @@ _SECTIONS: dict[str, type[Struct]] = {
     "nats": NatsConfig,
     "postgres": PostgresConfig,
     "segment": SegmentConfig,
+    "snowflake": SnowflakeConfig,
     "limits": LimitsConfig,
     "log": LogConfig,
 }

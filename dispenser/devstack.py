@@ -47,6 +47,10 @@ Leaf dispenser is serving on {url}  (Ctrl-C stops it and the servers it started)
     dispenser get {DEMO_TAG} 5                                  # with DISPENSER_NATS_URL={url}
     nats request {prefix}.segment.{DEMO_TAG} '{{"count": 5}}'          # with the nats CLI, if you have it
 
+  snowflake IDs (any tag):
+    dispenser get --kind snowflake demo 3
+    dispenser decode <id>
+
   from Python:
     nc = await nats.connect("{url}")
     msg = await nc.request("{prefix}.segment.{DEMO_TAG}", b'{{"count": 5}}')
@@ -71,10 +75,18 @@ def run_dev(config: Config, data_dir: Path, nats_port: int = 4222, postgres_port
         log.info("starting NATS and PostgreSQL in %s", data_dir)
         nats.start()
         postgres.start()
+        # Snowflake too, with a static worker ID (no ZooKeeper needed) and its cache in the data dir,
+        # unless the user configured snowflake themselves.
+        snowflake = config.snowflake
+        if not snowflake.enabled:
+            snowflake = msgspec.structs.replace(
+                snowflake, enabled=True, mode="static", state_dir=str(data_dir / "state")
+            )
         config = msgspec.structs.replace(
             config,
             nats=msgspec.structs.replace(config.nats, url=nats.url),
             postgres=msgspec.structs.replace(config.postgres, dsn=postgres.dsn),
+            snowflake=snowflake,
         )
         asyncio.run(_prepare(postgres.dsn))
         return _run(run_worker(config, on_ready=lambda _worker: print(_banner(config), file=sys.stderr)))

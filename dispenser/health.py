@@ -53,9 +53,49 @@ async def _check_postgres(config: Config) -> CheckResult:
     return CheckResult("postgres", True, f"{redact(dsn)} (schema version {version}, {len(tags)} tags)")
 
 
+async def _check_snowflake(config: Config) -> CheckResult:
+    from dispenser.core.errors import DispenserError  # noqa: PLC0415
+    from dispenser.registries import layout_of  # noqa: PLC0415
+
+    sf = config.snowflake
+    try:
+        layout = layout_of(sf)
+    except DispenserError as exc:
+        return CheckResult("snowflake layout", False, str(exc))
+    end = layout.end_datetime().isoformat(timespec="seconds")
+    return CheckResult(
+        "snowflake layout",
+        True,
+        f"{sf.timestamp_bits}+{sf.worker_bits}+{sf.sequence_bits} bits, {layout.max_worker_id + 1} worker IDs, "
+        f"IDs valid until {end}",
+    )
+
+
+async def _check_zookeeper(config: Config) -> CheckResult:
+    hosts = config.snowflake.zookeeper_hosts
+    for host in hosts.split(","):
+        address, _, port = host.strip().rpartition(":")
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(address, int(port)), 3.0)
+            writer.write(b"ruok")
+            answer = await asyncio.wait_for(reader.read(4), 3.0)
+            writer.close()
+        except (OSError, TimeoutError, ValueError) as exc:
+            last = f"{host}: {exc or type(exc).__name__}"
+            continue
+        if answer == b"imok":
+            return CheckResult("zookeeper", True, f"{host} answers")
+        last = f"{host}: answered {answer!r} to ruok (is 4lw.commands.whitelist missing ruok?)"
+    return CheckResult("zookeeper", False, f"no ZooKeeper server of {hosts} answered ({last})")
+
+
 async def check_all(config: Config) -> list[CheckResult]:
     """Run every check that applies to the configuration, at once."""
     checks = [_check_nats(config)]
-    if config.segment.enabled:
+    if config.segment.enabled or config.snowflake.mode == "postgres":
         checks.append(_check_postgres(config))
+    if config.snowflake.enabled:
+        checks.append(_check_snowflake(config))
+        if config.snowflake.mode.startswith("zookeeper"):
+            checks.append(_check_zookeeper(config))
     return list(await asyncio.gather(*checks))

@@ -18,18 +18,22 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import msgspec
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import EndpointConfig, Service
 
 from dispenser import __version__
 from dispenser.config import NatsConfig, redact
+from dispenser.core.peers import PeerReading
 from dispenser.messages import MSGPACK
 from dispenser.service.dispatch import Answer, Dispatcher
 
-__all__ = ["NatsIdService", "RawEndpoint", "connect"]
+__all__ = ["NatsIdService", "RawEndpoint", "collect_peer_clocks", "connect", "serve_clock"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +109,7 @@ class NatsIdService:
         config: NatsConfig,
         dispatchers: dict[str, Dispatcher],
         raw_endpoints: list[RawEndpoint] | None = None,
+        special_tags: dict[str, dict[str, Callable[[bytes], Awaitable[bytes]]]] | None = None,
     ) -> None:
         """Prepare the service.
 
@@ -114,11 +119,14 @@ class NatsIdService:
             dispatchers: by generator kind (``segment``, ``snowflake``): served on
                 ``<prefix>.<kind>.<tag>``.
             raw_endpoints: further endpoints served as they are.
+            special_tags: by kind, tags answered by their own handler instead of the dispatcher
+                (``leaf.snowflake.decode``): one subscription per kind, so one reply per request.
         """
         self._nc = nc
         self._config = config
         self._dispatchers = dispatchers
         self._raw = raw_endpoints or []
+        self._special = special_tags or {}
         self._service: Service | None = None
         self._inflight: set[asyncio.Task[None]] = set()
 
@@ -147,7 +155,7 @@ class NatsIdService:
                     name=kind,
                     subject=prefix + ">",
                     queue_group=config.queue_group,
-                    handler=self._id_handler(prefix, dispatcher),
+                    handler=self._id_handler(prefix, dispatcher, self._special.get(kind, {})),
                     metadata={"format": "json|msgpack", "subject": prefix + "<tag>"},
                 )
             )
@@ -162,11 +170,19 @@ class NatsIdService:
             )
         await self._nc.flush()
 
-    def _id_handler(self, prefix: str, dispatcher: Dispatcher) -> Callable[[Request], Awaitable[None]]:
+    def _id_handler(
+        self,
+        prefix: str,
+        dispatcher: Dispatcher,
+        special: dict[str, Callable[[bytes], Awaitable[bytes]]],
+    ) -> Callable[[Request], Awaitable[None]]:
         cut = len(prefix)
 
         async def handle(request: Request) -> None:
             tag = request.subject[cut:]
+            if special and tag in special:
+                await request.respond(await special[tag](request.data))
+                return
             headers = request.headers
             msgpack = headers is not None and headers.get(_CONTENT_TYPE) == MSGPACK
             answer = dispatcher.answer_now(tag, request.data, msgpack)
@@ -235,3 +251,51 @@ class NatsIdService:
         except Exception as exc:
             log.debug("service stop: %s", exc)
         self._service = None
+
+
+_clock_reply = msgspec.json.Encoder()
+
+
+class _ClockReading(msgspec.Struct):
+    wall_ms: int
+    worker_id: int
+
+
+async def serve_clock(
+    nc: Client, subject: str, wall_ms: Callable[[], int], worker_id: Callable[[], int]
+) -> Subscription:
+    """Answer peers' start-up clock checks on ``subject`` (every worker answers: no queue group)."""
+
+    async def answer(msg: Msg) -> None:
+        if msg.reply:
+            await msg.respond(_clock_reply.encode(_ClockReading(wall_ms(), worker_id())))
+
+    return await nc.subscribe(subject, cb=answer)
+
+
+async def collect_peer_clocks(
+    nc: Client, subject: str, wall_ms: Callable[[], int], window: float
+) -> list[PeerReading]:
+    """Ask every live peer for its clock and collect the answers that arrive within ``window`` seconds."""
+    inbox = nc.new_inbox()
+    readings: list[PeerReading] = []
+    subscription = await nc.subscribe(inbox)
+    try:
+        sent = wall_ms()
+        await nc.publish(subject, b"", reply=inbox)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + window
+        while (left := end - loop.time()) > 0:
+            try:
+                msg = await subscription.next_msg(timeout=left)
+            except TimeoutError:
+                break
+            try:
+                reading = msgspec.json.decode(msg.data, type=_ClockReading)
+            except msgspec.DecodeError:
+                log.warning("ignoring a malformed clock reading on %s", subject)
+                continue
+            readings.append(PeerReading(reading.wall_ms, sent, wall_ms()))
+    finally:
+        await subscription.unsubscribe()
+    return readings

@@ -147,7 +147,9 @@ class TagExists(DispenserError, ValueError):
     status = 409
 
     def __init__(self, tag: str) -> None:
-        super().__init__(f"tag {tag!r} already exists; change its step with `dispenser tag set {tag} --step N`")
+        super().__init__(
+            f"tag {tag!r} already exists; change its step with `dispenser tag set {tag} --step N`"
+        )
         self.tag = tag
 
 
@@ -217,3 +219,81 @@ class InvalidId(BadRequest):
         self.value = value
         self.max_id = max_id
 
+
+class CoordinatorUnavailable(Unavailable):
+    """The worker-ID registry (ZooKeeper, or Postgres in ``postgres`` mode) did not answer in time."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"worker-id coordinator unavailable: {detail}")
+
+
+class WorkerIdsExhausted(DispenserError):
+    """Every worker ID the snowflake layout allows is taken; this worker cannot start."""
+
+    code = "worker_ids_exhausted"
+    status = 503
+
+    def __init__(self, limit: int, where: str = "") -> None:
+        place = f" in {where}" if where else ""
+        super().__init__(
+            f"all {limit} worker IDs (0 to {limit - 1}) allowed by the snowflake layout are taken{place}; "
+            "free one, or give the layout more worker bits"
+        )
+        self.limit = limit
+
+
+class LeaseLost(DispenserError):
+    """This worker no longer holds its worker ID (its lease expired or its record was removed).
+
+    The worker must stop issuing snowflake IDs and register again, which may yield another ID.
+    """
+
+    code = "lease_lost"
+    status = 503
+    retryable = True
+
+    def __init__(self, worker_id: int, detail: str) -> None:
+        super().__init__(f"worker ID {worker_id} is no longer held by this worker: {detail}")
+        self.worker_id = worker_id
+
+
+class WorkerAddressInUse(DispenserError):
+    """Another live worker is registered under this worker's address, so it would share its worker ID."""
+
+    code = "worker_address_in_use"
+    status = 409
+
+    def __init__(self, address: str, where: str = "") -> None:
+        place = f" in {where}" if where else ""
+        super().__init__(
+            f"another live worker is registered as {address!r}{place}; give each worker its own address "
+            "(ip:port), or wait until the other one has stopped"
+        )
+        self.address = address
+
+
+class StateFileCorrupt(DispenserError):
+    """The local snowflake state file exists but cannot be read as one; it is never silently ignored."""
+
+    code = "state_file_corrupt"
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"local state file {path} is corrupt ({detail}); check it, then move it away to start without it"
+        )
+        self.path = path
+
+
+class ClockDisagreesWithPeers(DispenserError):
+    """At start-up, the local clock is further from the mean of the live peers' clocks than allowed."""
+
+    code = "clock_disagrees_with_peers"
+    status = 503
+
+    def __init__(self, mean_offset_ms: float, threshold_ms: int, peers: int) -> None:
+        direction = "ahead of" if mean_offset_ms < 0 else "behind"
+        super().__init__(
+            f"this machine's clock is {abs(mean_offset_ms):.0f} ms {direction} the mean of {peers} live peer(s), "
+            f"more than the allowed {threshold_ms} ms; fix the clock (NTP) before starting a snowflake worker"
+        )
+        self.mean_offset_ms = mean_offset_ms

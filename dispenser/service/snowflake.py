@@ -1,0 +1,270 @@
+"""The snowflake shell: drives one :class:`SnowflakeState` with the real clock, a registry and a state file.
+
+Safety rules, each for a known way Leaf can repeat an ID:
+
+* **High-water reservation (Leaf #216).** Before issuing an ID stamped later than the *reserved* mark,
+  the worker records a new mark ``now + reserve_ahead`` in the local state file (and in the registry);
+  a background task renews it every ``report_interval``. After a crash, the recorded mark is therefore
+  never below an issued ID, and a restart issues nothing at or below it — however far the clock went
+  back in between. A clean shutdown records the exact last millisecond, so a normal restart doesn't wait.
+* **Start-up clock checks.** Refuse when the clock is behind the recorded mark by more than the
+  reservation can explain (``max_startup_wait_ms``), or further than ``peer_threshold_ms`` from the live
+  peers' mean; otherwise wait until the clock passes the mark before serving.
+* **Leases.** Before every take, ``registry.can_issue()``: in ``zookeeper-lease`` mode it turns false
+  before ZooKeeper can hand the ID to someone else. Then requests get ``lease_lost`` (retryable) while a
+  background task registers again, possibly under another worker ID, honouring that ID's high water.
+* **Run-time rollback.** The pure core waits out ≤ 5 ms once and refuses more; the shell sleeps, never spins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from dispenser.core.errors import (
+    ClockBehindRecorded,
+    CoordinatorUnavailable,
+    DispenserError,
+    LeaseLost,
+    Unavailable,
+)
+from dispenser.core.snowflake import Batch, SnowflakeLayout, SnowflakeState, WaitUntil
+from dispenser.ports import Clock, WorkerLease, WorkerRegistry
+
+__all__ = ["SnowflakeBatch", "SnowflakeGenerator", "SnowflakeSettings"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SnowflakeSettings:
+    """Tuning of the snowflake shell."""
+
+    random_start: int = 100
+    max_backward_ms: int = 5
+    report_interval: float = 3.0
+    """Seconds between renewals of the reserved high-water mark (Leaf reports every 3 s)."""
+    peer_threshold_ms: int = 5000
+
+    @property
+    def reserve_ahead_ms(self) -> int:
+        """How far ahead of the clock the mark is reserved: two report intervals, so renewals never block."""
+        return int(self.report_interval * 2000)
+
+    @property
+    def max_startup_wait_ms(self) -> int:
+        """A restart after a crash may find the clock up to ``reserve_ahead_ms`` behind the mark: wait that out."""
+        return self.reserve_ahead_ms + 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SnowflakeBatch:
+    """Snowflake IDs for one request, as inclusive ranges (one per millisecond used)."""
+
+    ranges: list[tuple[int, int]]
+
+
+Persist = Callable[[int, int], Awaitable[None]]
+"""``persist(worker_id, high_water_ms)``: record the mark durably (local state file, registry)."""
+
+
+class SnowflakeGenerator:
+    """An ID source for ``<prefix>.snowflake.<tag>``: any tag, one worker ID, never a repeat."""
+
+    def __init__(
+        self,
+        layout: SnowflakeLayout,
+        lease: WorkerLease,
+        registry: WorkerRegistry,
+        clock: Clock,
+        persist: Persist,
+        *,
+        settings: SnowflakeSettings | None = None,
+    ) -> None:
+        self.layout = layout
+        self.settings = settings or SnowflakeSettings()
+        self._registry = registry
+        self._clock = clock
+        self._persist = persist
+        self._lock = asyncio.Lock()
+        self._reserve_lock = asyncio.Lock()
+        self._wait_until_ms: int | None = None
+        self._reserved_ms = 0
+        self._state = self._new_state(lease)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._relocating: asyncio.Task[None] | None = None
+
+    def _new_state(self, lease: WorkerLease) -> SnowflakeState:
+        s = self.settings
+        self._reserved_ms = lease.high_water_ms
+        return SnowflakeState(
+            self.layout,
+            lease.worker_id,
+            high_water_ms=lease.high_water_ms,
+            random_start=s.random_start,
+            max_backward_ms=s.max_backward_ms,
+            max_startup_wait_ms=s.max_startup_wait_ms,
+        )
+
+    @property
+    def worker_id(self) -> int:
+        """The worker ID IDs are issued under now."""
+        return self._state.worker_id
+
+    @property
+    def last_ms(self) -> int:
+        """The last millisecond an ID was issued in (or the high-water mark before the first)."""
+        return self._state.last_ms
+
+    # -- start and stop ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Wait until the clock has passed the recorded mark, reserve ahead, and start renewing.
+
+        Raises:
+            ClockBehindRecorded: the clock is behind the recorded mark by more than a crash explains.
+        """
+        mark = self._state.last_ms
+        now = self._clock.wall_ms()
+        if mark - now >= self.settings.max_startup_wait_ms:
+            raise ClockBehindRecorded(mark, now)
+        if now <= mark:
+            log.info("clock is %d ms behind the recorded high-water mark; waiting it out", mark - now + 1)
+            await asyncio.sleep((mark - now + 1) / 1000)
+        await self._reserve(self._clock.wall_ms())
+        self._tasks.append(asyncio.create_task(self._renew_loop(), name="snowflake-renew"))
+
+    async def stop(self) -> None:
+        """Stop renewing and record the exact last millisecond, so a clean restart need not wait."""
+        for task in [*self._tasks, self._relocating]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        async with self._lock:
+            try:
+                await self._persist(self._state.worker_id, self._state.last_ms)
+            except (OSError, DispenserError) as exc:
+                log.warning("could not record the final high-water mark (the reservation stands): %s", exc)
+
+    # -- IdSource ----------------------------------------------------------------------------------
+
+    def try_take(self, tag: str, count: int) -> SnowflakeBatch | None:
+        """IDs at once when nothing needs waiting for; ``None`` sends the request to :meth:`take`.
+
+        Raises:
+            LeaseLost: the registry can no longer prove this worker holds its ID.
+        """
+        if self._lock.locked() or self._wait_until_ms is not None:
+            return None
+        self._check_lease()
+        now = self._clock.wall_ms()
+        if now > self._reserved_ms:
+            return None
+        decision = self._state.take(now, count)
+        if type(decision) is Batch:
+            if decision.remaining == 0:
+                return SnowflakeBatch(decision.ranges)
+            # The millisecond ran out part-way: those IDs are dropped (a gap, never a repeat) and the
+            # request goes to the slow path, which waits for the next millisecond.
+            return None
+        assert isinstance(decision, WaitUntil)
+        self._wait_until_ms = decision.ms  # a clock-back wait granted now must be honoured by take()
+        return None
+
+    async def take(self, tag: str, count: int, deadline: float) -> SnowflakeBatch:
+        """IDs, sleeping for the next millisecond or a small clock rollback as the core decides.
+
+        Raises:
+            LeaseLost: the lease can no longer be proved.
+            ClockMovedBackwards: the clock went back too far; no ID was issued for the rest.
+            Unavailable: the deadline passed (e.g. waiting out a recorded mark).
+        """
+        async with self._lock:
+            ranges: list[tuple[int, int]] = []
+            left = count
+            while left:
+                self._check_lease()
+                now = self._clock.wall_ms()
+                wait_ms = self._wait_until_ms
+                if wait_ms is not None:
+                    self._wait_until_ms = None
+                    if now < wait_ms:
+                        await self._sleep_ms(wait_ms - now, deadline)
+                        continue
+                if now > self._reserved_ms:
+                    await self._reserve(now)
+                    continue
+                decision = self._state.take(now, left)
+                if isinstance(decision, WaitUntil):
+                    await self._sleep_ms(decision.ms - now, deadline)
+                    continue
+                ranges += decision.ranges
+                left = decision.remaining
+            return SnowflakeBatch(ranges)
+
+    async def _sleep_ms(self, ms: int, deadline: float) -> None:
+        if self._clock.monotonic() + ms / 1000 > deadline:
+            raise Unavailable(f"snowflake IDs would need a wait of {ms} ms, past the request's deadline")
+        await asyncio.sleep(ms / 1000)
+
+    def _check_lease(self) -> None:
+        if not self._registry.can_issue():
+            self.relocate()
+            raise LeaseLost(self._state.worker_id, "its lease can no longer be proved; re-registering")
+
+    # -- the reserved mark -------------------------------------------------------------------------
+
+    async def _reserve(self, now_ms: int) -> None:
+        async with self._reserve_lock:
+            target = now_ms + self.settings.reserve_ahead_ms
+            if target <= self._reserved_ms:
+                return
+            try:
+                await self._persist(self._state.worker_id, target)
+            except OSError as exc:
+                raise Unavailable(f"cannot record the snowflake high-water mark: {exc}") from exc
+            self._reserved_ms = target
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.report_interval)
+            try:
+                await self._reserve(self._clock.wall_ms())
+            except LeaseLost:
+                self.relocate()
+            except (DispenserError, OSError) as exc:
+                log.warning("renewing the snowflake high-water mark failed: %s", exc)
+
+    # -- losing and regaining the worker ID ----------------------------------------------------------
+
+    def relocate(self) -> None:
+        """Register again in the background (after a lost lease, or when started from the cache)."""
+        if self._relocating is None or self._relocating.done():
+            self._relocating = asyncio.create_task(self._register_again(), name="snowflake-register")
+
+    async def _register_again(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                lease = await self._registry.register()
+            except CoordinatorUnavailable as exc:
+                log.warning("re-registering the snowflake worker failed, retrying: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            async with self._lock:
+                if lease.worker_id != self._state.worker_id or lease.high_water_ms > self._state.last_ms:
+                    log.warning(
+                        "now holding worker ID %d (was %d); issuing above %d",
+                        lease.worker_id,
+                        self._state.worker_id,
+                        lease.high_water_ms,
+                    )
+                    self._state = self._new_state(lease)
+                    self._wait_until_ms = None
+                with contextlib.suppress(DispenserError, OSError):
+                    await self._reserve(self._clock.wall_ms())
+            return
