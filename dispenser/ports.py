@@ -106,6 +106,11 @@ class WorkerRegistry(Protocol):
     async def register(self) -> WorkerLease:
         """Obtain this worker's ID and its recorded high-water timestamp.
 
+        May be called again: after :class:`CoordinatorUnavailable` (the shell retries while it runs from
+        the local cache), and after :meth:`can_issue` turned false or :meth:`report` raised ``LeaseLost``.
+        It then returns the lease now held, possibly under another worker ID: the shell must honour its
+        ``high_water_ms`` again before issuing.
+
         Raises:
             WorkerIdsExhausted: every worker ID the layout allows is taken.
             CoordinatorUnavailable: the registry could not be reached (the shell may fall back to the
@@ -114,7 +119,12 @@ class WorkerRegistry(Protocol):
         ...
 
     async def report(self, high_water_ms: int) -> None:
-        """Record that IDs up to ``high_water_ms`` may have been issued (called every few seconds)."""
+        """Record that IDs up to ``high_water_ms`` may have been issued (called every few seconds).
+
+        Raises:
+            CoordinatorUnavailable: the record could not be written now (keep calling on the timer).
+            LeaseLost: this worker no longer holds its ID; stop issuing and :meth:`register` again.
+        """
         ...
 
     def can_issue(self) -> bool:

@@ -1,0 +1,450 @@
+"""A real Apache ZooKeeper server on 127.0.0.1 for tests, run with Java from jars fetched off Maven Central.
+
+:func:`fetch_zookeeper_jars` runs ``mvn dependency:copy-dependencies`` on ``tools/zookeeper/pom.xml`` once
+into a cache directory; :class:`ZooKeeperServer` runs ``ZooKeeperServerMain`` from those jars, standalone,
+with a short ``tickTime`` so that session-expiry tests take seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from dispenser.devservers._process import (
+    LOOPBACK,
+    DevServerError,
+    ServerNotFoundError,
+    ServerStartError,
+    file_size,
+    free_port,
+    kill_process,
+    log_tail,
+    read_since,
+    stop_process,
+    wait_until,
+)
+
+__all__ = [
+    "ZOOKEEPER_VERSION",
+    "ZooKeeperServer",
+    "default_jar_dir",
+    "fetch_zookeeper_jars",
+    "find_java",
+    "srvr",
+]
+
+ZOOKEEPER_VERSION = "3.9.4"
+"""The ZooKeeper release the pom pins (keep both in step)."""
+
+POM = Path(__file__).resolve().parents[2] / "tools" / "zookeeper" / "pom.xml"
+"""The pom whose dependencies are the server's class path (present in a source checkout)."""
+
+JARS_ENV = "DISPENSER_ZOOKEEPER_JARS"
+"""Environment variable naming a directory of ZooKeeper jars to use instead of fetching (e.g. a mirror)."""
+
+_STAMP = ".complete"
+_BIND_FAILED = "address already in use"
+_PORT_ATTEMPTS = 3
+_MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+# Small JVM, quick start: the test server holds a few hundred znodes at most.
+_JVM_OPTIONS = ("-Xms16m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
+
+def default_jar_dir() -> Path:
+    """Return where :func:`fetch_zookeeper_jars` puts the jars by default.
+
+    ``$XDG_CACHE_HOME/leaf-dispenser/zookeeper-<version>/``, with ``~/.cache`` when the variable is unset.
+    """
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "leaf-dispenser" / f"zookeeper-{ZOOKEEPER_VERSION}"
+
+
+def _pom_digest(pom: Path) -> str:
+    return hashlib.sha256(pom.read_bytes()).hexdigest()
+
+
+def _is_complete(dest: Path, digest: str) -> bool:
+    try:
+        return (dest / _STAMP).read_text().strip() == digest
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (two test runs fetching at once take turns)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def fetch_zookeeper_jars(dest: Path | None = None, *, pom: Path = POM, timeout: float = 600.0) -> Path:
+    """Download the ZooKeeper server jars (and a logging binding) from Maven Central, once.
+
+    Runs ``mvn -q -B -f <pom> dependency:copy-dependencies -DoutputDirectory=<dest>`` into a scratch
+    directory next to ``dest`` and renames it into place, with a stamp holding the pom's digest; a later call
+    with the same pom finds the stamp and returns at once, without starting Maven. Concurrent calls take
+    turns on a lock file.
+
+    Args:
+        dest: Directory for the jars; :func:`default_jar_dir` when omitted.
+        pom: The pom listing the jars (``tools/zookeeper/pom.xml`` of the source checkout).
+        timeout: Seconds Maven may take.
+
+    Returns:
+        ``dest``, holding the jars.
+
+    Raises:
+        ServerNotFoundError: ``mvn`` or the pom is missing.
+        DevServerError: Maven failed (its output is in the message) or took too long.
+    """
+    dest = default_jar_dir() if dest is None else Path(dest)
+    if not pom.is_file():
+        raise ServerNotFoundError(
+            f"{pom} not found: the ZooKeeper jars are fetched from a source checkout of leaf-dispenser "
+            f"(or set {JARS_ENV} to a directory holding them)"
+        )
+    digest = _pom_digest(pom)
+    if _is_complete(dest, digest):
+        return dest
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise ServerNotFoundError(
+            "mvn (Apache Maven) not found on PATH; it fetches the ZooKeeper jars from Maven Central "
+            "(apt-get install maven)"
+        )
+    with _locked(dest.with_name(dest.name + ".lock")):
+        if _is_complete(dest, digest):  # fetched by whoever held the lock before us
+            return dest
+        scratch = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
+        shutil.rmtree(scratch, ignore_errors=True)
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(pom),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={scratch}",
+            "-DincludeScope=runtime",
+        ]
+        try:
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout, cwd=pom.parent, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise DevServerError(f"mvn did not fetch the ZooKeeper jars within {timeout:g} s") from exc
+        if done.returncode != 0 or not any(scratch.glob("zookeeper-*.jar")):
+            shutil.rmtree(scratch, ignore_errors=True)
+            output = (done.stdout + done.stderr).strip()[-4000:]
+            raise DevServerError(
+                f"mvn could not fetch the ZooKeeper jars (exit status {done.returncode}): "
+                f"{' '.join(cmd)}\n{output}"
+            )
+        (scratch / _STAMP).write_text(digest + "\n")
+        # A stale directory (another pom version) goes away whole, so no old jar lingers on the class path.
+        shutil.rmtree(dest, ignore_errors=True)
+        scratch.rename(dest)
+    return dest
+
+
+def find_java() -> Path:
+    """Locate the ``java`` executable: ``$JAVA_HOME/bin/java`` first, then ``PATH``.
+
+    Raises:
+        ServerNotFoundError: Neither place has it.
+    """
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = Path(java_home) / "bin" / "java"
+        if candidate.is_file():
+            return candidate
+    found = shutil.which("java")
+    if found is not None:
+        return Path(found)
+    raise ServerNotFoundError("java not found (JAVA_HOME or PATH); ZooKeeper needs Java 11 or later")
+
+
+def _find_jars() -> Path:
+    override = os.environ.get(JARS_ENV)
+    if override:
+        jars = Path(override)
+        if not any(jars.glob("zookeeper-*.jar")):
+            raise ServerNotFoundError(f"{JARS_ENV}={override} holds no zookeeper-*.jar")
+        return jars
+    return fetch_zookeeper_jars()
+
+
+def srvr(port: int, timeout: float = 1.0) -> str | None:
+    """Send the four-letter word ``srvr`` to ``127.0.0.1:port`` and return the answer, or None if no answer.
+
+    ZooKeeper answers ``This ZooKeeper instance is not currently serving requests`` while it loads its
+    database, and ``Zookeeper version: …`` once it serves (aiozk sends the same word before every
+    connection). ``ruok`` is no readiness check: it says ``imok`` as soon as the port is open, even when
+    loading the database failed and the server will never serve.
+    """
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
+            sock.sendall(b"srvr")
+            chunks = []
+            while chunk := sock.recv(4096):
+                chunks.append(chunk)
+    except OSError:
+        return None
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+class ZooKeeperServer:
+    """One standalone ZooKeeper process on 127.0.0.1, restartable on the same port and data directory.
+
+    Example::
+
+        with ZooKeeperServer(tmp_path) as server:
+            client = aiozk.ZKClient(server.hosts)
+
+    The configuration (``zoo.cfg`` in ``workdir``, rewritten at each start) allows the four-letter words
+    ``srvr`` (aiozk's handshake and our readiness check), ``ruok`` and ``stat``, disables the admin HTTP
+    server, and negotiates session timeouts between ``min_session_timeout_ms`` and
+    ``max_session_timeout_ms``; ZooKeeper expires sessions in steps of ``tick_time_ms``.
+
+    Args:
+        workdir: Holds ``zoo.cfg``, the data directory ``data/`` (kept across restarts) and the log
+            ``zookeeper.log`` (appended to across restarts).
+        port: Client port; a free one is picked when omitted (and re-picked if another process takes it
+            before the first start).
+        jars: Directory of the server's jars; :func:`fetch_zookeeper_jars` (or ``$DISPENSER_ZOOKEEPER_JARS``)
+            when omitted.
+        tick_time_ms: ZooKeeper's basic time unit.
+        min_session_timeout_ms: The shortest session timeout a client may ask for.
+        max_session_timeout_ms: The longest session timeout a client may ask for.
+        config: Extra ``zoo.cfg`` settings, written last.
+        java: The ``java`` executable; :func:`find_java` when omitted.
+        start_timeout: Seconds to wait until ``srvr`` reports a serving server.
+        stop_timeout: Seconds to wait after SIGTERM before SIGKILL.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *,
+        jars: Path | None = None,
+        tick_time_ms: int = 500,
+        min_session_timeout_ms: int = 1000,
+        max_session_timeout_ms: int = 30000,
+        config: Mapping[str, str] | None = None,
+        java: Path | None = None,
+        start_timeout: float = 30.0,
+        stop_timeout: float = 5.0,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self._auto_port = port is None
+        self._port = free_port() if port is None else port
+        self._jars = jars
+        self.tick_time_ms = tick_time_ms
+        self.min_session_timeout_ms = min_session_timeout_ms
+        self.max_session_timeout_ms = max_session_timeout_ms
+        self.config = dict(config or {})
+        self._java = java
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ever_started = False
+
+    @property
+    def port(self) -> int:
+        """The client port (fixed for the life of this object once the server has started)."""
+        return self._port
+
+    @property
+    def hosts(self) -> str:
+        """The connection string clients take, ``127.0.0.1:PORT``."""
+        return f"{LOOPBACK}:{self._port}"
+
+    @property
+    def data_dir(self) -> Path:
+        """Snapshots and transaction logs (kept across restarts, so znodes and sessions survive them)."""
+        return self.workdir / "data"
+
+    @property
+    def config_path(self) -> Path:
+        """The ``zoo.cfg`` the server runs with."""
+        return self.workdir / "zoo.cfg"
+
+    @property
+    def log_path(self) -> Path:
+        """The server's log file."""
+        return self.workdir / "zookeeper.log"
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the running server, or None when it is not running."""
+        if self._proc is None or self._proc.poll() is not None:
+            return None
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether our server process is alive."""
+        return self.pid is not None
+
+    def start(self) -> None:
+        """Start the server and wait until it serves; a no-op if it is already running.
+
+        Raises:
+            ServerNotFoundError: Java, Maven or the pom is missing.
+            DevServerError: The jars could not be fetched.
+            ServerStartError: It exited or did not serve in time; the message holds the log tail.
+        """
+        if self.running:
+            return
+        java = self._java if self._java is not None else find_java()
+        jars = self._jars if self._jars is not None else _find_jars()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        attempts = _PORT_ATTEMPTS if self._auto_port and not self._ever_started else 1
+        for attempt in range(1, attempts + 1):
+            offset = file_size(self.log_path)
+            try:
+                self._launch(java, jars, offset)
+            except ServerStartError:
+                lost_port = _BIND_FAILED in read_since(self.log_path, offset).lower()
+                if not (lost_port and attempt < attempts):
+                    raise
+                self._port = free_port()
+            else:
+                break
+        self._ever_started = True
+        atexit.register(self._stop_at_exit)
+
+    def _write_config(self) -> None:
+        settings = {
+            "tickTime": str(self.tick_time_ms),
+            "minSessionTimeout": str(self.min_session_timeout_ms),
+            "maxSessionTimeout": str(self.max_session_timeout_ms),
+            "dataDir": str(self.data_dir.resolve()),
+            "clientPort": str(self._port),
+            "clientPortAddress": LOOPBACK,
+            "admin.enableServer": "false",
+            "4lw.commands.whitelist": "srvr,ruok,stat",
+            **self.config,
+        }
+        self.config_path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+
+    def _launch(self, java: Path, jars: Path, offset: int) -> None:
+        self._write_config()
+        cmd = [
+            str(java),
+            *_JVM_OPTIONS,
+            # slf4j-simple (see the pom) logs to stderr, which goes to our log file.
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+            "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            "-cp",
+            str(jars.resolve() / "*"),
+            _MAIN_CLASS,
+            str(self.config_path.resolve()),
+        ]
+        with self.log_path.open("ab") as log:
+            # A session of its own, as for nats-server: a Ctrl-C for the test run must not reach it first.
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                start_new_session=True,
+            )
+        self._proc = proc
+        try:
+            wait_until(
+                self._serving,
+                proc=proc,
+                timeout=self.start_timeout,
+                what=f"ZooKeeper on {self.hosts}",
+                log=self.log_path,
+                log_offset=offset,
+            )
+        except ServerStartError:
+            kill_process(proc)
+            self._proc = None
+            raise
+
+    def _serving(self) -> bool:
+        answer = srvr(self._port, timeout=0.5)
+        return answer is not None and answer.startswith("Zookeeper version:")
+
+    def stop(self) -> None:
+        """Stop the server: SIGTERM, then SIGKILL after ``stop_timeout``; a no-op if it is not running."""
+        proc, self._proc = self._proc, None
+        atexit.unregister(self._stop_at_exit)
+        if proc is not None:
+            stop_process(proc, [(signal.SIGTERM, self.stop_timeout)])
+
+    def kill(self) -> None:
+        """Kill the server with SIGKILL (a crash, as far as clients can tell) and reap it."""
+        proc, self._proc = self._proc, None
+        atexit.unregister(self._stop_at_exit)
+        if proc is not None:
+            kill_process(proc)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the server's log, for failure messages."""
+        return log_tail(self.log_path, lines)
+
+    def _stop_at_exit(self) -> None:
+        self.stop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ZooKeeperServer(hosts={self.hosts!r}, pid={self.pid})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dispenser.devservers.zookeeper [DEST]``: fetch the jars (once) and print where they are."""
+    args = sys.argv[1:] if argv is None else argv
+    dest = Path(args[0]) if args else None
+    target = default_jar_dir() if dest is None else dest
+    if POM.is_file() and not _is_complete(target, _pom_digest(POM)):
+        print(
+            f"fetching Apache ZooKeeper {ZOOKEEPER_VERSION} jars from Maven Central into {target}",
+            file=sys.stderr,
+        )
+    try:
+        print(fetch_zookeeper_jars(dest))
+    except DevServerError as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""ZooKeeper for the integration tests: a real Apache ZooKeeper (jars from Maven Central) on 127.0.0.1.
+
+A server that cannot start (no Java, no Maven, no network for the first fetch) fails the tests that need
+it, with the reason and the server's log; nothing is skipped.
+
+Fixtures:
+    zookeeper_server: one ZooKeeper for the whole session; don't stop it. Tests keep apart by using
+        their own registry namespace (``zk_namespace``).
+    private_zookeeper: a ZooKeeper of the test's own, to stop, kill and restart (same port and data).
+    zk_namespace: a registry name no other test uses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dispenser.devservers import DevServerError
+from dispenser.devservers.zookeeper import ZooKeeperServer
+
+
+def _started(server: ZooKeeperServer) -> ZooKeeperServer:
+    """Start a server, turning a failure into a test failure that says why (never a skip)."""
+    try:
+        server.start()
+    except DevServerError as exc:
+        pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
+    return server
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """A ZooKeeper shared by the session, on a free port of 127.0.0.1 (tickTime 500 ms, sessions ≥ 1 s)."""
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    try:
+        yield _started(server)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def private_zookeeper(tmp_path: Path) -> Iterator[ZooKeeperServer]:
+    """A ZooKeeper for this test alone: stop, kill or restart it (same port and data) as the test needs."""
+    server = ZooKeeperServer(tmp_path / "zookeeper")
+    try:
+        yield _started(server)
+    finally:
+        server.stop()
+
+
+_namespaces = itertools.count(1)
+
+
+@pytest.fixture
+def zk_namespace(request: pytest.FixtureRequest) -> str:
+    """A registry name of this test's own, e.g. ``n7-test_reuse_after_restart``."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)[:80]
+    return f"n{next(_namespaces)}-{slug}"
