@@ -1,4 +1,4 @@
-"""Real servers for tests and ``dispenser dev``: NATS and PostgreSQL on 127.0.0.1, started as subprocesses.
+"""Real servers for tests and ``dispenser dev``: NATS, PostgreSQL and ZooKeeper on 127.0.0.1, started as subprocesses.
 
 Synchronous on purpose (no event loop needed): pytest fixtures and the CLI start them, wait for readiness,
 and stop them by the PID they started.
@@ -7,6 +7,7 @@ and stop them by the PID they started.
 from dispenser.devservers._process import DevServerError, ServerNotFoundError, ServerStartError, free_port
 from dispenser.devservers.nats import NatsServer, find_nats_server
 from dispenser.devservers.postgres import PostgresInstall, PostgresServer, find_postgres_installs
+from dispenser.devservers.zookeeper import ZooKeeperServer, fetch_zookeeper_jars
 
 __all__ = [
     "DevServerError",
@@ -15,6 +16,8 @@ __all__ = [
     "PostgresServer",
     "ServerNotFoundError",
     "ServerStartError",
+    "ZooKeeperServer",
+    "fetch_zookeeper_jars",
     "find_nats_server",
     "find_postgres_installs",
     "free_port",
