@@ -118,7 +118,7 @@ class Worker:
         generator = SnowflakeGenerator(
             registration.layout,
             lease,
-            registration.registry,
+            registration,  # the registry, except that a start from the local cache may issue at once
             self.clock,
             registration.persist,
             settings=settings,
@@ -142,7 +142,7 @@ class Worker:
         if self.snowflake is not None:
             await self.snowflake.stop()
         if self.registration is not None:
-            await self.registration.registry.close()
+            await self.registration.close()
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

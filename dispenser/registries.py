@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -17,7 +19,7 @@ from dispenser.adapters.statefile import (
     state_file_path,
 )
 from dispenser.config import PostgresConfig, SnowflakeConfig
-from dispenser.core.errors import CoordinatorUnavailable
+from dispenser.core.errors import CoordinatorUnavailable, LeaseLost
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.ports import Clock, WorkerLease, WorkerRegistry
 
@@ -102,29 +104,102 @@ class SnowflakeRegistration:
     name: str
     from_cache: bool
     """True when the registry could not be reached and the worker ID came from the local cache."""
+    registry_wait: float = 0.5
+    """Seconds :meth:`persist` waits for the registry outside ``zookeeper-lease`` mode before leaving the
+    report to finish in the background (the local cache already holds the mark)."""
+    _reporting: asyncio.Task[None] | None = dataclasses.field(default=None, init=False, repr=False)
+    _to_report: int = dataclasses.field(default=0, init=False, repr=False)
+    _on_cached_id: bool = dataclasses.field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._on_cached_id = self.from_cache
+
+    # -- the registry as the generator sees it: like `registry`, but a start from the cache may issue ----
+
+    async def register(self) -> WorkerLease:
+        """Register with the registry; from then on, it alone decides whether this worker may issue.
+
+        Raises:
+            the registry's errors (see :meth:`dispenser.ports.WorkerRegistry.register`).
+        """
+        try:
+            lease = await self.registry.register()
+        except CoordinatorUnavailable:
+            raise
+        except BaseException:
+            # Registered under this address or not (the address is in use, the IDs ran out): stop trusting
+            # the cached ID, and let the registry say no until a registration succeeds.
+            self._on_cached_id = False
+            raise
+        self._on_cached_id = False
+        return lease
+
+    async def report(self, high_water_ms: int) -> None:
+        """The registry's :meth:`~dispenser.ports.WorkerRegistry.report`."""
+        await self.registry.report(high_water_ms)
+
+    def can_issue(self) -> bool:
+        """True while running on the cached worker ID (the registry was down at start), else the registry's.
+
+        Outside ``zookeeper-lease`` mode (where no start from the cache happens) the ID is this address's
+        for good, so the cached one may be used until the registry is reached again; the registry itself
+        says no until then, since it is not registered.
+        """
+        return self._on_cached_id or self.registry.can_issue()
 
     async def persist(self, worker_id: int, high_water_ms: int) -> None:
         """Record the mark in the local cache, then in the registry.
 
         In ``zookeeper-lease`` mode the registry's record is what the next holder of the ID waits for,
         so failing to write it fails the reservation; in the other modes the local cache is enough while
-        the registry is away.
+        the registry is away: the registry gets at most ``registry_wait`` seconds, then the report goes on
+        in the background (one at a time, always with the newest mark), so that a registry that hangs
+        (ZooKeeper down: every call waits for its timeout) never holds up the reservation, and with it
+        every request.
 
         Raises:
             OSError: the local cache could not be written.
             CoordinatorUnavailable: (lease mode) the registry could not be written.
-            LeaseLost: the registry says this worker no longer holds the ID.
+            LeaseLost: (lease mode) the registry says this worker no longer holds the ID. In the other
+                modes the registry remembers it and ``can_issue()`` turns false.
         """
         state = LocalState(
             worker_id=worker_id, high_water_ms=high_water_ms, mode=self.mode, registry_name=self.name
         )
         await self.cache.asave(state)
-        try:
+        if self.mode == "zookeeper-lease":
             await self.registry.report(high_water_ms)
-        except CoordinatorUnavailable as exc:
-            if self.mode == "zookeeper-lease":
-                raise
-            log.debug("registry unavailable; the high-water mark is in the local cache: %s", exc)
+            return
+        self._to_report = max(self._to_report, high_water_ms)
+        if self._reporting is None or self._reporting.done():
+            self._reporting = asyncio.create_task(self._report(), name="snowflake-report")
+        # shield: a report that outlives the wait must go on, not be cancelled half-way.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._reporting), self.registry_wait)
+
+    async def _report(self) -> None:
+        reported = -1
+        while self._to_report > reported:
+            value = self._to_report
+            try:
+                await self.registry.report(value)
+            except CoordinatorUnavailable as exc:
+                log.debug("registry unavailable; the high-water mark is in the local cache: %s", exc)
+                return
+            except LeaseLost as exc:
+                log.warning("%s", exc)  # the registry now answers can_issue() with False
+                return
+            reported = value
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Let a report in progress finish (at most ``timeout`` seconds), then close the registry."""
+        task, self._reporting = self._reporting, None
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(task, timeout)
+            except TimeoutError:
+                log.warning("the last high-water report to the registry did not finish in %g s", timeout)
+        await self.registry.close()
 
 
 async def open_registration(
@@ -145,7 +220,11 @@ async def open_registration(
     layout = layout_of(config)
     address = config.address or default_address()
     directory = Path(config.state_dir) if config.state_dir else default_state_dir()
-    cache = LocalStateFile(state_file_path(directory, config.name, address))
+    # The default address holds the process ID, so it changes at every start. A static worker's record is
+    # its only protection against reissuing after a crash and a clock rollback (Leaf #216): without a
+    # configured address, name its file after the worker ID (which no two workers share) so it is found.
+    owner = address if config.address or config.mode != "static" else f"worker-{config.worker_id}"
+    cache = LocalStateFile(state_file_path(directory, config.name, owner))
     cached = cache.load()
     if cached is not None and not cached.matches(config.mode, config.name):
         cached = None
@@ -155,6 +234,7 @@ async def open_registration(
         lease = await registry.register()
     except CoordinatorUnavailable as exc:
         if cached is None or config.mode == "zookeeper-lease":
+            await _close_quietly(registry)
             raise
         log.warning(
             "%s; starting from the local cache %s (worker ID %d, high water %d)",
@@ -165,10 +245,30 @@ async def open_registration(
         )
         lease = WorkerLease(cached.worker_id, cached.high_water_ms)
         from_cache = True
+    except BaseException:
+        await _close_quietly(registry)  # e.g. WorkerIdsExhausted: don't leave its session open
+        raise
     if (
         cached is not None
         and cached.worker_id == lease.worker_id
         and cached.high_water_ms > lease.high_water_ms
     ):
         lease = dataclasses.replace(lease, high_water_ms=cached.high_water_ms)
-    return SnowflakeRegistration(layout, registry, lease, cache, config.mode, config.name, from_cache)
+    return SnowflakeRegistration(
+        layout,
+        registry,
+        lease,
+        cache,
+        config.mode,
+        config.name,
+        from_cache,
+        registry_wait=min(0.5, config.report_interval / 2),
+    )
+
+
+async def _close_quietly(registry: WorkerRegistry) -> None:
+    """Close a registry whose registration failed, keeping the registration's error the one raised."""
+    try:
+        await registry.close()
+    except Exception as exc:
+        log.debug("closing %r after a failed registration: %s", registry, exc)

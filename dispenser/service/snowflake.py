@@ -38,6 +38,15 @@ __all__ = ["SnowflakeBatch", "SnowflakeGenerator", "SnowflakeSettings"]
 
 log = logging.getLogger(__name__)
 
+_LEASE_POLL = 0.05
+"""Seconds between lease checks while a request waits for the high-water mark to be recorded."""
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark a background reservation's error as seen (its waiters, if any, got it too)."""
+    if not task.cancelled():
+        task.exception()
+
 
 @dataclass(frozen=True, slots=True)
 class SnowflakeSettings:
@@ -96,6 +105,7 @@ class SnowflakeGenerator:
         self._state = self._new_state(lease)
         self._tasks: list[asyncio.Task[None]] = []
         self._relocating: asyncio.Task[None] | None = None
+        self._reserving: asyncio.Task[None] | None = None
 
     def _new_state(self, lease: WorkerLease) -> SnowflakeState:
         s = self.settings
@@ -143,6 +153,8 @@ class SnowflakeGenerator:
             if task is not None:
                 task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._reserving is not None:
+            await asyncio.gather(self._reserving, return_exceptions=True)
         async with self._lock:
             try:
                 await self._persist(self._state.worker_id, self._state.last_ms)
@@ -195,7 +207,7 @@ class SnowflakeGenerator:
                         await self._sleep_ms(wait_ms - now, deadline)
                         continue
                 if now > self._reserved_ms:
-                    await self._reserve(now)
+                    await self._await_reservation(now, deadline)
                     continue
                 decision = self._state.take(now, left)
                 if isinstance(decision, WaitUntil):
@@ -228,11 +240,39 @@ class SnowflakeGenerator:
                 raise Unavailable(f"cannot record the snowflake high-water mark: {exc}") from exc
             self._reserved_ms = target
 
+    def _reservation(self, now_ms: int) -> asyncio.Task[None]:
+        """The reservation in progress, or a new one; a task, so that no waiter's timeout cuts it short."""
+        task = self._reserving
+        if task is None or task.done():
+            task = self._reserving = asyncio.create_task(self._reserve(now_ms), name="snowflake-reserve")
+            task.add_done_callback(_retrieve)
+        return task
+
+    async def _await_reservation(self, now_ms: int, deadline: float) -> None:
+        """Wait for the mark to be recorded, but not past the deadline, nor once the lease is lost.
+
+        A registry that hangs (ZooKeeper down: each call waits for its timeout) must not hold a request
+        longer than it may wait: it gets ``lease_lost`` as soon as the lease can no longer be proved, or
+        ``unavailable`` at its deadline, while the reservation goes on in the background.
+        """
+        task = self._reservation(now_ms)
+        while True:
+            self._check_lease()
+            left = deadline - self._clock.monotonic()
+            if left <= 0:
+                raise Unavailable(
+                    "recording the snowflake high-water mark took longer than the request may wait"
+                )
+            done, _ = await asyncio.wait({task}, timeout=min(left, _LEASE_POLL))
+            if done:
+                task.result()  # its error, if any, is the request's
+                return
+
     async def _renew_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.report_interval)
             try:
-                await self._reserve(self._clock.wall_ms())
+                await asyncio.shield(self._reservation(self._clock.wall_ms()))
             except LeaseLost:
                 self.relocate()
             except (DispenserError, OSError) as exc:
