@@ -219,6 +219,13 @@ async def open_registration(
     """
     layout = layout_of(config)
     address = config.address or default_address()
+    if config.address is None and config.mode in ("zookeeper", "postgres"):
+        log.warning(
+            "snowflake.address is not set: registering as %s, which changes at every start and so takes a "
+            "new worker ID each time (%d in all); set a stable, distinct ip:port per worker",
+            address,
+            layout.max_worker_id + 1,
+        )
     directory = Path(config.state_dir) if config.state_dir else default_state_dir()
     # The default address holds the process ID, so it changes at every start. A static worker's record is
     # its only protection against reissuing after a crash and a clock rollback (Leaf #216): without a

@@ -109,7 +109,7 @@ class NatsIdService:
         config: NatsConfig,
         dispatchers: dict[str, Dispatcher],
         raw_endpoints: list[RawEndpoint] | None = None,
-        special_tags: dict[str, dict[str, Callable[[bytes], Awaitable[bytes]]]] | None = None,
+        special_tags: dict[str, dict[str, Callable[[bytes], Awaitable[Answer]]]] | None = None,
     ) -> None:
         """Prepare the service.
 
@@ -174,14 +174,14 @@ class NatsIdService:
         self,
         prefix: str,
         dispatcher: Dispatcher,
-        special: dict[str, Callable[[bytes], Awaitable[bytes]]],
+        special: dict[str, Callable[[bytes], Awaitable[Answer]]],
     ) -> Callable[[Request], Awaitable[None]]:
         cut = len(prefix)
 
         async def handle(request: Request) -> None:
             tag = request.subject[cut:]
             if special and tag in special:
-                await request.respond(await special[tag](request.data))
+                await self._respond(request, await special[tag](request.data), False)
                 return
             headers = request.headers
             msgpack = headers is not None and headers.get(_CONTENT_TYPE) == MSGPACK
@@ -290,6 +290,8 @@ async def collect_peer_clocks(
                 msg = await subscription.next_msg(timeout=left)
             except TimeoutError:
                 break
+            if not msg.data:
+                continue  # the server's "no responders" status: nobody else is running
             try:
                 reading = msgspec.json.decode(msg.data, type=_ClockReading)
             except msgspec.DecodeError:

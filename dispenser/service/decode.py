@@ -9,6 +9,7 @@ import msgspec
 from dispenser.core.errors import BadRequest, InvalidRequest, MalformedRequest
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.messages import DecodeReply, DecodeRequest, ErrorBody, encode_reply
+from dispenser.service.dispatch import Answer
 
 __all__ = ["decode_handler", "decode_id"]
 
@@ -31,10 +32,10 @@ def decode_id(layout: SnowflakeLayout, snowflake_id: int) -> DecodeReply:
     )
 
 
-def decode_handler(layout: SnowflakeLayout) -> Callable[[bytes], Awaitable[bytes]]:
+def decode_handler(layout: SnowflakeLayout) -> Callable[[bytes], Awaitable[Answer]]:
     """A request handler: body ``{"id": N}`` in, :class:`DecodeReply` out (errors in its ``error``)."""
 
-    async def handle(body: bytes) -> bytes:
+    async def handle(body: bytes) -> Answer:
         snowflake_id = 0
         try:
             try:
@@ -44,9 +45,9 @@ def decode_handler(layout: SnowflakeLayout) -> Callable[[bytes], Awaitable[bytes
             except msgspec.DecodeError as exc:
                 raise MalformedRequest(str(exc)) from None
             snowflake_id = request.id
-            return encode_reply(decode_id(layout, snowflake_id))
+            return Answer(encode_reply(decode_id(layout, snowflake_id)))
         except BadRequest as exc:
             error = ErrorBody(code=exc.code, message=exc.message, retryable=False)
-            return encode_reply(DecodeReply(id=snowflake_id, error=error))
+            return Answer(encode_reply(DecodeReply(id=snowflake_id, error=error)), exc)
 
     return handle

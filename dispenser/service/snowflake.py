@@ -296,7 +296,12 @@ class SnowflakeGenerator:
                 delay = min(delay * 2, 5.0)
                 continue
             async with self._lock:
-                if lease.worker_id != self._state.worker_id or lease.high_water_ms > self._state.last_ms:
+                # The same ID with a mark no higher than our own: our state already stays above everything
+                # issued under it. Another ID, or a mark above ours (someone else held the ID meanwhile):
+                # start a new state that honours the mark.
+                if lease.worker_id != self._state.worker_id or lease.high_water_ms > max(
+                    self._state.last_ms, self._reserved_ms
+                ):
                     log.warning(
                         "now holding worker ID %d (was %d); issuing above %d",
                         lease.worker_id,

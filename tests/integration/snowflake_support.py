@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -10,8 +9,6 @@ from pathlib import Path
 
 import msgspec
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
 
 from dispenser.adapters.zookeeper import DEFAULT_ROOT, ZkSession, decode_node, parse_worker_node
 from dispenser.app import Worker
@@ -19,6 +16,8 @@ from dispenser.config import Config, load_config
 from dispenser.core.errors import DispenserError
 from dispenser.core.snowflake import Decoded, SnowflakeLayout
 from dispenser.messages import Reply
+
+from .segment_support import request
 
 TAG = "order"
 
@@ -151,23 +150,6 @@ def ranges_of(reply: Reply) -> list[tuple[int, int]]:
         return [(first, last) for first, last in reply.ranges]
     assert reply.ids is not None
     return [(i, i) for i in reply.ids]
-
-
-async def request(nc: Client, subject_: str, body: bytes = b"", timeout: float = 5.0) -> Msg:
-    """``nc.request``, retrying "no responders" for up to a second.
-
-    nats-server sometimes answers "no responders" for a few milliseconds after another connection's
-    subscription was flushed (about 3 first requests in 100 here, with plain nats-py too). No worker saw such
-    a request, so sending it again is safe.
-    """
-    deadline = time.monotonic() + 1.0
-    while True:
-        try:
-            return await nc.request(subject_, body, timeout=timeout)
-        except NoRespondersError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.01)
 
 
 async def ask(nc: Client, subject_: str, body: bytes = b"", timeout: float = 5.0) -> Reply:

@@ -12,7 +12,7 @@ from dispenser.cli import main
 from dispenser.devservers import NatsServer, PostgresServer
 from dispenser.messages import MSGPACK, Reply
 
-from .segment_support import ask, client, ids_of, prepare, running_worker, worker_config
+from .segment_support import ask, client, ids_of, prepare, request, running_worker, worker_config
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
@@ -98,7 +98,7 @@ async def test_every_bad_input_gets_its_error_and_the_worker_keeps_serving(
     async with running_worker(worker_config(nats_server.url, pg_dsn)), client(nats_server.url) as nc:
         issued: list[int] = []
         for subject, body, code, status in BAD_INPUTS:
-            msg = await nc.request(subject, body, timeout=5)
+            msg = await request(nc, subject, body)
             reply = msgspec.json.decode(msg.data, type=Reply)
             assert reply.error is not None, (subject, body)
             assert reply.error.code == code, (body, reply.error)

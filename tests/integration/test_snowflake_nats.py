@@ -12,7 +12,7 @@ from dispenser.core.errors import ClockBehindRecorded, ClockDisagreesWithPeers
 from dispenser.devservers import NatsServer
 from dispenser.messages import DecodeReply, Reply
 
-from .segment_support import client
+from .segment_support import client, request
 from .snowflake_support import (
     TAG,
     ShiftableClock,
@@ -24,7 +24,6 @@ from .snowflake_support import (
     ranges_of,
     real_ms,
     refused,
-    request,
     running,
     snowflake_config,
     subject,
