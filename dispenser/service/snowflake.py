@@ -6,7 +6,8 @@ Safety rules, each for a known way Leaf can repeat an ID:
   the worker records a new mark ``now + reserve_ahead`` in the local state file (and in the registry);
   a background task renews it every ``report_interval``. After a crash, the recorded mark is therefore
   never below an issued ID, and a restart issues nothing at or below it — however far the clock went
-  back in between. A clean shutdown records the exact last millisecond, so a normal restart doesn't wait.
+  back in between. A clean shutdown records the exact last millisecond in the local cache (registries keep
+  only their highest mark, so there a restart still waits out the reservation).
 * **Start-up clock checks.** Refuse when the clock is behind the recorded mark by more than the
   reservation can explain (``max_startup_wait_ms``), or further than ``peer_threshold_ms`` from the live
   peers' mean; otherwise wait until the clock passes the mark before serving.
