@@ -1,0 +1,9 @@
+"""Benchmarks: commands that print a table and write JSON (``dispenser bench nats``), not timed tests.
+
+* :mod:`dispenser.bench.nats_bench`: the dispenser worker against a trivial echo responder over one NATS
+  server; throughput at 1 and 64 requests in flight, latency percentiles, and segment switch-overs.
+* :mod:`dispenser.bench.echo`: the baseline responder, run in a process of its own.
+* :mod:`dispenser.bench.stats`: percentiles, the case records and the text table.
+
+This package imports nothing heavy itself: ``python -m dispenser.bench.echo`` stays small.
+"""

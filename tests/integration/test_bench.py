@@ -1,0 +1,67 @@
+"""Smoke test of `dispenser bench nats`: every case runs and lands in the JSON report. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dispenser.cli import main
+from dispenser.devservers import NatsServer
+
+pytestmark = [pytest.mark.nats, pytest.mark.postgres]
+
+
+def test_bench_nats_reports_every_case(
+    nats_server: NatsServer, pg_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tiny run writes every case with positive rates, splits the switch-over run, and prints targets."""
+    path = tmp_path / "bench-nats.json"
+    status = main(
+        [
+            "bench",
+            "nats",
+            *("--duration", "0.3", "--warmup", "0.1", "--min-switches", "1", "--quiet"),
+            *("--nats-url", nats_server.url, "--postgres-dsn", pg_dsn, "--subject-prefix", "benchtest"),
+            *("--json", str(path)),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "targets" in out
+
+    report = json.loads(path.read_text())
+    cases = report["cases"]
+    seen = {(c["responder"], c["kind"], c["format"], c["count"], c["inflight"]) for c in cases}
+    expected = {
+        (responder, "throughput", fmt, count, inflight)
+        for responder in ("echo", "dispenser")
+        for fmt, count in (("ids", 1), ("ids", 100), ("ranges", 10_000))
+        for inflight in (1, 64)
+    }
+    expected |= {
+        ("dispenser", kind, "ids", 10, inflight) for kind in ("reference", "switch") for inflight in (1, 64)
+    }
+    # The echo answering with a body as large as the dispenser's reply of 100 IDs.
+    expected |= {("echo", "sized", "ids", 100, inflight) for inflight in (1, 64)}
+    assert seen == expected
+    assert len(cases) == len(expected)
+    for case in cases:
+        assert case["requests"] > 0, case
+        assert case["requests_per_s"] > 0, case
+        assert case["errors"] == 0, case
+        assert case["p50_ms"] > 0, case
+        if case["responder"] == "dispenser":
+            assert case["ids_per_s"] == pytest.approx(case["requests_per_s"] * case["count"], rel=1e-3)
+        if case["kind"] == "throughput" and case["responder"] == "dispenser":
+            assert case["ratio_to_echo"] > 0, case
+            assert case["reply_bytes"] > 0, case
+        if case["kind"] == "sized":
+            assert case["reply_bytes"] > 1000, case
+    switches = [c for c in cases if c["kind"] == "switch"]
+    for case in switches:
+        assert case["switch_requests"] + case["steady_requests"] == case["requests"], case
+    # A segment of 1,000 IDs at 10 per request: every 100th reply lands on a switch-over.
+    assert sum(c["switch_requests"] for c in switches) > 0
+    assert {t["name"] for t in report["targets"]} >= {"rate vs echo, ids/1 @64", "IDs/s, ids/100 @64"}
