@@ -125,7 +125,11 @@ def _parser() -> argparse.ArgumentParser:
     remove.add_argument("tag")
 
     bench = sub.add_parser("bench", help="benchmark the service (see `dispenser bench nats --help`)")
-    bench.add_argument("target", choices=["nats"], help="nats: the worker against an echo responder")
+    bench.add_argument(
+        "target",
+        choices=["nats", "snowflake"],
+        help="nats: the worker against an echo responder; snowflake: in-process IDs/s against the format's ceiling",
+    )
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
 
     decode = sub.add_parser(
@@ -285,6 +289,10 @@ def _tag(args: argparse.Namespace, config: Config) -> int:
 
 
 def _bench(args: argparse.Namespace, _config: Config) -> int:
+    if args.target == "snowflake":
+        from dispenser.bench import snowflake_inproc  # noqa: PLC0415
+
+        return snowflake_inproc.run_cli(args.options)
     from dispenser.bench.nats_bench import run_cli  # noqa: PLC0415 - starts servers; only when asked
 
     return run_cli(args.target, args.options)

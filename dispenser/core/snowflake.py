@@ -334,6 +334,18 @@ class SnowflakeState:
         """
         return self._last_ms if self._issued else self._high_water_ms
 
+    def room(self, now_ms: int) -> int:
+        """How many IDs ``take(now_ms, n)`` is sure to issue at once (0 when it would wait or fail).
+
+        For a new millisecond this assumes the largest random start, so a shell can tell whether a batch
+        fits without issuing part of it.
+        """
+        if now_ms > self._last_ms:
+            return self._max_sequence + 1 - max(self._start_bound - 1, 0) if now_ms <= self._max_ms else 0
+        if now_ms == self._last_ms and self._issued:
+            return max(0, self._max_sequence + 1 - self._next_sequence)
+        return 0
+
     def take(self, now_ms: int, count: int) -> Batch | WaitUntil:
         """Issue up to ``count`` IDs stamped ``now_ms`` (unix ms, read by the caller), or say when to retry.
 

@@ -174,8 +174,8 @@ class SnowflakeGenerator:
             return None
         self._check_lease()
         now = self._clock.wall_ms()
-        if now > self._reserved_ms:
-            return None
+        if now > self._reserved_ms or (count > 1 and self._state.room(now) < count):
+            return None  # the slow path collects the batch over several milliseconds, dropping nothing
         decision = self._state.take(now, count)
         if type(decision) is Batch:
             if decision.remaining == 0:

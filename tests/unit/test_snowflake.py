@@ -608,3 +608,18 @@ class SnowflakeMachine(RuleBasedStateMachine):
 
 
 TestSnowflakeMachine = SnowflakeMachine.TestCase
+
+
+def test_room_tells_how_many_ids_fit_without_waiting() -> None:
+    """room() is the worst-case room of a new millisecond, the rest of the current one, 0 when behind."""
+    layout = SnowflakeLayout(timestamp_bits=41, worker_bits=10, sequence_bits=4)
+    state = SnowflakeState(layout, 1, random_start=5, rng=random.Random(7))
+    now = layout.epoch_ms + 1000
+    assert state.room(now) == 16 - 4
+    batch = state.take(now, 3)
+    assert isinstance(batch, Batch)
+    first_sequence = layout.decompose(batch.ranges[0][0]).sequence
+    assert state.room(now) == 16 - (first_sequence + 3)
+    assert state.room(now - 1) == 0
+    rest = state.take(now, state.room(now))
+    assert rest == Batch([(batch.ranges[0][1] + 1, layout.compose(now, 1, 15))], 0)
