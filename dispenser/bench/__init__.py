@@ -4,6 +4,8 @@
   server; throughput at 1 and 64 requests in flight, latency percentiles, and segment switch-overs.
 * :mod:`dispenser.bench.echo`: the baseline responder, run in a process of its own.
 * :mod:`dispenser.bench.stats`: percentiles, the case records and the text table.
+* :mod:`dispenser.bench.snowflake_inproc`: ``dispenser bench snowflake``, in-process IDs/s of the snowflake
+  generator against the format's ceiling.
 
 This package imports nothing heavy itself: ``python -m dispenser.bench.echo`` stays small.
 """

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import cProfile
 import datetime
 import io
 import os
@@ -68,8 +67,6 @@ from dispenser.bench.stats import (
 from dispenser.messages import Reply
 
 __all__ = ["BenchError", "BenchOptions", "main", "parse_options", "run"]
-
-_ = cProfile  # the worker runs under `python -m cProfile` when profiled; imported to fail early if absent
 
 Format = Literal["ids", "ranges"]
 
@@ -610,6 +607,8 @@ async def _measure(
 
         async def window(subject: str, body: Body, inflight: int, check: ReplyCheck | None) -> Sample:
             responder = echo if subject.startswith(f"{prefix}.echo") else worker
+            if responder.exited:
+                raise BenchError(f"the {responder.name} exited during the run:\n{responder.tail()}")
             watch = {"loadgen": os.getpid()}
             if responder.proc is not None:
                 watch["responder"] = responder.proc.pid
