@@ -177,17 +177,23 @@ class NatsIdService:
         special: dict[str, Callable[[bytes], Awaitable[Answer]]],
     ) -> Callable[[Request], Awaitable[None]]:
         cut = len(prefix)
+        publish = self._nc.publish
 
         async def handle(request: Request) -> None:
-            tag = request.subject[cut:]
+            msg = request._msg  # private, but the hot path reads the message, not the wrapper's properties
+            tag = msg.subject[cut:]
             if special and tag in special:
-                await self._respond(request, await special[tag](request.data), False)
+                await self._respond(request, await special[tag](msg.data), False)
                 return
-            headers = request.headers
+            headers = msg.headers
             msgpack = headers is not None and headers.get(_CONTENT_TYPE) == MSGPACK
-            answer = dispatcher.answer_now(tag, request.data, msgpack)
+            answer = dispatcher.answer_now(tag, msg.data, msgpack)
+            if type(answer) is bytes:
+                if msg.reply:
+                    await publish(msg.reply, answer, headers=_MSGPACK_HEADERS if msgpack else None)
+                return
             if answer is not None:
-                await self._respond(request, answer, msgpack)
+                await self._respond(request, answer, msgpack)  # type: ignore[arg-type]
                 return
             task = asyncio.create_task(self._answer_later(request, dispatcher, tag, msgpack))
             self._inflight.add(task)

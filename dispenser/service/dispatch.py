@@ -33,6 +33,9 @@ __all__ = ["Answer", "Dispatcher", "IdSource", "Limits", "RangesBatch"]
 
 log = logging.getLogger(__name__)
 
+_REMEMBERED = 1024
+"""How many request bodies and tag names the hot path remembers as valid (cleared when full)."""
+
 
 class RangesBatch(Protocol):
     """What a generator hands out: inclusive ``(first, last)`` ranges in increasing order."""
@@ -81,13 +84,25 @@ class Dispatcher:
         self._clock = clock
         self.limits = limits
         self._replays: ReplayCache[RangesBatch] = ReplayCache(dedup_ttl, clock.monotonic)
+        self._bodies: dict[bytes, IdRequest] = {}
+        self._tags: set[str] = set()
 
-    def answer_now(self, tag: str, body: bytes, msgpack: bool = False) -> Answer | None:
-        """Answer without waiting if possible; ``None`` means: call :meth:`answer`."""
+    def answer_now(self, tag: str, body: bytes, msgpack: bool = False) -> bytes | Answer | None:
+        """Answer without waiting if possible.
+
+        Returns:
+            The reply body (``bytes``) on success, an :class:`Answer` holding an error reply, or ``None``:
+            call :meth:`answer`, which may wait.
+        """
+        # Clients send the same few bodies over and over (``{"count": 100}``): remember each valid body
+        # and each valid tag once, so the hot path neither decodes nor matches a regex again.
+        request = self._bodies.get(body) if not msgpack else None
         try:
-            request = self._parse(tag, body, msgpack)
-            if request.request_id is not None:
-                return None
+            if request is None or tag not in self._tags:
+                request = self._parse(tag, body, msgpack)
+                if request.request_id is not None:
+                    return None
+                self._remember(tag, body, request, msgpack)
             batch = self._source.try_take(tag, request.count)
         except DispenserError as exc:
             return self.error(tag, exc, msgpack)
@@ -95,7 +110,16 @@ class Dispatcher:
             return self._internal(tag, exc, msgpack)
         if batch is None:
             return None
-        return Answer(self._reply(tag, request, batch, msgpack))
+        return self._reply(tag, request, batch, msgpack)
+
+    def _remember(self, tag: str, body: bytes, request: IdRequest, msgpack: bool) -> None:
+        if len(self._tags) >= _REMEMBERED:
+            self._tags.clear()
+        self._tags.add(tag)
+        if not msgpack:
+            if len(self._bodies) >= _REMEMBERED:
+                self._bodies.clear()
+            self._bodies[body] = request
 
     async def answer(self, tag: str, body: bytes, msgpack: bool = False) -> Answer:
         """Answer, waiting for a segment or the clock where needed; never raises."""
