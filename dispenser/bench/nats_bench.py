@@ -154,6 +154,10 @@ class ModePlan:
     worker_env: dict[str, str] = field(default_factory=dict)
 
 
+STATE_DIR_IN_WORKDIR = "<workdir>/state"
+"""Stands for the bench's temporary directory in ``ModePlan.worker_env`` (the plan is made before it exists)."""
+
+
 def plan_for_mode(options: BenchOptions, run_id: str) -> ModePlan:
     """The tags and worker settings of ``options.mode``.
 
@@ -174,10 +178,22 @@ def plan_for_mode(options: BenchOptions, run_id: str) -> ModePlan:
             worker_env={"DISPENSER_SEGMENT_ENABLED": "true", "DISPENSER_SNOWFLAKE_ENABLED": "false"},
         )
     if options.mode == "snowflake":
-        # The place for the snowflake generator: a ModePlan with kind="snowflake" (subject
-        # `<prefix>.snowflake.<tag>`), no segment tags and no switch-over cases (switch_tag=None), and
-        # the worker_env that turns the snowflake generator on (and, if wanted, segment mode off).
-        raise BenchError("--mode snowflake is not wired into the benchmark yet (see plan_for_mode)")
+        # One static worker ID, no segments: every request is answered from the clock.
+        return ModePlan(
+            mode="snowflake",
+            kind="snowflake",
+            steady_tag=f"bench-{run_id}",
+            steady_step=None,
+            switch_tag=None,
+            switch_step=None,
+            worker_env={
+                "DISPENSER_SEGMENT_ENABLED": "false",
+                "DISPENSER_SNOWFLAKE_ENABLED": "true",
+                "DISPENSER_SNOWFLAKE_MODE": "static",
+                "DISPENSER_SNOWFLAKE_WORKER_ID": "1",
+                "DISPENSER_SNOWFLAKE_STATE_DIR": STATE_DIR_IN_WORKDIR,
+            },
+        )
     raise BenchError(f"unknown mode {options.mode!r}")
 
 
@@ -581,7 +597,7 @@ async def _measure(
     }
     if dsn is not None:
         env["DISPENSER_POSTGRES_DSN"] = dsn
-    env |= plan.worker_env
+    env |= {k: v.replace(STATE_DIR_IN_WORKDIR, str(workdir / "state")) for k, v in plan.worker_env.items()}
     worker = Child(
         "dispenser worker",
         _worker_argv(options.profile_worker, options.worker_command),
