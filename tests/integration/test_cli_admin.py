@@ -1,0 +1,66 @@
+"""The operator's CLI against real servers: migrate, tag add/list/set/remove, check."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dispenser.cli import main
+from dispenser.devservers import NatsServer, free_port
+
+pytestmark = [pytest.mark.nats, pytest.mark.postgres]
+
+
+async def run(args: list[str]) -> int:
+    """`dispenser ARGS` in a thread (the CLI runs its own event loop)."""
+    return await asyncio.to_thread(main, args)
+
+
+async def test_tag_administration(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """migrate, then tag add/list/set/remove do what they say, and mistakes exit 1 with a reason."""
+    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
+    assert await run(["migrate"]) == 0
+    assert "applied schema version" in capsys.readouterr().out
+    assert await run(["migrate"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert (
+        await run(["tag", "add", "order", "--step", "500", "--start", "1000", "--description", "orders"]) == 0
+    )
+    assert await run(["tag", "add", "order", "--step", "5"]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert await run(["tag", "set", "order", "--step", "800"]) == 0
+    capsys.readouterr()
+    assert await run(["tag", "list"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("order"))
+    assert row.split()[:3] == ["order", "1000", "800"]
+    assert await run(["tag", "remove", "order"]) == 0
+    assert await run(["tag", "remove", "order"]) == 1
+    assert "unknown tag" in capsys.readouterr().err
+    assert await run(["tag", "add", "bad tag!", "--step", "5"]) == 1
+
+
+async def test_check_names_what_it_cannot_reach(
+    nats_server: NatsServer, pg_dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dispenser check` passes with both servers up and names each unreachable one otherwise."""
+    monkeypatch.setenv("DISPENSER_NATS_URL", nats_server.url)
+    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
+    monkeypatch.setenv("DISPENSER_SNOWFLAKE_ENABLED", "true")
+    assert await run(["migrate"]) == 0
+    capsys.readouterr()
+    assert await run(["check"]) == 0
+    out = capsys.readouterr().out
+    assert "ok   nats" in out
+    assert "ok   postgres" in out
+    assert "2080-07-10" in out  # the default layout's last valid date
+    monkeypatch.setenv("DISPENSER_NATS_URL", f"nats://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("DISPENSER_NATS_CONNECT_TIMEOUT", "1")
+    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", f"postgresql://postgres@127.0.0.1:{free_port()}/postgres")
+    assert await run(["check"]) == 1
+    captured = capsys.readouterr()
+    assert "FAIL nats" in captured.out
+    assert "FAIL postgres" in captured.out
+    assert "cannot reach nats, postgres" in captured.err
