@@ -139,7 +139,7 @@ async def test_msgpack_request_gets_msgpack_reply(nats_server: NatsServer, pg_ds
 
 
 async def test_service_discovery(nats_server: NatsServer, pg_dsn: str) -> None:
-    """$SRV.PING, $SRV.INFO and $SRV.STATS answer with the service and its segment endpoint."""
+    """$SRV.PING, $SRV.INFO and $SRV.STATS answer with the service, its segment endpoint and its counts."""
     await prepare(pg_dsn, [("demo", 1000)])
     async with running_worker(worker_config(nats_server.url, pg_dsn)), client(nats_server.url) as nc:
         await ask(nc, "leaf.segment.demo")
@@ -148,8 +148,13 @@ async def test_service_discovery(nats_server: NatsServer, pg_dsn: str) -> None:
         info = json.loads((await nc.request("$SRV.INFO.leaf-dispenser", b"", timeout=5)).data)
         endpoint = info["endpoints"][0]
         assert (endpoint["subject"], endpoint["queue_group"]) == ("leaf.segment.>", "leaf")
+        await ask(nc, "leaf.segment.nosuchtag")
         stats = json.loads((await nc.request("$SRV.STATS.leaf-dispenser", b"", timeout=5)).data)
-        assert stats["endpoints"][0]["num_requests"] >= 1
+        segment = stats["endpoints"][0]
+        assert segment["num_requests"] == 2
+        assert segment["num_errors"] == 1
+        assert segment["last_error"].startswith("unknown_tag")
+        assert segment["processing_time"] > 0
 
 
 async def test_postgres_outage_is_survived(nats_server: NatsServer, private_postgres: PostgresServer) -> None:
