@@ -1,0 +1,71 @@
+"""`dispenser dev`, as a new user runs it: servers from wheels, a demo tag, IDs, and Ctrl-C stops it all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dispenser.cli import main
+from dispenser.devservers import free_port
+from dispenser.devservers._process import port_is_free
+
+pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.slow]
+
+
+def wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Wait until ``text`` appears in the log at ``path``."""
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text():
+        assert proc.poll() is None, f"dispenser dev exited early: {path.read_text()}"
+        assert time.monotonic() < deadline, f"no {text!r} in: {path.read_text()}"
+        time.sleep(0.1)
+
+
+def test_dev_serves_demo_ids_and_stops_everything_on_ctrl_c(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dispenser dev` answers `get demo` and snowflake requests; SIGINT exits 0 and frees both ports."""
+    nats_port, pg_port = free_port(), free_port()
+    log = tmp_path / "dev.log"
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)  # the PostgreSQL server runs as its own user below it when we are root
+    tmp_path.chmod(0o755)
+    argv = [
+        "dev",
+        "--data-dir",
+        str(data_dir),
+        "--nats-port",
+        str(nats_port),
+        "--postgres-port",
+        str(pg_port),
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dispenser", *argv], stdout=out, stderr=out, env=os.environ.copy()
+        )
+    try:
+        wait_for(log, "Ctrl-C stops it", proc)
+        monkeypatch.setenv("DISPENSER_NATS_URL", f"nats://127.0.0.1:{nats_port}")
+        assert main(["get", "demo", "3"]) == 0
+        assert [int(i) for i in capsys.readouterr().out.split()] == [1, 2, 3]
+        assert main(["get", "--kind", "snowflake", "demo", "2"]) == 0
+        first, second = (int(i) for i in capsys.readouterr().out.split())
+        assert 0 < first < second
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "stopped NATS and PostgreSQL" in text
+    assert "Traceback" not in text
+    assert port_is_free(nats_port)
+    assert port_is_free(pg_port)
