@@ -59,8 +59,10 @@ async def test_prefetch_makes_the_switch_over_wait_free() -> None:
     store = MemorySegmentStore()
     allocator = await allocator_with(store, ("t", 100))
     await allocator.take("t", 11, deadline())
-    await asyncio.sleep(0)  # the background prefetch runs
-    await asyncio.sleep(0)
+    for _ in range(100):  # let the background prefetch run
+        if allocator.get("t").stats().next:  # type: ignore[union-attr]
+            break
+        await asyncio.sleep(0)
     assert store.calls == 2
     batch = allocator.try_take("t", 100)  # crosses from the first segment into the second
     assert batch is not None
