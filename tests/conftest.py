@@ -18,19 +18,20 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import settings
 
 from dispenser.devservers import DevServerError, NatsServer, PostgresServer
+from dispenser.devservers._server import ServerProcess
 
 settings.register_profile("ci", deadline=None, max_examples=200)
 settings.register_profile("dev", max_examples=50)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-_Server = TypeVar("_Server", NatsServer, PostgresServer)
+_Server = TypeVar("_Server", bound=ServerProcess[Any])
 
 
 def _started(server: _Server) -> _Server:
@@ -42,24 +43,24 @@ def _started(server: _Server) -> _Server:
     return server
 
 
-@pytest.fixture(scope="session")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    """A NATS server shared by the session, on a free port of 127.0.0.1."""
-    server = NatsServer(tmp_path_factory.mktemp("nats"))
+def _running(server: _Server) -> Iterator[_Server]:
+    """Body of a server fixture (``yield from``): yield the started server, stop it afterwards."""
     try:
         yield _started(server)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """A NATS server shared by the session, on a free port of 127.0.0.1."""
+    yield from _running(NatsServer(tmp_path_factory.mktemp("nats")))
 
 
 @pytest.fixture(scope="session")
 def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
     """A PostgreSQL server shared by the session; tests get their own database through ``pg_dsn``."""
-    server = PostgresServer(tmp_path_factory.mktemp("postgres") / "data")
-    try:
-        yield _started(server)
-    finally:
-        server.stop()
+    yield from _running(PostgresServer(tmp_path_factory.mktemp("postgres") / "data"))
 
 
 _database_numbers = itertools.count(1)
@@ -81,11 +82,7 @@ def pg_dsn(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> I
 @pytest.fixture
 def private_nats(tmp_path: Path) -> Iterator[NatsServer]:
     """A NATS server for this test alone: stop, kill or restart it (same port) as the test needs."""
-    server = NatsServer(tmp_path / "nats")
-    try:
-        yield _started(server)
-    finally:
-        server.stop()
+    yield from _running(NatsServer(tmp_path / "nats"))
 
 
 @pytest.fixture(scope="session")
@@ -105,8 +102,4 @@ def private_postgres(tmp_path: Path, _postgres_template: Path) -> Iterator[Postg
     datadir = tmp_path / "pgdata"
     # PostgresServer gives the copy (made by us, possibly as root) to the server's user when it starts.
     shutil.copytree(_postgres_template, datadir, symlinks=True, ignore=shutil.ignore_patterns("postgres.log"))
-    server = PostgresServer(datadir)
-    try:
-        yield _started(server)
-    finally:
-        server.stop()
+    yield from _running(PostgresServer(datadir))

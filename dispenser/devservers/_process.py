@@ -139,15 +139,18 @@ def wait_until(
 def stop_process(
     proc: subprocess.Popen[bytes],
     signals: Iterable[tuple[signal.Signals, float]],
+    kill: Callable[[subprocess.Popen[bytes]], object] | None = None,
 ) -> int:
-    """Stop a child process: send each signal in turn and wait, then SIGKILL if it is still alive.
+    """Stop a child process: send each signal in turn and wait, then ``kill`` it if it is still alive.
 
-    Only ever signals ``proc`` itself, through its :class:`~subprocess.Popen` handle, which refuses to
-    signal a PID it has already reaped (so a recycled PID is never hit).
+    The signals only ever go to ``proc`` itself, through its :class:`~subprocess.Popen` handle, which
+    refuses to signal a PID it has already reaped (so a recycled PID is never hit).
 
     Args:
         proc: A child process we started.
         signals: ``(signal, seconds to wait after it)`` pairs, tried in order.
+        kill: Called with ``proc`` last (also when it has already exited); it must reap it.
+            :func:`kill_process` when omitted.
 
     Returns:
         The process's exit status (negative signal number if a signal ended it).
@@ -159,7 +162,10 @@ def stop_process(
             proc.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             return proc.wait(wait)
-    return kill_process(proc)
+    if kill is None:
+        return kill_process(proc)
+    kill(proc)
+    return proc.wait()
 
 
 def kill_process(proc: subprocess.Popen[bytes]) -> int:

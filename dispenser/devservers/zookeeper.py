@@ -7,34 +7,19 @@ with a short ``tickTime`` so that session-expiry tests take seconds, not minutes
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import hashlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from dispenser.devservers._process import (
-    LOOPBACK,
-    DevServerError,
-    ServerNotFoundError,
-    ServerStartError,
-    file_size,
-    free_port,
-    kill_process,
-    log_tail,
-    read_since,
-    stop_process,
-    wait_until,
-)
+from dispenser.devservers._process import LOOPBACK, DevServerError, ServerNotFoundError, log_tail
+from dispenser.devservers._server import ServerProcess
 
 __all__ = [
     "ZOOKEEPER_VERSION",
@@ -55,8 +40,6 @@ JARS_ENV = "DISPENSER_ZOOKEEPER_JARS"
 """Environment variable naming a directory of ZooKeeper jars to use instead of fetching (e.g. a mirror)."""
 
 _STAMP = ".complete"
-_BIND_FAILED = "address already in use"
-_PORT_ATTEMPTS = 3
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 # Small JVM, quick start: the test server holds a few hundred znodes at most.
 _JVM_OPTIONS = ("-Xms16m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
@@ -211,7 +194,7 @@ def srvr(port: int, timeout: float = 1.0) -> str | None:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-class ZooKeeperServer:
+class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
     """One standalone ZooKeeper process on 127.0.0.1, restartable on the same port and data directory.
 
     Example::
@@ -255,23 +238,13 @@ class ZooKeeperServer:
         stop_timeout: float = 5.0,
     ) -> None:
         self.workdir = Path(workdir)
-        self._auto_port = port is None
-        self._port = free_port() if port is None else port
+        super().__init__(port, start_timeout=start_timeout, stop_timeout=stop_timeout)
         self._jars = jars
         self.tick_time_ms = tick_time_ms
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self.config = dict(config or {})
         self._java = java
-        self.start_timeout = start_timeout
-        self.stop_timeout = stop_timeout
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._ever_started = False
-
-    @property
-    def port(self) -> int:
-        """The client port (fixed for the life of this object once the server has started)."""
-        return self._port
 
     @property
     def hosts(self) -> str:
@@ -293,45 +266,16 @@ class ZooKeeperServer:
         """The server's log file."""
         return self.workdir / "zookeeper.log"
 
-    @property
-    def pid(self) -> int | None:
-        """PID of the running server, or None when it is not running."""
-        if self._proc is None or self._proc.poll() is not None:
-            return None
-        return self._proc.pid
+    def _prepare(self) -> tuple[Path, Path]:
+        """Find Java and the jars, fetching them if need be.
 
-    @property
-    def running(self) -> bool:
-        """Whether our server process is alive."""
-        return self.pid is not None
-
-    def start(self) -> None:
-        """Start the server and wait until it serves; a no-op if it is already running.
-
-        Raises:
-            ServerNotFoundError: Java, Maven or the pom is missing.
-            DevServerError: The jars could not be fetched.
-            ServerStartError: It exited or did not serve in time; the message holds the log tail.
+        Raises :class:`ServerNotFoundError` when Java, Maven or the pom is missing and
+        :class:`DevServerError` when the jars could not be fetched.
         """
-        if self.running:
-            return
         java = self._java if self._java is not None else find_java()
         jars = self._jars if self._jars is not None else _find_jars()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        attempts = _PORT_ATTEMPTS if self._auto_port and not self._ever_started else 1
-        for attempt in range(1, attempts + 1):
-            offset = file_size(self.log_path)
-            try:
-                self._launch(java, jars, offset)
-            except ServerStartError:
-                lost_port = _BIND_FAILED in read_since(self.log_path, offset).lower()
-                if not (lost_port and attempt < attempts):
-                    raise
-                self._port = free_port()
-            else:
-                break
-        self._ever_started = True
-        atexit.register(self._stop_at_exit)
+        return java, jars
 
     def _write_config(self) -> None:
         settings = {
@@ -347,7 +291,8 @@ class ZooKeeperServer:
         }
         self.config_path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
 
-    def _launch(self, java: Path, jars: Path, offset: int) -> None:
+    def _launch(self, java_and_jars: tuple[Path, Path], offset: int) -> None:
+        java, jars = java_and_jars
         self._write_config()
         cmd = [
             str(java),
@@ -362,67 +307,15 @@ class ZooKeeperServer:
             _MAIN_CLASS,
             str(self.config_path.resolve()),
         ]
-        with self.log_path.open("ab") as log:
-            # A session of its own, as for nats-server: a Ctrl-C for the test run must not reach it first.
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                start_new_session=True,
-            )
-        self._proc = proc
-        try:
-            wait_until(
-                self._serving,
-                proc=proc,
-                timeout=self.start_timeout,
-                what=f"ZooKeeper on {self.hosts}",
-                log=self.log_path,
-                log_offset=offset,
-            )
-        except ServerStartError:
-            kill_process(proc)
-            self._proc = None
-            raise
+        self._spawn(cmd, offset=offset, cwd=self.workdir, what=f"ZooKeeper on {self.hosts}")
 
-    def _serving(self) -> bool:
+    def _ready(self, proc: subprocess.Popen[bytes], offset: int) -> bool:
         answer = srvr(self._port, timeout=0.5)
         return answer is not None and answer.startswith("Zookeeper version:")
-
-    def stop(self) -> None:
-        """Stop the server: SIGTERM, then SIGKILL after ``stop_timeout``; a no-op if it is not running."""
-        proc, self._proc = self._proc, None
-        atexit.unregister(self._stop_at_exit)
-        if proc is not None:
-            stop_process(proc, [(signal.SIGTERM, self.stop_timeout)])
-
-    def kill(self) -> None:
-        """Kill the server with SIGKILL (a crash, as far as clients can tell) and reap it."""
-        proc, self._proc = self._proc, None
-        atexit.unregister(self._stop_at_exit)
-        if proc is not None:
-            kill_process(proc)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server's log, for failure messages."""
         return log_tail(self.log_path, lines)
-
-    def _stop_at_exit(self) -> None:
-        self.stop()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"ZooKeeperServer(hosts={self.hosts!r}, pid={self.pid})"

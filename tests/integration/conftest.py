@@ -19,37 +19,20 @@ from pathlib import Path
 
 import pytest
 
-from dispenser.devservers import DevServerError
 from dispenser.devservers.zookeeper import ZooKeeperServer
-
-
-def _started(server: ZooKeeperServer) -> ZooKeeperServer:
-    """Start a server, turning a failure into a test failure that says why (never a skip)."""
-    try:
-        server.start()
-    except DevServerError as exc:
-        pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
-    return server
+from tests.conftest import _running
 
 
 @pytest.fixture(scope="session")
 def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
     """A ZooKeeper shared by the session, on a free port of 127.0.0.1 (tickTime 500 ms, sessions ≥ 1 s)."""
-    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
-    try:
-        yield _started(server)
-    finally:
-        server.stop()
+    yield from _running(ZooKeeperServer(tmp_path_factory.mktemp("zookeeper")))
 
 
 @pytest.fixture
 def private_zookeeper(tmp_path: Path) -> Iterator[ZooKeeperServer]:
     """A ZooKeeper for this test alone: stop, kill or restart it (same port and data) as the test needs."""
-    server = ZooKeeperServer(tmp_path / "zookeeper")
-    try:
-        yield _started(server)
-    finally:
-        server.stop()
+    yield from _running(ZooKeeperServer(tmp_path / "zookeeper"))
 
 
 _namespaces = itertools.count(1)
