@@ -146,17 +146,35 @@ class TagAllocator:
                     if self._on_unknown is not None:
                         self._on_unknown(self.tag)
                     return
-                except DispenserError as exc:
+                except Exception as exc:
                     self.buffer.fetch_failed()
-                    self.last_error = exc
-                    log.warning("segment fetch for %r failed, retrying in %.2fs: %s", self.tag, delay, exc)
+                    if isinstance(exc, DispenserError):
+                        self.last_error = exc
+                        log.warning(
+                            "segment fetch for %r failed, retrying in %.2fs: %s", self.tag, delay, exc
+                        )
+                    else:  # a bug, not an outage: say so loudly, but keep the tag alive
+                        self.last_error = StoreUnavailable(f"unexpected {type(exc).__name__} while fetching")
+                        log.exception(
+                            "segment fetch for %r failed unexpectedly; retrying in %.2fs", self.tag, delay
+                        )
                     self._notify()
                     await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                     delay = min(delay * 2, self._settings.retry_max)
                     self.buffer.begin_fetch()
                     continue
                 self.step = allocation.configured_step
-                self.buffer.install(allocation.segment, self._clock.monotonic())
+                try:
+                    self.buffer.install(allocation.segment, self._clock.monotonic())
+                except ValueError:
+                    # The store granted a segment overlapping one we hold: two writers share the row
+                    # wrongly. Serving it could repeat IDs; stop this tag instead.
+                    log.exception("refusing segment %s of tag %r", allocation.segment, self.tag)
+                    self.last_error = StoreUnavailable(
+                        f"the store granted an overlapping segment for {self.tag!r}"
+                    )
+                    self._closed = True
+                    return
                 if self.last_error is not None:
                     log.info("segment fetch for %r recovered", self.tag)
                 self.last_error = None

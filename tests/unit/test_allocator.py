@@ -8,6 +8,7 @@ import pytest
 
 from dispenser.adapters.memory import MemorySegmentStore
 from dispenser.core.errors import StoreUnavailable, UnknownTag
+from dispenser.core.segment import Segment
 from dispenser.ports import Allocation, SystemClock
 from dispenser.service.dedup import ReplayCache
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
@@ -188,3 +189,43 @@ async def test_replay_cache_forgets_failures() -> None:
     with pytest.raises(StoreUnavailable):
         await cache.get_or_compute(("t", "a"), (1, "ids"), fail)
     assert await cache.get_or_compute(("t", "a"), (1, "ids"), succeed) == 3
+
+
+class OverlappingStore(MemorySegmentStore):
+    """A broken store that grants the same segment twice."""
+
+    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+        allocation = await super().next_segment(tag, step)
+        return Allocation(Segment(1, allocation.segment.size), allocation.configured_step)
+
+
+class FlakyStore(MemorySegmentStore):
+    """A store whose first fetch fails with a bug (not an outage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = True
+
+    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+        if self.broken:
+            self.broken = False
+            raise KeyError("a bug in the store")
+        return await super().next_segment(tag, step)
+
+
+async def test_overlapping_segment_stops_the_tag_instead_of_repeating_ids() -> None:
+    """A store that grants an overlapping segment is refused: requests fail, no ID is handed out twice."""
+    store = OverlappingStore()
+    allocator = await allocator_with(store, ("t", 10))
+    batch = await allocator.take("t", 10, deadline())
+    assert batch.ranges == ((1, 10),)
+    with pytest.raises(StoreUnavailable, match="overlapping"):
+        await allocator.take("t", 1, deadline(0.3))
+
+
+async def test_unexpected_fetch_failure_is_retried(caplog: pytest.LogCaptureFixture) -> None:
+    """A fetch that fails with a bug is logged with its traceback and retried; the request succeeds."""
+    store = FlakyStore()
+    allocator = await allocator_with(store, ("t", 10))
+    assert (await allocator.take("t", 1, deadline())).ranges == ((1, 1),)
+    assert "failed unexpectedly" in caplog.text
