@@ -185,3 +185,24 @@ async def test_postgres_outage_is_survived(nats_server: NatsServer, private_post
             await asyncio.sleep(0.2)
         issued += ids_of(reply)
     assert issued == sorted(set(issued))
+
+
+async def test_periodic_refresh_drops_removed_tags(nats_server: NatsServer, pg_dsn: str) -> None:
+    """With no request to trigger it, the periodic refresh notices a removed tag (and a changed step)."""
+    await prepare(pg_dsn, [("demo", 10), ("gone", 10)])
+    config = worker_config(nats_server.url, pg_dsn, refresh_interval=0.2)
+    async with running_worker(config) as worker, client(nats_server.url) as nc:
+        assert (await ask(nc, "leaf.segment.gone")).ids == [1]
+        assert worker.store is not None
+        assert worker.allocator is not None
+        await worker.store.remove_tag("gone")
+        await worker.store.set_step("demo", 25)
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if worker.allocator.get("gone") is None:
+                break
+        assert worker.allocator.get("gone") is None
+        assert worker.allocator.tags["demo"].step == 25
+        reply = await ask(nc, "leaf.segment.gone")
+        assert reply.error is not None
+        assert reply.error.code == "unknown_tag"
