@@ -73,19 +73,25 @@ async def _check_snowflake(config: Config) -> CheckResult:
 
 async def _check_zookeeper(config: Config) -> CheckResult:
     hosts = config.snowflake.zookeeper_hosts
+    last = "no hosts configured"
     for host in hosts.split(","):
         address, _, port = host.strip().rpartition(":")
         try:
+            # `srvr` is the four-letter word aiozk itself sends, so it must be allowed anyway; unlike
+            # `ruok`, it is answered only by a server that serves.
             reader, writer = await asyncio.wait_for(asyncio.open_connection(address, int(port)), 3.0)
-            writer.write(b"ruok")
-            answer = await asyncio.wait_for(reader.read(4), 3.0)
+            writer.write(b"srvr")
+            answer = await asyncio.wait_for(reader.read(4096), 3.0)
             writer.close()
         except (OSError, TimeoutError, ValueError) as exc:
             last = f"{host}: {exc or type(exc).__name__}"
             continue
-        if answer == b"imok":
-            return CheckResult("zookeeper", True, f"{host} answers")
-        last = f"{host}: answered {answer!r} to ruok (is 4lw.commands.whitelist missing ruok?)"
+        first_line = answer.decode(errors="replace").splitlines()[0] if answer else ""
+        if first_line.startswith("Zookeeper version:"):
+            return CheckResult(
+                "zookeeper", True, f"{host} ({first_line.split(':', 1)[1].split(',')[0].strip()})"
+            )
+        last = f"{host}: answered {first_line or 'nothing'!r} to srvr (is srvr in 4lw.commands.whitelist?)"
     return CheckResult("zookeeper", False, f"no ZooKeeper server of {hosts} answered ({last})")
 
 

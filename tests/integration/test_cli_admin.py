@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from dispenser.cli import main
-from dispenser.devservers import NatsServer, free_port
+from dispenser.devservers import NatsServer, ZooKeeperServer, free_port
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
@@ -64,3 +64,23 @@ async def test_check_names_what_it_cannot_reach(
     assert "FAIL nats" in captured.out
     assert "FAIL postgres" in captured.out
     assert "cannot reach nats, postgres" in captured.err
+
+
+@pytest.mark.zookeeper
+async def test_check_reaches_zookeeper_in_zookeeper_mode(
+    nats_server: NatsServer,
+    zookeeper_server: ZooKeeperServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """In zookeeper mode `dispenser check` asks ZooKeeper too, and names it when it is unreachable."""
+    monkeypatch.setenv("DISPENSER_NATS_URL", nats_server.url)
+    monkeypatch.setenv("DISPENSER_SEGMENT_ENABLED", "false")
+    monkeypatch.setenv("DISPENSER_SNOWFLAKE_ENABLED", "true")
+    monkeypatch.setenv("DISPENSER_SNOWFLAKE_MODE", "zookeeper")
+    monkeypatch.setenv("DISPENSER_SNOWFLAKE_ZOOKEEPER_HOSTS", zookeeper_server.hosts)
+    assert await run(["check"]) == 0
+    assert "ok   zookeeper" in capsys.readouterr().out
+    monkeypatch.setenv("DISPENSER_SNOWFLAKE_ZOOKEEPER_HOSTS", f"127.0.0.1:{free_port()}")
+    assert await run(["check"]) == 1
+    assert "cannot reach zookeeper" in capsys.readouterr().err
