@@ -33,6 +33,17 @@ from .snowflake_support import (
 
 pytestmark = [pytest.mark.nats]
 
+
+@pytest.fixture
+def nats_server(private_nats: NatsServer) -> NatsServer:
+    """A NATS server of this test's own.
+
+    These tests reuse subject prefixes and worker IDs, so a worker that outlived another test (its
+    connection not yet noticed dead) must not be able to answer here.
+    """
+    return private_nats
+
+
 ADDRESS = "127.0.0.1:7001"
 
 

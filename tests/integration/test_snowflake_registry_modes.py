@@ -39,6 +39,17 @@ from .zk_support import PartitionProxy, eventually
 
 pytestmark = [pytest.mark.nats]
 
+
+@pytest.fixture
+def nats_server(private_nats: NatsServer) -> NatsServer:
+    """A NATS server of this test's own.
+
+    These tests reuse subject prefixes and worker IDs, so a worker that outlived another test (its
+    connection not yet noticed dead) must not be able to answer here.
+    """
+    return private_nats
+
+
 ADDRESS_A = "10.0.0.1:8080"
 ADDRESS_B = "10.0.0.2:8080"
 
