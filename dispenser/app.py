@@ -42,12 +42,20 @@ class Worker:
         self._background: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Connect to everything and start serving.
+        """Connect to everything and start serving; on failure, release what was opened and re-raise.
 
         Raises:
             OSError: NATS cannot be reached.
-            StoreUnavailable: PostgreSQL cannot be reached.
+            DispenserError: PostgreSQL or the worker-ID registry cannot be reached, or the clock or
+                layout is refused (see :meth:`_start_snowflake`).
         """
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         config = self.config
         limits = Limits(
             max_ids=config.limits.max_ids,
@@ -166,8 +174,7 @@ async def run_worker(config: Config, on_ready: Callable[[Worker], None] | None =
         try:
             await worker.start()
         except (OSError, DispenserError) as exc:
-            log.error("cannot start: %s", exc)
-            await worker.stop()
+            log.error("cannot start: %s", exc)  # start() has released what it opened
             return 1
         if on_ready is not None:
             on_ready(worker)
