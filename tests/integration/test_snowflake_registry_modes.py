@@ -289,9 +289,10 @@ async def test_lease_lost_stops_issuing_before_the_id_can_move(
                 after += await take(nc, subject("b"), 100)
     finally:
         await proxy.close()
+    # Safety first (no ID twice, the successor above the old holder), then liveness (a new ID for the old).
+    assert assert_unique(issued + after + back) == sum(last - first + 1 for first, last in issued) + 5200
     assert min(first for first, _ in after) > max(last for _, last in issued)
     assert {decoded(last).worker_id for _, last in back} != {worker_id}
-    assert assert_unique(issued + after + back) == sum(last - first + 1 for first, last in issued) + 5200
 
 
 # --- worker-ID exhaustion ---------------------------------------------------------------------------------
