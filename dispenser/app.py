@@ -133,7 +133,7 @@ class Worker:
         )
         await generator.start()
         if registration.from_cache:
-            generator.relocate()  # keep trying the registry in the background
+            generator.relocate(pause=False)  # keep trying the registry; the cached ID stays ours
         await serve_clock(self.nc, clock_subject, self.clock.wall_ms, lambda: generator.worker_id)
         log.info(
             "snowflake worker ID %d (%s mode); layout valid until %s",

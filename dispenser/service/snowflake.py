@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 from dispenser.core.errors import (
     ClockBehindRecorded,
-    CoordinatorUnavailable,
     DispenserError,
     LeaseLost,
     Unavailable,
@@ -106,6 +105,7 @@ class SnowflakeGenerator:
         self._state = self._new_state(lease)
         self._tasks: list[asyncio.Task[None]] = []
         self._relocating: asyncio.Task[None] | None = None
+        self._paused = False  # True from a lost lease until the new registration is in place
         self._reserving: asyncio.Task[None] | None = None
 
     def _new_state(self, lease: WorkerLease) -> SnowflakeState:
@@ -224,8 +224,8 @@ class SnowflakeGenerator:
         await asyncio.sleep(ms / 1000)
 
     def _check_lease(self) -> None:
-        if not self._registry.can_issue():
-            self.relocate()
+        if self._paused or not self._registry.can_issue():
+            self.relocate()  # a no-op while a registration is under way
             raise LeaseLost(self._state.worker_id, "its lease can no longer be proved; re-registering")
 
     # -- the reserved mark -------------------------------------------------------------------------
@@ -281,8 +281,17 @@ class SnowflakeGenerator:
 
     # -- losing and regaining the worker ID ----------------------------------------------------------
 
-    def relocate(self) -> None:
-        """Register again in the background (after a lost lease, or when started from the cache)."""
+    def relocate(self, *, pause: bool = True) -> None:
+        """Register again in the background (after a lost lease, or when started from the cache).
+
+        Args:
+            pause: issue nothing until the new registration is in place. Needed after a lost lease: the
+                registry may already vouch for a *new* worker ID while this generator still holds the
+                old one, which by then may be someone else's. Not needed after a start from the local
+                cache in the address-keyed modes, where the cached ID stays this address's.
+        """
+        if pause:
+            self._paused = True
         if self._relocating is None or self._relocating.done():
             self._relocating = asyncio.create_task(self._register_again(), name="snowflake-register")
 
@@ -291,8 +300,8 @@ class SnowflakeGenerator:
         while True:
             try:
                 lease = await self._registry.register()
-            except CoordinatorUnavailable as exc:
-                log.warning("re-registering the snowflake worker failed, retrying: %s", exc)
+            except DispenserError as exc:  # unreachable, or no ID free yet: both may pass
+                log.warning("re-registering the snowflake worker failed, retrying in %.1fs: %s", delay, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
@@ -313,4 +322,5 @@ class SnowflakeGenerator:
                     self._wait_until_ms = None
                 with contextlib.suppress(DispenserError, OSError):
                     await self._reserve(self._clock.wall_ms())
+                self._paused = False
             return
