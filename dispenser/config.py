@@ -84,6 +84,10 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     worker a stable, distinct address so that a restart gets its worker ID back."""
     zookeeper_hosts: str = "127.0.0.1:2181"
     zookeeper_session_timeout: float = 10.0
+    zookeeper_connect_timeout: float = 5.0
+    """Seconds to reach ZooKeeper at start before falling back to the local cache (or refusing)."""
+    zookeeper_op_timeout: float = 5.0
+    """Seconds one ZooKeeper call may take (aiozk alone would retry for ever)."""
     state_dir: str | None = None
     """Where the local cache (worker ID, high-water mark) lives; default ``~/.local/state/leaf-dispenser``.
     Never a temporary directory: a reboot must not erase the high-water mark."""

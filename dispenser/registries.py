@@ -67,6 +67,8 @@ def open_registry(
             address,
             max_worker_id=max_worker_id,
             session_timeout=config.zookeeper_session_timeout,
+            connect_timeout=config.zookeeper_connect_timeout,
+            op_timeout=config.zookeeper_op_timeout,
             wall_ms=clock.wall_ms,
         )
     if config.mode == "zookeeper-lease":
@@ -78,6 +80,8 @@ def open_registry(
             address,
             max_worker_id=max_worker_id,
             session_timeout=config.zookeeper_session_timeout,
+            connect_timeout=config.zookeeper_connect_timeout,
+            op_timeout=config.zookeeper_op_timeout,
             monotonic=clock.monotonic,
         )
     if config.mode == "postgres":

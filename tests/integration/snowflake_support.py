@@ -24,6 +24,7 @@ TAG = "order"
 FAST: Mapping[str, object] = {
     "report_interval": 0.2,
     "zookeeper_session_timeout": 1.0,
+    "zookeeper_connect_timeout": 1.0,
     "peer_check_timeout": 0.1,
 }
 """Snowflake settings that keep the tests fast: reservations renewed every 0.2 s, 1 s ZooKeeper sessions."""
