@@ -26,13 +26,15 @@ T = TypeVar("T")
 EPILOG = """\
 configuration:
   Settings come from defaults, then the TOML file (--config or DISPENSER_CONFIG), then environment
-  variables DISPENSER_<SECTION>_<NAME>, e.g. DISPENSER_NATS_URL, DISPENSER_POSTGRES_DSN. See
-  docs/configuration.md for every setting.
+  variables DISPENSER_<SECTION>_<NAME>, e.g. DISPENSER_NATS_URL, DISPENSER_POSTGRES_DSN,
+  DISPENSER_SNOWFLAKE_ENABLED, DISPENSER_SNOWFLAKE_MODE. See docs/configuration.md for every setting.
 
 examples:
   dispenser dev                                  # NATS + PostgreSQL on this machine, serving tag 'demo'
   dispenser get demo 5                           # five IDs of tag 'demo'
   dispenser tag add order --step 10000           # a new tag (picked up by running workers)
+  dispenser get --kind snowflake order 3         # snowflake IDs (snowflake.enabled = true)
+  dispenser decode 2124065681627414617           # time, worker and sequence of a snowflake ID
   DISPENSER_POSTGRES_DSN=postgresql://… dispenser serve
 """
 
