@@ -31,26 +31,18 @@ from .snowflake_support import (
     worker_id_of,
 )
 
+# These tests reuse subject prefixes and worker IDs: each gets a NATS server of its own (private_nats),
+# so that a worker outliving another test (its connection not yet noticed dead) cannot answer here.
 pytestmark = [pytest.mark.nats]
-
-
-@pytest.fixture
-def nats_server(private_nats: NatsServer) -> NatsServer:
-    """A NATS server of this test's own.
-
-    These tests reuse subject prefixes and worker IDs, so a worker that outlived another test (its
-    connection not yet noticed dead) must not be able to answer here.
-    """
-    return private_nats
 
 
 ADDRESS = "127.0.0.1:7001"
 
 
-async def test_empty_body_ranges_and_ids(nats_server: NatsServer, tmp_path: Path, zk_namespace: str) -> None:
+async def test_empty_body_ranges_and_ids(private_nats: NatsServer, tmp_path: Path, zk_namespace: str) -> None:
     """Empty body gets one ID; 5000 as ranges and 100 as ids come back positive, increasing, worker 7."""
-    config = snowflake_config(nats_server.url, tmp_path / "state", name=zk_namespace, worker_id=7)
-    async with running(config), client(nats_server.url) as nc:
+    config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=7)
+    async with running(config), client(private_nats.url) as nc:
         one = await ask(nc, subject())
         assert one.tag == TAG
         assert one.ids is not None
@@ -70,11 +62,11 @@ async def test_empty_body_ranges_and_ids(nats_server: NatsServer, tmp_path: Path
 
 
 async def test_decode_returns_worker_and_time(
-    nats_server: NatsServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """`leaf.snowflake.decode` with {"id": N} answers the worker ID and a time within a second of now."""
-    config = snowflake_config(nats_server.url, tmp_path / "state", name=zk_namespace, worker_id=5)
-    async with running(config), client(nats_server.url) as nc:
+    config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=5)
+    async with running(config), client(private_nats.url) as nc:
         [(snowflake_id, _)] = await take(nc, subject())
         msg = await request(nc, "leaf.snowflake.decode", f'{{"id": {snowflake_id}}}'.encode())
         reply = msgspec.json.decode(msg.data, type=DecodeReply)
@@ -98,11 +90,11 @@ BAD_DECODES = [
 
 
 async def test_decode_of_a_bad_id_is_an_error(
-    nats_server: NatsServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """Negative, malformed or too wide IDs get an error body; IDs keep being served."""
-    config = snowflake_config(nats_server.url, tmp_path / "state", name=zk_namespace, worker_id=5)
-    async with running(config), client(nats_server.url) as nc:
+    config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=5)
+    async with running(config), client(private_nats.url) as nc:
         for body, code in BAD_DECODES:
             msg = await request(nc, "leaf.snowflake.decode", body)
             reply = msgspec.json.decode(msg.data, type=DecodeReply)
@@ -126,11 +118,11 @@ BAD_REQUESTS = [
 
 
 async def test_bad_requests_get_errors_and_the_worker_keeps_serving(
-    nats_server: NatsServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """Count 0, too large, bad JSON, a bad tag: each gets its error reply and headers; the next request works."""
-    config = snowflake_config(nats_server.url, tmp_path / "state", name=zk_namespace, worker_id=1)
-    async with running(config), client(nats_server.url) as nc:
+    config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=1)
+    async with running(config), client(private_nats.url) as nc:
         issued: list[tuple[int, int]] = []
         cases = [(subject(), body, code, status) for body, code, status in BAD_REQUESTS]
         cases.append((subject(tag="bad$tag"), b"", "invalid_tag", "400"))
@@ -149,11 +141,11 @@ async def test_bad_requests_get_errors_and_the_worker_keeps_serving(
 
 
 async def test_request_id_replays_the_same_ids(
-    nats_server: NatsServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """A retry with the same request_id gets the same snowflake IDs; another request_id gets new ones."""
-    config = snowflake_config(nats_server.url, tmp_path / "state", name=zk_namespace, worker_id=1)
-    async with running(config), client(nats_server.url) as nc:
+    config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=1)
+    async with running(config), client(private_nats.url) as nc:
         first = await ask(nc, subject(), b'{"count": 4, "request_id": "r-1"}')
         again = await ask(nc, subject(), b'{"count": 4, "request_id": "r-1"}')
         other = await ask(nc, subject(), b'{"count": 4, "request_id": "r-2"}')
@@ -164,14 +156,14 @@ async def test_request_id_replays_the_same_ids(
 
 
 async def test_small_rollback_is_waited_out(
-    nats_server: NatsServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """The clock going back 3 ms while serving: every request still succeeds and IDs keep increasing."""
     clock = ShiftableClock()
-    config = snowflake_config(nats_server.url, tmp_path / "state", name=zk_namespace, worker_id=2)
+    config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=2)
     issued: list[tuple[int, int]] = []
     seen_behind = 0
-    async with running(config, clock), client(nats_server.url) as nc:
+    async with running(config, clock), client(private_nats.url) as nc:
         for _ in range(10):
             issued += await take(nc, subject(), 3000, "ranges")
             clock.shift(-3)
@@ -182,11 +174,11 @@ async def test_small_rollback_is_waited_out(
     assert seen_behind >= 1, "the rollback never reached the worker; the test proved nothing"
 
 
-async def test_large_rollback_is_refused(nats_server: NatsServer, tmp_path: Path, zk_namespace: str) -> None:
+async def test_large_rollback_is_refused(private_nats: NatsServer, tmp_path: Path, zk_namespace: str) -> None:
     """The clock going back 1 s: `clock_moved_backwards` (retryable, no ID); once it is back, IDs resume above."""
     clock = ShiftableClock()
-    config = snowflake_config(nats_server.url, tmp_path / "state", name=zk_namespace, worker_id=2)
-    async with running(config, clock), client(nats_server.url) as nc:
+    config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=2)
+    async with running(config, clock), client(private_nats.url) as nc:
         before = await take(nc, subject(), 50)
         clock.shift(-1000)
         for body in (b"", b'{"count": 5000, "format": "ranges"}'):
@@ -206,14 +198,14 @@ async def test_large_rollback_is_refused(nats_server: NatsServer, tmp_path: Path
 
 
 async def test_restart_with_clock_far_behind_is_refused(
-    nats_server: NatsServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """Stop, move the clock back 60 s, start again: ClockBehindRecorded says how far behind it is."""
     clock = ShiftableClock()
     config = snowflake_config(
-        nats_server.url, tmp_path / "state", name=zk_namespace, worker_id=4, address=ADDRESS
+        private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=4, address=ADDRESS
     )
-    async with running(config, clock), client(nats_server.url) as nc:
+    async with running(config, clock), client(private_nats.url) as nc:
         await take(nc, subject(), 100)
     clock.shift(-60_000)
     error = await refused(config, clock)
@@ -222,17 +214,19 @@ async def test_restart_with_clock_far_behind_is_refused(
     assert "behind the timestamp" in error.message
     assert "refusing to issue IDs" in error.message
     clock.shift(60_000)
-    async with running(config, clock), client(nats_server.url) as nc:
+    async with running(config, clock), client(private_nats.url) as nc:
         await take(nc, subject())
 
 
 @pytest.mark.parametrize(("offset_ms", "direction"), [(10_000, "ahead of"), (-10_000, "behind")])
 async def test_clock_far_from_peers_is_refused(
-    nats_server: NatsServer, tmp_path: Path, zk_namespace: str, offset_ms: int, direction: str
+    private_nats: NatsServer, tmp_path: Path, zk_namespace: str, offset_ms: int, direction: str
 ) -> None:
     """A second worker whose clock is 10 s off the running worker's refuses to start, and says so."""
-    first = snowflake_config(nats_server.url, tmp_path / "a", name=zk_namespace, prefix="peers", worker_id=1)
-    second = snowflake_config(nats_server.url, tmp_path / "b", name=zk_namespace, prefix="peers", worker_id=2)
+    first = snowflake_config(private_nats.url, tmp_path / "a", name=zk_namespace, prefix="peers", worker_id=1)
+    second = snowflake_config(
+        private_nats.url, tmp_path / "b", name=zk_namespace, prefix="peers", worker_id=2
+    )
     async with running(first):
         error = await refused(second, ShiftableClock(offset_ms))
     assert isinstance(error, ClockDisagreesWithPeers)
@@ -240,11 +234,13 @@ async def test_clock_far_from_peers_is_refused(
     assert f"ms {direction} the mean of 1 live peer" in error.message
 
 
-async def test_clock_near_peers_starts(nats_server: NatsServer, tmp_path: Path, zk_namespace: str) -> None:
+async def test_clock_near_peers_starts(private_nats: NatsServer, tmp_path: Path, zk_namespace: str) -> None:
     """A second worker whose clock is 1 s ahead starts and serves alongside the first; no ID repeats."""
-    first = snowflake_config(nats_server.url, tmp_path / "a", name=zk_namespace, prefix="peers", worker_id=1)
-    second = snowflake_config(nats_server.url, tmp_path / "b", name=zk_namespace, prefix="peers", worker_id=2)
-    async with running(first), running(second, ShiftableClock(1000)) as other, client(nats_server.url) as nc:
+    first = snowflake_config(private_nats.url, tmp_path / "a", name=zk_namespace, prefix="peers", worker_id=1)
+    second = snowflake_config(
+        private_nats.url, tmp_path / "b", name=zk_namespace, prefix="peers", worker_id=2
+    )
+    async with running(first), running(second, ShiftableClock(1000)) as other, client(private_nats.url) as nc:
         assert worker_id_of(other) == 2
         issued = await asyncio.gather(*(take(nc, subject("peers"), 2000, "ranges") for _ in range(20)))
     ranges = [r for batch in issued for r in batch]

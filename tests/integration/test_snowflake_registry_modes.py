@@ -37,17 +37,9 @@ from .snowflake_support import (
 )
 from .zk_support import PartitionProxy, eventually
 
+# These tests reuse subject prefixes and worker IDs: each gets a NATS server of its own (private_nats),
+# so that a worker outliving another test (its connection not yet noticed dead) cannot answer here.
 pytestmark = [pytest.mark.nats]
-
-
-@pytest.fixture
-def nats_server(private_nats: NatsServer) -> NatsServer:
-    """A NATS server of this test's own.
-
-    These tests reuse subject prefixes and worker IDs, so a worker that outlived another test (its
-    connection not yet noticed dead) must not be able to answer here.
-    """
-    return private_nats
 
 
 ADDRESS_A = "10.0.0.1:8080"
@@ -55,7 +47,7 @@ ADDRESS_B = "10.0.0.2:8080"
 
 
 def zk_config(
-    nats_server: NatsServer,
+    private_nats: NatsServer,
     tmp_path: Path,
     name: str,
     hosts: str,
@@ -66,7 +58,7 @@ def zk_config(
 ) -> Config:
     """A worker in a ZooKeeper mode, with its own subject prefix (so requests reach it alone)."""
     return snowflake_config(
-        nats_server.url,
+        private_nats.url,
         tmp_path / "state",
         name=name,
         mode=mode,
@@ -81,13 +73,13 @@ def zk_config(
 
 @pytest.mark.zookeeper
 async def test_zookeeper_worker_id_is_kept_per_address(
-    nats_server: NatsServer, zookeeper_server: ZooKeeperServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, zookeeper_server: ZooKeeperServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """Same address → same worker ID after a restart; another address → another ID; the node records the last ms."""
     hosts = zookeeper_server.hosts
-    a = zk_config(nats_server, tmp_path, zk_namespace, hosts, address=ADDRESS_A, prefix="a")
-    b = zk_config(nats_server, tmp_path, zk_namespace, hosts, address=ADDRESS_B, prefix="b")
-    async with client(nats_server.url) as nc:
+    a = zk_config(private_nats, tmp_path, zk_namespace, hosts, address=ADDRESS_A, prefix="a")
+    b = zk_config(private_nats, tmp_path, zk_namespace, hosts, address=ADDRESS_B, prefix="b")
+    async with client(private_nats.url) as nc:
         async with running(a) as first, running(b) as second:
             id_a, id_b = worker_id_of(first), worker_id_of(second)
             assert id_a != id_b
@@ -107,14 +99,14 @@ async def test_zookeeper_worker_id_is_kept_per_address(
 
 @pytest.mark.zookeeper
 async def test_zookeeper_killed_while_serving(
-    nats_server: NatsServer, private_zookeeper: ZooKeeperServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, private_zookeeper: ZooKeeperServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """ZooKeeper killed: the worker keeps serving; ZooKeeper back: the node's timestamp advances again."""
     hosts = private_zookeeper.hosts
-    config = zk_config(nats_server, tmp_path, zk_namespace, hosts, address=ADDRESS_A, prefix="a")
+    config = zk_config(private_nats, tmp_path, zk_namespace, hosts, address=ADDRESS_A, prefix="a")
     issued: list[tuple[int, int]] = []
     slowest = 0.0
-    async with running(config), client(nats_server.url) as nc:
+    async with running(config), client(private_nats.url) as nc:
         issued += await take(nc, subject("a"), 100)
         await asyncio.to_thread(private_zookeeper.kill)
         end = time.monotonic() + 2.0
@@ -138,12 +130,12 @@ async def test_zookeeper_killed_while_serving(
 
 @pytest.mark.zookeeper
 async def test_zookeeper_down_at_start_uses_the_local_cache(
-    nats_server: NatsServer, private_zookeeper: ZooKeeperServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, private_zookeeper: ZooKeeperServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """ZooKeeper down at start with a cache of an earlier run: start from it, serve, register when it is back."""
     hosts = private_zookeeper.hosts
-    config = zk_config(nats_server, tmp_path, zk_namespace, hosts, address=ADDRESS_A, prefix="a")
-    async with client(nats_server.url) as nc:
+    config = zk_config(private_nats, tmp_path, zk_namespace, hosts, address=ADDRESS_A, prefix="a")
+    async with client(private_nats.url) as nc:
         async with running(config) as worker:
             worker_id = worker_id_of(worker)
             issued = await take(nc, subject("a"), 1000, "ranges")
@@ -166,13 +158,13 @@ async def test_zookeeper_down_at_start_uses_the_local_cache(
 
 
 async def test_zookeeper_down_at_start_without_cache_refuses(
-    nats_server: NatsServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """ZooKeeper down and no cache: Worker.start raises CoordinatorUnavailable, `dispenser serve` exits 1."""
     hosts = f"127.0.0.1:{free_port()}"  # nothing listens there
-    config = zk_config(nats_server, tmp_path, zk_namespace, hosts, address=ADDRESS_A, prefix="a")
+    config = zk_config(private_nats, tmp_path, zk_namespace, hosts, address=ADDRESS_A, prefix="a")
     env = snowflake_env(
-        nats_server.url,
+        private_nats.url,
         tmp_path / "state",
         name=zk_namespace,
         mode="zookeeper",
@@ -180,7 +172,7 @@ async def test_zookeeper_down_at_start_without_cache_refuses(
         zookeeper_hosts=hosts,
         address=ADDRESS_B,
     )
-    process = WorkerProcess(nats_server.url, "postgresql://unused", tmp_path / "serve.log", **env)
+    process = WorkerProcess(private_nats.url, "postgresql://unused", tmp_path / "serve.log", **env)
     process.start()
     try:
         error = await refused(config)
@@ -203,17 +195,23 @@ async def test_zookeeper_down_at_start_without_cache_refuses(
 
 @pytest.mark.zookeeper
 async def test_lease_ids_differ_and_come_back_above_their_high_water(
-    nats_server: NatsServer, zookeeper_server: ZooKeeperServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, zookeeper_server: ZooKeeperServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """Two lease workers get different IDs; a stopped worker's ID goes to the next, which issues above it."""
     hosts = zookeeper_server.hosts
 
     def config(address: str, prefix: str) -> Config:
         return zk_config(
-            nats_server, tmp_path, zk_namespace, hosts, address=address, prefix=prefix, mode="zookeeper-lease"
+            private_nats,
+            tmp_path,
+            zk_namespace,
+            hosts,
+            address=address,
+            prefix=prefix,
+            mode="zookeeper-lease",
         )
 
-    async with client(nats_server.url) as nc, running(config(ADDRESS_A, "a")) as first:
+    async with client(private_nats.url) as nc, running(config(ADDRESS_A, "a")) as first:
         async with running(config(ADDRESS_B, "b")) as second:
             freed = worker_id_of(second)
             assert worker_id_of(first) != freed
@@ -231,14 +229,14 @@ async def test_lease_ids_differ_and_come_back_above_their_high_water(
 
 @pytest.mark.zookeeper
 async def test_lease_lost_stops_issuing_before_the_id_can_move(
-    nats_server: NatsServer, zookeeper_server: ZooKeeperServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, zookeeper_server: ZooKeeperServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """A partitioned holder answers `lease_lost` while its lease node still stands; the next holder issues above."""
     hosts = zookeeper_server.hosts
     proxy = PartitionProxy(zookeeper_server.port)
     await proxy.start()
     holder_config = zk_config(
-        nats_server,
+        private_nats,
         tmp_path,
         zk_namespace,
         proxy.hosts,
@@ -247,10 +245,10 @@ async def test_lease_lost_stops_issuing_before_the_id_can_move(
         mode="zookeeper-lease",
     )
     successor_config = zk_config(
-        nats_server, tmp_path, zk_namespace, hosts, address=ADDRESS_B, prefix="b", mode="zookeeper-lease"
+        private_nats, tmp_path, zk_namespace, hosts, address=ADDRESS_B, prefix="b", mode="zookeeper-lease"
     )
     try:
-        async with running(holder_config) as holder, client(nats_server.url) as nc:
+        async with running(holder_config) as holder, client(private_nats.url) as nc:
             worker_id = worker_id_of(holder)
             owner = await lease_owner(hosts, zk_namespace, worker_id)
             assert owner is not None
@@ -307,7 +305,7 @@ async def test_lease_lost_stops_issuing_before_the_id_can_move(
     ],
 )
 async def test_third_worker_with_one_worker_bit_is_refused(
-    nats_server: NatsServer, tmp_path: Path, zk_namespace: str, request: pytest.FixtureRequest, mode: str
+    private_nats: NatsServer, tmp_path: Path, zk_namespace: str, request: pytest.FixtureRequest, mode: str
 ) -> None:
     """With worker_bits=1 two workers start and the third fails with WorkerIdsExhausted naming the limit."""
     if mode == "postgres":
@@ -317,7 +315,7 @@ async def test_third_worker_with_one_worker_bit_is_refused(
 
     def config(n: int) -> Config:
         return snowflake_config(
-            nats_server.url,
+            private_nats.url,
             tmp_path / "state",
             name=zk_namespace,
             mode=mode,
@@ -342,13 +340,13 @@ async def test_third_worker_with_one_worker_bit_is_refused(
 
 @pytest.mark.postgres
 async def test_postgres_worker_ids_differ_and_are_kept_per_address(
-    nats_server: NatsServer, pg_dsn: str, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, pg_dsn: str, tmp_path: Path, zk_namespace: str
 ) -> None:
     """Postgres mode: two addresses get different IDs; a restart keeps its ID and issues above its record."""
 
     def config(address: str, prefix: str) -> Config:
         return snowflake_config(
-            nats_server.url,
+            private_nats.url,
             tmp_path / "state",
             name=zk_namespace,
             mode="postgres",
@@ -357,7 +355,7 @@ async def test_postgres_worker_ids_differ_and_are_kept_per_address(
             address=address,
         )
 
-    async with client(nats_server.url) as nc:
+    async with client(private_nats.url) as nc:
         async with running(config(ADDRESS_A, "a")) as first, running(config(ADDRESS_B, "b")) as second:
             id_a = worker_id_of(first)
             assert worker_id_of(second) != id_a
@@ -384,14 +382,14 @@ async def test_postgres_worker_ids_differ_and_are_kept_per_address(
 
 @pytest.mark.zookeeper
 async def test_zookeeper_record_refuses_a_clock_far_behind(
-    nats_server: NatsServer, zookeeper_server: ZooKeeperServer, tmp_path: Path, zk_namespace: str
+    private_nats: NatsServer, zookeeper_server: ZooKeeperServer, tmp_path: Path, zk_namespace: str
 ) -> None:
     """With the local cache gone, the node's recorded timestamp alone refuses a restart 60 s back in time."""
     clock = ShiftableClock()
     config = zk_config(
-        nats_server, tmp_path, zk_namespace, zookeeper_server.hosts, address=ADDRESS_A, prefix="a"
+        private_nats, tmp_path, zk_namespace, zookeeper_server.hosts, address=ADDRESS_A, prefix="a"
     )
-    async with running(config, clock), client(nats_server.url) as nc:
+    async with running(config, clock), client(private_nats.url) as nc:
         await take(nc, subject("a"), 100)
     shutil.rmtree(tmp_path / "state")
     clock.shift(-60_000)
