@@ -75,7 +75,6 @@ class Worker:
                 self.clock,
                 AllocatorSettings(
                     prefetch_threshold=config.segment.prefetch_threshold,
-                    fetch_deadline=config.segment.fetch_deadline,
                     refresh_interval=config.segment.refresh_interval,
                     retry_max=config.segment.retry_max,
                 ),

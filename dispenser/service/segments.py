@@ -34,8 +34,6 @@ class AllocatorSettings:
 
     prefetch_threshold: float = 0.1
     """Fetch the next segment once this fraction of the current one is used."""
-    fetch_deadline: float = 2.0
-    """Seconds a request may wait for a segment before it gets ``unavailable``."""
     retry_initial: float = 0.05
     """First backoff after a failed fetch, in seconds; doubles up to ``retry_max``."""
     retry_max: float = 2.0
