@@ -120,7 +120,6 @@ class Worker:
             random_start=sf.random_start,
             max_backward_ms=sf.max_backward_ms,
             report_interval=sf.report_interval,
-            peer_threshold_ms=sf.peer_threshold_ms,
         )
         generator = SnowflakeGenerator(
             registration.layout,

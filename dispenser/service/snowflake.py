@@ -8,9 +8,10 @@ Safety rules, each for a known way Leaf can repeat an ID:
   never below an issued ID, and a restart issues nothing at or below it — however far the clock went
   back in between. A clean shutdown records the exact last millisecond in the local cache (registries keep
   only their highest mark, so there a restart still waits out the reservation).
-* **Start-up clock checks.** Refuse when the clock is behind the recorded mark by more than the
-  reservation can explain (``max_startup_wait_ms``), or further than ``peer_threshold_ms`` from the live
-  peers' mean; otherwise wait until the clock passes the mark before serving.
+* **Start-up clock check.** Refuse when the clock is behind the recorded mark by more than the
+  reservation can explain (``max_startup_wait_ms``); otherwise wait until the clock passes the mark before
+  serving. (The check against the live peers' clocks, :func:`dispenser.core.peers.check_peer_clocks`, is
+  made by the wiring before the generator is built.)
 * **Leases.** Before every take, ``registry.can_issue()``: in ``zookeeper-lease`` mode it turns false
   before ZooKeeper can hand the ID to someone else. Then requests get ``lease_lost`` (retryable) while a
   background task registers again, possibly under another worker ID, honouring that ID's high water.
@@ -56,7 +57,6 @@ class SnowflakeSettings:
     max_backward_ms: int = 5
     report_interval: float = 3.0
     """Seconds between renewals of the reserved high-water mark (Leaf reports every 3 s)."""
-    peer_threshold_ms: int = 5000
 
     @property
     def reserve_ahead_ms(self) -> int:
@@ -124,11 +124,6 @@ class SnowflakeGenerator:
     def worker_id(self) -> int:
         """The worker ID IDs are issued under now."""
         return self._state.worker_id
-
-    @property
-    def last_ms(self) -> int:
-        """The last millisecond an ID was issued in (or the high-water mark before the first)."""
-        return self._state.last_ms
 
     # -- start and stop ----------------------------------------------------------------------------
 
