@@ -145,10 +145,11 @@ class SnowflakeGenerator:
 
     async def stop(self) -> None:
         """Stop renewing and record the exact last millisecond, so a clean restart need not wait."""
-        for task in [*self._tasks, self._relocating]:
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        tasks = [task for task in (*self._tasks, self._relocating) if task is not None]
+        for task in tasks:
+            task.cancel()
+        # Await the re-registration too: the caller closes the registry next, and it must not still be in use.
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._reserving is not None:
             await asyncio.gather(self._reserving, return_exceptions=True)
         async with self._lock:
