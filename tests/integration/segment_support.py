@@ -23,6 +23,7 @@ from dispenser.adapters.postgres_schema import migrate
 from dispenser.app import Worker
 from dispenser.config import Config, load_config
 from dispenser.messages import Reply
+from dispenser.ports import Clock
 
 
 def worker_config(nats_url: str, dsn: str, **segment: object) -> Config:
@@ -44,9 +45,12 @@ async def prepare(dsn: str, tags: Iterable[tuple[str, int]]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running_worker(config: Config) -> AsyncIterator[Worker]:
-    """A worker serving in this event loop, stopped afterwards."""
-    worker = Worker(config)
+async def running_worker(config: Config, clock: Clock | None = None) -> AsyncIterator[Worker]:
+    """A worker serving in this event loop (on ``clock``, the real one by default), stopped afterwards.
+
+    A start that fails has released what it opened (see :meth:`Worker.start`) and raises here.
+    """
+    worker = Worker(config, clock)
     await worker.start()
     try:
         yield worker

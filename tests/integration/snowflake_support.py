@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 
-import msgspec
 from nats.aio.client import Client
 
 from dispenser.adapters.zookeeper import DEFAULT_ROOT, ZkSession, decode_node, parse_worker_node
@@ -16,8 +14,9 @@ from dispenser.config import Config, load_config
 from dispenser.core.errors import DispenserError
 from dispenser.core.snowflake import Decoded, SnowflakeLayout
 from dispenser.messages import Reply
+from dispenser.ports import SystemClock
 
-from .segment_support import request
+from .segment_support import ask
 
 TAG = "order"
 
@@ -30,19 +29,15 @@ FAST: Mapping[str, object] = {
 """Snowflake settings that keep the tests fast: reservations renewed every 0.2 s, 1 s ZooKeeper sessions."""
 
 
-class ShiftableClock:
+class ShiftableClock(SystemClock):
     """The real clock, with a wall clock that a test can move back and forth (``offset_ms``)."""
 
     def __init__(self, offset_ms: int = 0) -> None:
         self.offset_ms = offset_ms
 
-    def monotonic(self) -> float:
-        """``time.monotonic()``: never shifted."""
-        return time.monotonic()
-
     def wall_ms(self) -> int:
-        """Real Unix milliseconds plus the offset."""
-        return time.time_ns() // 1_000_000 + self.offset_ms
+        """Real Unix milliseconds plus the offset (``monotonic()`` is never shifted)."""
+        return super().wall_ms() + self.offset_ms
 
     def shift(self, ms: int) -> None:
         """Move the wall clock by ``ms`` (negative: back)."""
@@ -51,7 +46,7 @@ class ShiftableClock:
 
 def real_ms() -> int:
     """Real Unix milliseconds."""
-    return time.time_ns() // 1_000_000
+    return SystemClock().wall_ms()
 
 
 def snowflake_env(
@@ -102,34 +97,18 @@ def snowflake_config(
     return load_config(environ=env)
 
 
-@contextlib.asynccontextmanager
-async def running(config: Config, clock: ShiftableClock | None = None) -> AsyncIterator[Worker]:
-    """A worker serving in this event loop, stopped cleanly afterwards."""
-    worker = Worker(config, clock=clock or ShiftableClock())
-    try:
-        await worker.start()
-    except BaseException:
-        await worker.stop()
-        raise
-    try:
-        yield worker
-    finally:
-        await worker.stop()
-
-
 async def refused(config: Config, clock: ShiftableClock | None = None) -> DispenserError:
-    """Start a worker that is expected to refuse; clean up and return the error it raised.
+    """Start a worker that is expected to refuse and return the error it raised (a refused start cleans up).
 
     Raises:
         AssertionError: it started.
     """
-    worker = Worker(config, clock=clock or ShiftableClock())
+    worker = Worker(config, clock=clock)
     try:
         await worker.start()
     except DispenserError as exc:
         return exc
-    finally:
-        await worker.stop()
+    await worker.stop()
     raise AssertionError("the worker started, but it should have refused")
 
 
@@ -151,12 +130,6 @@ def ranges_of(reply: Reply) -> list[tuple[int, int]]:
         return [(first, last) for first, last in reply.ranges]
     assert reply.ids is not None
     return [(i, i) for i in reply.ids]
-
-
-async def ask(nc: Client, subject_: str, body: bytes = b"", timeout: float = 5.0) -> Reply:
-    """Send one request (see :func:`request`) and decode the reply."""
-    msg = await request(nc, subject_, body, timeout)
-    return msgspec.json.decode(msg.data, type=Reply)
 
 
 async def take(nc: Client, subject_: str, count: int = 1, fmt: str = "ids") -> list[tuple[int, int]]:

@@ -12,11 +12,10 @@ from dispenser.core.errors import ClockBehindRecorded, ClockDisagreesWithPeers
 from dispenser.devservers import NatsServer
 from dispenser.messages import DecodeReply, Reply
 
-from .segment_support import client, request
+from .segment_support import ask, client, request, running_worker
 from .snowflake_support import (
     TAG,
     ShiftableClock,
-    ask,
     assert_disjoint_increasing,
     assert_unique,
     decoded,
@@ -24,7 +23,6 @@ from .snowflake_support import (
     ranges_of,
     real_ms,
     refused,
-    running,
     snowflake_config,
     subject,
     take,
@@ -42,7 +40,7 @@ ADDRESS = "127.0.0.1:7001"
 async def test_empty_body_ranges_and_ids(private_nats: NatsServer, tmp_path: Path, zk_namespace: str) -> None:
     """Empty body gets one ID; 5000 as ranges and 100 as ids come back positive, increasing, worker 7."""
     config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=7)
-    async with running(config), client(private_nats.url) as nc:
+    async with running_worker(config), client(private_nats.url) as nc:
         one = await ask(nc, subject())
         assert one.tag == TAG
         assert one.ids is not None
@@ -66,7 +64,7 @@ async def test_decode_returns_worker_and_time(
 ) -> None:
     """`leaf.snowflake.decode` with {"id": N} answers the worker ID and a time within a second of now."""
     config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=5)
-    async with running(config), client(private_nats.url) as nc:
+    async with running_worker(config), client(private_nats.url) as nc:
         [(snowflake_id, _)] = await take(nc, subject())
         msg = await request(nc, "leaf.snowflake.decode", f'{{"id": {snowflake_id}}}'.encode())
         reply = msgspec.json.decode(msg.data, type=DecodeReply)
@@ -94,7 +92,7 @@ async def test_decode_of_a_bad_id_is_an_error(
 ) -> None:
     """Negative, malformed or too wide IDs get an error body; IDs keep being served."""
     config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=5)
-    async with running(config), client(private_nats.url) as nc:
+    async with running_worker(config), client(private_nats.url) as nc:
         for body, code in BAD_DECODES:
             msg = await request(nc, "leaf.snowflake.decode", body)
             reply = msgspec.json.decode(msg.data, type=DecodeReply)
@@ -122,7 +120,7 @@ async def test_bad_requests_get_errors_and_the_worker_keeps_serving(
 ) -> None:
     """Count 0, too large, bad JSON, a bad tag: each gets its error reply and headers; the next request works."""
     config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=1)
-    async with running(config), client(private_nats.url) as nc:
+    async with running_worker(config), client(private_nats.url) as nc:
         issued: list[tuple[int, int]] = []
         cases = [(subject(), body, code, status) for body, code, status in BAD_REQUESTS]
         cases.append((subject(tag="bad$tag"), b"", "invalid_tag", "400"))
@@ -145,7 +143,7 @@ async def test_request_id_replays_the_same_ids(
 ) -> None:
     """A retry with the same request_id gets the same snowflake IDs; another request_id gets new ones."""
     config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=1)
-    async with running(config), client(private_nats.url) as nc:
+    async with running_worker(config), client(private_nats.url) as nc:
         first = await ask(nc, subject(), b'{"count": 4, "request_id": "r-1"}')
         again = await ask(nc, subject(), b'{"count": 4, "request_id": "r-1"}')
         other = await ask(nc, subject(), b'{"count": 4, "request_id": "r-2"}')
@@ -163,7 +161,7 @@ async def test_small_rollback_is_waited_out(
     config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=2)
     issued: list[tuple[int, int]] = []
     seen_behind = 0
-    async with running(config, clock), client(private_nats.url) as nc:
+    async with running_worker(config, clock), client(private_nats.url) as nc:
         for _ in range(10):
             issued += await take(nc, subject(), 3000, "ranges")
             clock.shift(-3)
@@ -178,7 +176,7 @@ async def test_large_rollback_is_refused(private_nats: NatsServer, tmp_path: Pat
     """The clock going back 1 s: `clock_moved_backwards` (retryable, no ID); once it is back, IDs resume above."""
     clock = ShiftableClock()
     config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=2)
-    async with running(config, clock), client(private_nats.url) as nc:
+    async with running_worker(config, clock), client(private_nats.url) as nc:
         before = await take(nc, subject(), 50)
         clock.shift(-1000)
         for body in (b"", b'{"count": 5000, "format": "ranges"}'):
@@ -205,7 +203,7 @@ async def test_restart_with_clock_far_behind_is_refused(
     config = snowflake_config(
         private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=4, address=ADDRESS
     )
-    async with running(config, clock), client(private_nats.url) as nc:
+    async with running_worker(config, clock), client(private_nats.url) as nc:
         await take(nc, subject(), 100)
     clock.shift(-60_000)
     error = await refused(config, clock)
@@ -214,7 +212,7 @@ async def test_restart_with_clock_far_behind_is_refused(
     assert "behind the timestamp" in error.message
     assert "refusing to issue IDs" in error.message
     clock.shift(60_000)
-    async with running(config, clock), client(private_nats.url) as nc:
+    async with running_worker(config, clock), client(private_nats.url) as nc:
         await take(nc, subject())
 
 
@@ -227,7 +225,7 @@ async def test_clock_far_from_peers_is_refused(
     second = snowflake_config(
         private_nats.url, tmp_path / "b", name=zk_namespace, prefix="peers", worker_id=2
     )
-    async with running(first):
+    async with running_worker(first):
         error = await refused(second, ShiftableClock(offset_ms))
     assert isinstance(error, ClockDisagreesWithPeers)
     assert 9_000 < abs(error.mean_offset_ms) < 11_000
@@ -240,7 +238,11 @@ async def test_clock_near_peers_starts(private_nats: NatsServer, tmp_path: Path,
     second = snowflake_config(
         private_nats.url, tmp_path / "b", name=zk_namespace, prefix="peers", worker_id=2
     )
-    async with running(first), running(second, ShiftableClock(1000)) as other, client(private_nats.url) as nc:
+    async with (
+        running_worker(first),
+        running_worker(second, ShiftableClock(1000)) as other,
+        client(private_nats.url) as nc,
+    ):
         assert worker_id_of(other) == 2
         issued = await asyncio.gather(*(take(nc, subject("peers"), 2000, "ranges") for _ in range(20)))
     ranges = [r for batch in issued for r in batch]

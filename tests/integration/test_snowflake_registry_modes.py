@@ -15,10 +15,9 @@ from dispenser.core.errors import ClockBehindRecorded, CoordinatorUnavailable, W
 from dispenser.devservers import NatsServer, free_port
 from dispenser.devservers.zookeeper import ZooKeeperServer
 
-from .segment_support import WorkerProcess, client
+from .segment_support import WorkerProcess, ask, client, running_worker
 from .snowflake_support import (
     ShiftableClock,
-    ask,
     assert_disjoint_increasing,
     assert_unique,
     decoded,
@@ -27,7 +26,6 @@ from .snowflake_support import (
     max_timestamp,
     ranges_of,
     refused,
-    running,
     snowflake_config,
     snowflake_env,
     subject,
@@ -80,7 +78,7 @@ async def test_zookeeper_worker_id_is_kept_per_address(
     a = zk_config(private_nats, tmp_path, zk_namespace, hosts, address=ADDRESS_A, prefix="a")
     b = zk_config(private_nats, tmp_path, zk_namespace, hosts, address=ADDRESS_B, prefix="b")
     async with client(private_nats.url) as nc:
-        async with running(a) as first, running(b) as second:
+        async with running_worker(a) as first, running_worker(b) as second:
             id_a, id_b = worker_id_of(first), worker_id_of(second)
             assert id_a != id_b
             issued = await take(nc, subject("a"), 5000, "ranges")
@@ -90,7 +88,7 @@ async def test_zookeeper_worker_id_is_kept_per_address(
         node_id, recorded = await worker_node(hosts, zk_namespace, ADDRESS_A)
         assert node_id == id_a
         assert recorded >= max_timestamp(issued)
-        async with running(a) as again:
+        async with running_worker(a) as again:
             assert worker_id_of(again) == id_a
             issued += await take(nc, subject("a"), 100)
     assert_disjoint_increasing(issued)
@@ -106,7 +104,7 @@ async def test_zookeeper_killed_while_serving(
     config = zk_config(private_nats, tmp_path, zk_namespace, hosts, address=ADDRESS_A, prefix="a")
     issued: list[tuple[int, int]] = []
     slowest = 0.0
-    async with running(config), client(private_nats.url) as nc:
+    async with running_worker(config), client(private_nats.url) as nc:
         issued += await take(nc, subject("a"), 100)
         await asyncio.to_thread(private_zookeeper.kill)
         end = time.monotonic() + 2.0
@@ -136,12 +134,12 @@ async def test_zookeeper_down_at_start_uses_the_local_cache(
     hosts = private_zookeeper.hosts
     config = zk_config(private_nats, tmp_path, zk_namespace, hosts, address=ADDRESS_A, prefix="a")
     async with client(private_nats.url) as nc:
-        async with running(config) as worker:
+        async with running_worker(config) as worker:
             worker_id = worker_id_of(worker)
             issued = await take(nc, subject("a"), 1000, "ranges")
         _, recorded = await worker_node(hosts, zk_namespace, ADDRESS_A)
         await asyncio.to_thread(private_zookeeper.stop)
-        async with running(config) as worker:
+        async with running_worker(config) as worker:
             assert worker.registration is not None
             assert worker.registration.from_cache
             assert worker_id_of(worker) == worker_id
@@ -211,15 +209,15 @@ async def test_lease_ids_differ_and_come_back_above_their_high_water(
             mode="zookeeper-lease",
         )
 
-    async with client(private_nats.url) as nc, running(config(ADDRESS_A, "a")) as first:
-        async with running(config(ADDRESS_B, "b")) as second:
+    async with client(private_nats.url) as nc, running_worker(config(ADDRESS_A, "a")) as first:
+        async with running_worker(config(ADDRESS_B, "b")) as second:
             freed = worker_id_of(second)
             assert worker_id_of(first) != freed
             issued = await take(nc, subject("b"), 5000, "ranges")
             kept = await take(nc, subject("a"), 5000, "ranges")
         assert await lease_owner(hosts, zk_namespace, freed) is None  # released at once
         assert await lease_high_water(hosts, zk_namespace, freed) >= max_timestamp(issued)
-        async with running(config("10.0.0.3:8080", "c")) as third:
+        async with running_worker(config("10.0.0.3:8080", "c")) as third:
             assert worker_id_of(third) == freed
             issued += await take(nc, subject("c"), 5000, "ranges")
             kept += await take(nc, subject("a"), 10)
@@ -248,7 +246,7 @@ async def test_lease_lost_stops_issuing_before_the_id_can_move(
         private_nats, tmp_path, zk_namespace, hosts, address=ADDRESS_B, prefix="b", mode="zookeeper-lease"
     )
     try:
-        async with running(holder_config) as holder, client(private_nats.url) as nc:
+        async with running_worker(holder_config) as holder, client(private_nats.url) as nc:
             worker_id = worker_id_of(holder)
             owner = await lease_owner(hosts, zk_namespace, worker_id)
             assert owner is not None
@@ -275,7 +273,7 @@ async def test_lease_lost_stops_issuing_before_the_id_can_move(
                 assert await lease_owner(hosts, zk_namespace, worker_id) is None
 
             await eventually(expired, timeout=10, what="the partitioned holder's session expiring")
-            async with running(successor_config) as successor:
+            async with running_worker(successor_config) as successor:
                 assert worker_id_of(successor) == worker_id
                 after = await take(nc, subject("b"), 5000, "ranges")
                 proxy.heal()  # the old holder comes back under another ID
@@ -326,7 +324,7 @@ async def test_third_worker_with_one_worker_bit_is_refused(
             worker_bits=1,
         )
 
-    async with running(config(1)) as first, running(config(2)) as second:
+    async with running_worker(config(1)) as first, running_worker(config(2)) as second:
         assert {worker_id_of(first), worker_id_of(second)} == {0, 1}
         error = await refused(config(3))
     assert isinstance(error, WorkerIdsExhausted)
@@ -356,7 +354,10 @@ async def test_postgres_worker_ids_differ_and_are_kept_per_address(
         )
 
     async with client(private_nats.url) as nc:
-        async with running(config(ADDRESS_A, "a")) as first, running(config(ADDRESS_B, "b")) as second:
+        async with (
+            running_worker(config(ADDRESS_A, "a")) as first,
+            running_worker(config(ADDRESS_B, "b")) as second,
+        ):
             id_a = worker_id_of(first)
             assert worker_id_of(second) != id_a
             issued = await take(nc, subject("a"), 5000, "ranges")
@@ -372,7 +373,7 @@ async def test_postgres_worker_ids_differ_and_are_kept_per_address(
         assert recorded[ADDRESS_A][0] == id_a
         assert recorded[ADDRESS_A][1] >= max_timestamp(issued)
         assert recorded[ADDRESS_B][1] >= max_timestamp(other)
-        async with running(config(ADDRESS_A, "a")) as again:
+        async with running_worker(config(ADDRESS_A, "a")) as again:
             assert worker_id_of(again) == id_a
             issued += await take(nc, subject("a"), 100)
     assert_disjoint_increasing(issued)
@@ -389,7 +390,7 @@ async def test_zookeeper_record_refuses_a_clock_far_behind(
     config = zk_config(
         private_nats, tmp_path, zk_namespace, zookeeper_server.hosts, address=ADDRESS_A, prefix="a"
     )
-    async with running(config, clock), client(private_nats.url) as nc:
+    async with running_worker(config, clock), client(private_nats.url) as nc:
         await take(nc, subject("a"), 100)
     shutil.rmtree(tmp_path / "state")
     clock.shift(-60_000)

@@ -13,13 +13,12 @@ from nats.aio.client import Client
 from dispenser.devservers import NatsServer
 from dispenser.devservers.zookeeper import ZooKeeperServer
 
-from .segment_support import WorkerProcess, client
+from .segment_support import WorkerProcess, client, running_worker
 from .snowflake_support import (
     ShiftableClock,
     assert_unique,
     decoded,
     max_timestamp,
-    running,
     snowflake_config,
     snowflake_env,
     subject,
@@ -138,7 +137,7 @@ async def test_crash_then_restart_with_clock_back_never_repeats(
         )
         # Without the recorded reservation, the restarted worker would reuse the last second's milliseconds.
         assert clock.wall_ms() <= max_timestamp(before) - 300
-        async with running(config, clock) as worker:
+        async with running_worker(config, clock) as worker:
             assert worker_id_of(worker) == 9
             after = await draw_for(nc, subject("crash"), 0.8)
     total = sum(last - first + 1 for first, last in before + after)
