@@ -16,11 +16,12 @@ from typing import Any
 import asyncpg
 
 from dispenser.adapters._rows import check_new_tag, check_step, no_room
+from dispenser.config import redact
 from dispenser.core.errors import StoreUnavailable, TagExists, UnknownTag
 from dispenser.core.segment import Segment
 from dispenser.ports import Allocation, TagInfo
 
-__all__ = ["PostgresSegmentStore", "dsn_secrets", "map_store_errors", "redact_dsn", "scrub"]
+__all__ = ["PostgresSegmentStore", "dsn_secrets", "map_store_errors", "scrub"]
 
 # One statement, so one round trip once asyncpg has prepared it on the connection (its statement cache
 # keeps it per connection). COALESCE lets the caller ask for a step other than the configured one (the
@@ -52,33 +53,13 @@ _REMOVE_TAG = "DELETE FROM leaf_alloc WHERE biz_tag = $1 RETURNING biz_tag"
 _REDACTED = "***"
 
 
-def redact_dsn(dsn: str) -> str:
-    """Return ``dsn`` with its password (in the userinfo or a ``password=`` parameter) replaced by ``***``.
+def dsn_secrets(dsn: str) -> tuple[str, ...]:
+    """The strings that must never appear in a message: the DSN's passwords, raw and percent-decoded.
 
     The split follows asyncpg's own parser (first ``@`` of the netloc, first ``:`` of the userinfo), so
-    whatever asyncpg would send as the password is what gets hidden.
+    whatever asyncpg would send as the password is what gets hidden; ``sslpassword`` (the client key's
+    passphrase) counts too.
     """
-    try:
-        parts = urllib.parse.urlsplit(dsn)
-    except ValueError:
-        return "<unparseable DSN>"
-    netloc = parts.netloc
-    auth, at, hostspec = netloc.partition("@")
-    if at:
-        user, colon, _ = auth.partition(":")
-        netloc = f"{user}:{_REDACTED}@{hostspec}" if colon else netloc
-    query = parts.query
-    if query:
-        pairs = [
-            (key, _REDACTED if key == "password" else value)
-            for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True)
-        ]
-        query = urllib.parse.urlencode(pairs, safe="*")
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def dsn_secrets(dsn: str) -> tuple[str, ...]:
-    """The strings that must never appear in a message: the DSN's password, raw and percent-decoded."""
     secrets: set[str] = set()
     with contextlib.suppress(ValueError):
         parts = urllib.parse.urlsplit(dsn)
@@ -87,7 +68,7 @@ def dsn_secrets(dsn: str) -> tuple[str, ...]:
             raw = auth.partition(":")[2]
             secrets.update((raw, urllib.parse.unquote(raw)))
         for key, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-            if key == "password":
+            if key in ("password", "sslpassword"):
                 secrets.add(value)
     # An empty or one-character "password" would blank out half the message and protects nothing.
     return tuple(sorted((s for s in secrets if len(s) > 1), key=len, reverse=True))
@@ -121,7 +102,7 @@ def map_store_errors(
 
     Args:
         action: what was being done, for the message ("fetching the next segment of 'order'").
-        where: the redacted DSN (see :func:`redact_dsn`).
+        where: the redacted DSN (see :func:`dispenser.config.redact`).
         secrets: strings to blank out of the driver's message (see :func:`dsn_secrets`).
         timeout: the timeout in force, to say how long we waited when one fires.
     """
@@ -201,7 +182,7 @@ class PostgresSegmentStore:
             StoreUnavailable: the first ``min_size`` connections could not be opened.
             ValueError: the DSN or an option is malformed (the message hides the password).
         """
-        where = redact_dsn(dsn)
+        where = redact(dsn)
         secrets = dsn_secrets(dsn)
         with map_store_errors("connecting", where=where, secrets=secrets, timeout=connect_timeout):
             try:

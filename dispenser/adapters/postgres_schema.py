@@ -20,7 +20,8 @@ from typing import Any, Final, TypeAlias
 
 import asyncpg
 
-from dispenser.adapters.postgres import dsn_secrets, map_store_errors, redact_dsn, scrub
+from dispenser.adapters.postgres import dsn_secrets, map_store_errors, scrub
+from dispenser.config import redact
 
 __all__ = ["MIGRATIONS", "Migration", "migrate", "schema_version"]
 
@@ -84,7 +85,7 @@ async def _connection(target: _Target, command_timeout: float) -> AsyncIterator[
 
 def _where(target: _Target) -> tuple[str, tuple[str, ...]]:
     if isinstance(target, str):
-        return redact_dsn(target), dsn_secrets(target)
+        return redact(target), dsn_secrets(target)
     return "the given connection", ()
 
 

@@ -23,7 +23,8 @@ from typing import Any, Final
 
 import asyncpg
 
-from dispenser.adapters.postgres import dsn_secrets, redact_dsn, scrub
+from dispenser.adapters.postgres import dsn_secrets, scrub
+from dispenser.config import redact
 from dispenser.core.errors import CoordinatorUnavailable, LeaseLost, WorkerIdOutOfRange, WorkerIdsExhausted
 from dispenser.ports import WorkerLease
 
@@ -98,7 +99,7 @@ class PostgresWorkerRegistry:
         self.address = address
         self.max_worker_id = max_worker_id
         self._dsn = dsn
-        self._where = redact_dsn(dsn)
+        self._where = redact(dsn)
         self._secrets = dsn_secrets(dsn)
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout

@@ -11,8 +11,9 @@ from datetime import datetime
 import asyncpg
 import pytest
 
-from dispenser.adapters.postgres import PostgresSegmentStore, dsn_secrets, redact_dsn
+from dispenser.adapters.postgres import PostgresSegmentStore, dsn_secrets
 from dispenser.adapters.postgres_schema import MIGRATIONS, Migration, migrate, schema_version
+from dispenser.config import redact
 from dispenser.core.errors import StoreUnavailable
 from dispenser.core.segment import Segment
 from dispenser.devservers import PostgresServer
@@ -285,19 +286,21 @@ def _chain(exc: BaseException) -> str:
     return "".join(parts)
 
 
-def test_redact_dsn() -> None:
-    """redact_dsn hides the password in the userinfo and in a password= parameter, and nothing else."""
-    assert redact_dsn("postgresql://leaf:s3cr%40t@db:5432/ids?sslmode=require") == (
+def test_dsn_redaction() -> None:
+    """Messages show DSNs with every password masked, and dsn_secrets finds each password asyncpg would use."""
+    assert redact("postgresql://leaf:s3cr%40t@db:5432/ids?sslmode=require") == (
         "postgresql://leaf:***@db:5432/ids?sslmode=require"
     )
-    assert redact_dsn("postgresql://leaf@db/ids?password=pw&sslmode=require") == (
+    assert redact("postgresql://leaf@db/ids?password=pw&sslmode=require") == (
         "postgresql://leaf@db/ids?password=***&sslmode=require"
     )
-    assert redact_dsn("postgresql://db/ids") == "postgresql://db/ids"
-    assert set(dsn_secrets("postgresql://leaf:s3cr%40t@db/ids?password=other")) == {
+    assert redact("postgresql://db/ids?sslpassword=keypw") == "postgresql://db/ids?sslpassword=***"
+    assert redact("postgresql://db/ids") == "postgresql://db/ids"
+    assert set(dsn_secrets("postgresql://leaf:s3cr%40t@db/ids?password=other&sslpassword=keypw")) == {
         "s3cr%40t",
         "s3cr@t",
         "other",
+        "keypw",
     }
 
 
