@@ -225,18 +225,24 @@ class WaitUntil(msgspec.Struct, frozen=True, gc=False):
     reason: WaitReason
 
 
-def check_startup_clock(now_ms: int, recorded_ms: int | None) -> None:
-    """Refuse to start a worker whose clock is behind the timestamp recorded for it by an earlier run.
+def check_startup_clock(now_ms: int, recorded_ms: int, max_wait_ms: int) -> int:
+    """How long a worker must wait before its first ID, given the mark recorded for it by an earlier run.
 
-    ``recorded_ms`` is what the registry (ZooKeeper node data) or the local cache file holds for this
-    worker, or ``None`` for a worker that has never run. This is Leaf's start-up check; the high-water
-    mark given to :class:`SnowflakeState` then keeps the first IDs above anything issued before.
+    ``recorded_ms`` is what the registry (ZooKeeper node data) or the local cache file holds for this worker
+    (``0`` for one that has never run): no ID may be stamped at or below it. A short wait is fine, since a
+    mark may be reserved ahead of the clock; a longer one means the clock went back. This is Leaf's
+    start-up check, the shell's before it serves and :class:`SnowflakeState`'s before its first ID.
+
+    Returns:
+        Milliseconds until the clock passes ``recorded_ms`` (0 if it already has).
 
     Raises:
-        ClockBehindRecorded: ``now_ms < recorded_ms``.
+        ClockBehindRecorded: the wait would be longer than ``max_wait_ms``.
     """
-    if recorded_ms is not None and now_ms < recorded_ms:
+    wait_ms = recorded_ms + 1 - now_ms
+    if wait_ms > max_wait_ms:
         raise ClockBehindRecorded(recorded_ms, now_ms)
+    return max(wait_ms, 0)
 
 
 class SnowflakeState:
@@ -410,7 +416,6 @@ class SnowflakeState:
         if now_ms < self._epoch_ms:
             raise ClockOutOfRange(now_ms, self._epoch_ms, self._max_ms)
         # Here `_last_ms` is the high-water mark, since the clock reading is at or above the epoch.
-        resume_ms = self._last_ms + 1
-        if resume_ms - now_ms > self._max_startup_wait_ms:
-            raise ClockBehindRecorded(self._last_ms, now_ms)
-        return WaitUntil(resume_ms, "high_water")
+        return WaitUntil(
+            now_ms + check_startup_clock(now_ms, self._last_ms, self._max_startup_wait_ms), "high_water"
+        )

@@ -26,13 +26,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from dispenser.core.errors import (
-    ClockBehindRecorded,
-    DispenserError,
-    LeaseLost,
-    Unavailable,
-)
-from dispenser.core.snowflake import Batch, SnowflakeLayout, SnowflakeState, WaitUntil
+from dispenser.core.errors import DispenserError, LeaseLost, Unavailable
+from dispenser.core.snowflake import Batch, SnowflakeLayout, SnowflakeState, WaitUntil, check_startup_clock
 from dispenser.ports import Clock, WorkerLease, WorkerRegistry
 
 __all__ = ["SnowflakeBatch", "SnowflakeGenerator", "SnowflakeSettings"]
@@ -133,13 +128,12 @@ class SnowflakeGenerator:
         Raises:
             ClockBehindRecorded: the clock is behind the recorded mark by more than a crash explains.
         """
-        mark = self._state.last_ms
-        now = self._clock.wall_ms()
-        if mark - now >= self.settings.max_startup_wait_ms:
-            raise ClockBehindRecorded(mark, now)
-        if now <= mark:
-            log.info("clock is %d ms behind the recorded high-water mark; waiting it out", mark - now + 1)
-            await asyncio.sleep((mark - now + 1) / 1000)
+        wait_ms = check_startup_clock(
+            self._clock.wall_ms(), self._state.last_ms, self.settings.max_startup_wait_ms
+        )
+        if wait_ms:
+            log.info("clock is %d ms behind the recorded high-water mark; waiting it out", wait_ms)
+            await asyncio.sleep(wait_ms / 1000)
         await self._reserve(self._clock.wall_ms())
         self._tasks.append(asyncio.create_task(self._renew_loop(), name="snowflake-renew"))
 

@@ -404,13 +404,16 @@ def test_restart_with_the_last_ms_as_high_water_never_reissues() -> None:
     assert batch(new.take(NOW + 1, 1)).ranges[0][0] > old_last
 
 
-def test_startup_check_refuses_a_clock_behind_the_recorded_timestamp() -> None:
-    """check_startup_clock passes at or after the recorded timestamp (or none) and refuses before it."""
-    check_startup_clock(NOW, None)
-    check_startup_clock(NOW, NOW)
-    check_startup_clock(NOW + 1, NOW)
+def test_startup_check_waits_out_a_short_lag_and_refuses_a_long_one() -> None:
+    """check_startup_clock: no wait past the mark (or without one), a wait to mark + 1 within the limit, else an error."""
+    assert check_startup_clock(NOW, 0, 0) == 0
+    assert check_startup_clock(NOW + 1, NOW, 0) == 0
+    assert check_startup_clock(NOW, NOW, 1) == 1
+    assert check_startup_clock(NOW - 99, NOW, 100) == 100
     with pytest.raises(ClockBehindRecorded, match="1 ms behind"):
-        check_startup_clock(NOW - 1, NOW)
+        check_startup_clock(NOW - 1, NOW, 1)
+    with pytest.raises(ClockBehindRecorded, match="100 ms behind"):
+        check_startup_clock(NOW - 100, NOW, 100)
 
 
 # --- properties: the shell's loop under any clock ----------------------------------------------------------
@@ -536,6 +539,10 @@ def test_every_issued_id_is_counted(steps: list[tuple[int | None, int]]) -> None
             left = decision.remaining
 
 
+MACHINE_STARTUP_WAIT_MS = 5
+"""Small, so that the machine's clock moves reach both a start-up wait and a refusal."""
+
+
 class SnowflakeMachine(RuleBasedStateMachine):
     """One worker over time: takes, clock jumps, obeyed waits, restarts from the persisted high-water mark."""
 
@@ -552,7 +559,13 @@ class SnowflakeMachine(RuleBasedStateMachine):
 
     def new_state(self, high_water_ms: int) -> SnowflakeState:
         self.seed += 1
-        return SnowflakeState(self.layout, 2, high_water_ms=high_water_ms, rng=random.Random(self.seed))
+        return SnowflakeState(
+            self.layout,
+            2,
+            high_water_ms=high_water_ms,
+            max_startup_wait_ms=MACHINE_STARTUP_WAIT_MS,
+            rng=random.Random(self.seed),
+        )
 
     @rule(ms=st.integers(0, 3))
     def clock_forward(self, ms: int) -> None:
@@ -594,12 +607,13 @@ class SnowflakeMachine(RuleBasedStateMachine):
     def restart(self) -> None:
         """The process stops; the next one starts from the persisted last_ms, if the clock allows."""
         recorded = self.gen.last_ms
-        if self.clock < recorded:
-            with pytest.raises(ClockBehindRecorded):
-                check_startup_clock(self.clock, recorded)
+        try:
+            wait_ms = check_startup_clock(self.clock, recorded, MACHINE_STARTUP_WAIT_MS)
+        except ClockBehindRecorded:
+            assert recorded - self.clock >= MACHINE_STARTUP_WAIT_MS
             return  # the shell refuses to start; the old process keeps running in this model
-        check_startup_clock(self.clock, recorded)
-        self.gen = self.new_state(high_water_ms=recorded)
+        assert wait_ms == max(0, recorded + 1 - self.clock)
+        self.gen = self.new_state(high_water_ms=recorded)  # it waits out the mark itself, as the shell does
         self.wait = None
 
     @invariant()
