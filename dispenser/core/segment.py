@@ -70,13 +70,6 @@ class Batch:
         """How many IDs the batch holds."""
         return sum(last - first + 1 for first, last in self.ranges)
 
-    def ids(self) -> list[int]:
-        """The IDs one by one (for replies in the ``ids`` format)."""
-        if len(self.ranges) == 1:
-            first, last = self.ranges[0]
-            return list(range(first, last + 1))
-        return [i for first, last in self.ranges for i in range(first, last + 1)]
-
 
 class NeedSegment(enum.Enum):
     """Sentinel type: the buffer cannot serve the take until another segment is installed."""
