@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
+from dispenser.config import load_config
 from dispenser.devservers import NatsServer
 from dispenser.devservers.zookeeper import ZooKeeperServer
 
@@ -19,7 +20,6 @@ from .snowflake_support import (
     assert_unique,
     decoded,
     max_timestamp,
-    snowflake_config,
     snowflake_env,
     subject,
     take,
@@ -126,15 +126,7 @@ async def test_crash_then_restart_with_clock_back_never_repeats(
         finally:
             process.stop()
         clock = ShiftableClock(-1000)
-        config = snowflake_config(
-            nats_server.url,
-            state,
-            name=zk_namespace,
-            prefix="crash",
-            worker_id=9,
-            address=address,
-            report_interval=1.0,
-        )
+        config = load_config(environ=env)  # the killed process's settings, now in this process
         # Without the recorded reservation, the restarted worker would reuse the last second's milliseconds.
         assert clock.wall_ms() <= max_timestamp(before) - 300
         async with running_worker(config, clock) as worker:
