@@ -24,7 +24,7 @@ from dispenser.core.errors import (
     MalformedRequest,
     MessageTooLarge,
 )
-from dispenser.core.tags import TAG_PATTERN, validate_tag
+from dispenser.core.tags import validate_tag
 from dispenser.messages import ErrorBody, IdRequest, Reply, decode_request, encode_reply
 from dispenser.ports import Clock
 from dispenser.service.dedup import ReplayCache
@@ -152,8 +152,7 @@ class Dispatcher:
         )
 
     def _parse(self, tag: str, body: bytes, msgpack: bool) -> IdRequest:
-        if TAG_PATTERN.fullmatch(tag) is None:
-            validate_tag(tag)  # raises InvalidTag with the message
+        validate_tag(tag)
         limits = self.limits
         if len(body) > limits.max_body_bytes:
             raise MessageTooLarge(len(body), limits.max_body_bytes)
