@@ -23,6 +23,7 @@ from dispenser.devservers import (
     find_nats_server,
     free_port,
 )
+from dispenser.devservers._process import port_is_free
 
 
 @contextmanager
@@ -36,17 +37,6 @@ def _occupied_port() -> Iterator[int]:
 
 def _process_exists(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
-
-
-def _can_listen_on(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-            sock.listen()
-        except OSError:
-            return False
-        return True
 
 
 async def _echo_round_trip(url: str) -> bytes:
@@ -85,7 +75,7 @@ async def _write_notes(dsn: str, *bodies: str) -> None:
 
 def test_free_port_can_be_bound() -> None:
     """free_port returns a loopback port that a server can listen on."""
-    assert _can_listen_on(free_port())
+    assert port_is_free(free_port())
 
 
 # --- NATS ------------------------------------------------------------------------------------------------
@@ -109,7 +99,7 @@ async def test_nats_stop_frees_the_port(private_nats: NatsServer) -> None:
     assert not _process_exists(pid)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", private_nats.port), timeout=1).close()
-    assert _can_listen_on(private_nats.port)
+    assert port_is_free(private_nats.port)
 
 
 @pytest.mark.nats
