@@ -10,18 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import asyncpg
 
 from dispenser.adapters._rows import check_new_tag, check_step, no_room
 from dispenser.config import redact
-from dispenser.core.errors import StoreUnavailable, TagExists, UnknownTag
+from dispenser.core.errors import DispenserError, StoreUnavailable, TagExists, UnknownTag
 from dispenser.core.segment import Segment
 from dispenser.ports import Allocation, TagInfo
 
-__all__ = ["PostgresSegmentStore", "dsn_secrets", "map_store_errors", "scrub"]
+__all__ = ["PostgresSegmentStore", "dsn_secrets", "invalid_settings", "map_store_errors", "scrub"]
 
 # One statement, so one round trip once asyncpg has prepared it on the connection (its statement cache
 # keeps it per connection). COALESCE lets the caller ask for a step other than the configured one (the
@@ -81,6 +81,14 @@ def scrub(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
+def invalid_settings(exc: ValueError, where: str, secrets: Sequence[str]) -> ValueError:
+    """The error for a malformed DSN or option: a ``ValueError`` (no retry can help) without the password.
+
+    asyncpg raises plain ``ValueError`` for some settings, and its text may quote the DSN.
+    """
+    return ValueError(scrub(f"invalid connection settings ({where}): {exc}", secrets))
+
+
 def _describe(exc: BaseException, timeout: float | None) -> str:
     if isinstance(exc, TimeoutError):
         return f"no answer within {timeout} s" if timeout is not None else "timed out"
@@ -92,9 +100,14 @@ def _describe(exc: BaseException, timeout: float | None) -> str:
 
 @contextlib.contextmanager
 def map_store_errors(
-    action: str, *, where: str, secrets: Sequence[str] = (), timeout: float | None = None
+    action: str,
+    *,
+    where: str,
+    secrets: Sequence[str] = (),
+    timeout: float | None = None,
+    unavailable: Callable[[str], DispenserError] = StoreUnavailable,
 ) -> Iterator[None]:
-    """Turn the driver's exceptions raised inside the block into :class:`StoreUnavailable`.
+    """Turn the driver's exceptions raised inside the block into :class:`StoreUnavailable` (or ``unavailable``).
 
     Converted: every asyncpg error (server-side ``PostgresError``, client-side ``InterfaceError``, and
     ``InternalClientError``) and ``OSError`` (refused or reset connections, DNS failures, and
@@ -105,6 +118,8 @@ def map_store_errors(
         where: the redacted DSN (see :func:`dispenser.config.redact`).
         secrets: strings to blank out of the driver's message (see :func:`dsn_secrets`).
         timeout: the timeout in force, to say how long we waited when one fires.
+        unavailable: the error to raise, built from the message (the worker registry raises
+            ``CoordinatorUnavailable``).
     """
     try:
         yield
@@ -112,10 +127,10 @@ def map_store_errors(
         raw = f"{action} ({where}): {_describe(exc, timeout)}"
         message = scrub(raw, secrets)
         if message == raw:
-            raise StoreUnavailable(message) from exc
+            raise unavailable(message) from exc
         # The driver's message carried the password: suppress the chain so that tracebacks and error
         # reporters (which honour __suppress_context__) never print the original.
-        raise StoreUnavailable(message) from None
+        raise unavailable(message) from None
 
 
 async def _keep_session(_conn: asyncpg.Connection[Any]) -> None:
@@ -196,9 +211,7 @@ class PostgresSegmentStore:
                     server_settings={"application_name": application_name},
                 )
             except ValueError as exc:
-                # A malformed DSN or option (asyncpg raises plain ValueError for some, and its text may quote
-                # the DSN): not "unavailable", since no retry can help.
-                raise ValueError(scrub(f"invalid connection settings ({where}): {exc}", secrets)) from None
+                raise invalid_settings(exc, where, secrets) from None
         return cls(pool, where=where, secrets=secrets, timeout=connect_timeout + command_timeout)
 
     def __repr__(self) -> str:

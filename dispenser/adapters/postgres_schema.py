@@ -20,7 +20,7 @@ from typing import Any, Final, TypeAlias
 
 import asyncpg
 
-from dispenser.adapters.postgres import dsn_secrets, map_store_errors, scrub
+from dispenser.adapters.postgres import dsn_secrets, invalid_settings, map_store_errors
 from dispenser.config import redact
 
 __all__ = ["MIGRATIONS", "Migration", "migrate", "schema_version"]
@@ -74,9 +74,7 @@ async def _connection(target: _Target, command_timeout: float) -> AsyncIterator[
     try:
         conn = await asyncpg.connect(target, timeout=command_timeout, command_timeout=command_timeout)
     except ValueError as exc:
-        # A malformed DSN; asyncpg's message may quote it.
-        where, secrets = _where(target)
-        raise ValueError(scrub(f"invalid connection settings ({where}): {exc}", secrets)) from None
+        raise invalid_settings(exc, *_where(target)) from None
     try:
         yield conn
     finally:

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 from typing import Any, Final
 
 import asyncpg
 
-from dispenser.adapters.postgres import dsn_secrets, scrub
+from dispenser.adapters.postgres import dsn_secrets, invalid_settings, map_store_errors
 from dispenser.config import redact
 from dispenser.core.errors import CoordinatorUnavailable, LeaseLost, WorkerIdOutOfRange, WorkerIdsExhausted
 from dispenser.ports import WorkerLease
@@ -115,20 +114,10 @@ class PostgresWorkerRegistry:
         """The worker ID once registered."""
         return self._worker_id
 
-    @contextlib.contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
-        try:
-            yield
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError) as exc:
-            if isinstance(exc, TimeoutError):
-                raw = "no answer in time"
-            else:
-                raw = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            detail = scrub(raw, self._secrets)
-            error = CoordinatorUnavailable(f"{action} ({self._where}): {detail}")
-            if detail != raw:
-                raise error from None  # the driver's message carried the password
-            raise error from exc
+    def _errors(self, action: str) -> contextlib.AbstractContextManager[None]:
+        return map_store_errors(
+            action, where=self._where, secrets=self._secrets, unavailable=CoordinatorUnavailable
+        )
 
     async def _connect(self) -> asyncpg.Connection[Any]:
         try:
@@ -138,10 +127,8 @@ class PostgresWorkerRegistry:
                 command_timeout=self._command_timeout,
                 server_settings={"application_name": "leaf-dispenser worker registry"},
             )
-        except ValueError as exc:  # a malformed DSN: no retry can help
-            raise ValueError(
-                f"invalid connection settings ({self._where}): {scrub(str(exc), self._secrets)}"
-            ) from None
+        except ValueError as exc:
+            raise invalid_settings(exc, self._where, self._secrets) from None
 
     async def register(self) -> WorkerLease:
         """Find this address's row or give it the smallest unused worker ID.
