@@ -39,7 +39,8 @@ examples:
 """
 
 
-def _run(coro: Coroutine[Any, Any, T]) -> T:
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion on uvloop (asyncio's own loop where uvloop is missing)."""
     try:
         import uvloop  # noqa: PLC0415 - optional speed-up, imported only when running
     except ImportError:  # pragma: no cover - uvloop is a dependency on every platform we run on
@@ -177,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(_args: argparse.Namespace, config: Config) -> int:
     from dispenser.app import run_worker  # noqa: PLC0415 - keep `dispenser get` light
 
-    return _run(run_worker(config))
+    return run_async(run_worker(config))
 
 
 def _dev(args: argparse.Namespace, config: Config) -> int:
@@ -219,7 +220,7 @@ def _get(args: argparse.Namespace, config: Config) -> int:
         return msgspec.json.decode(msg.data, type=Reply)
 
     _ = nats  # the package import above fails early with a clear message if nats-py is missing
-    reply = _run(ask())
+    reply = run_async(ask())
     if reply.error is not None:
         retry = " (retryable)" if reply.error.retryable else ""
         print(f"dispenser: {reply.error.code}: {reply.error.message}{retry}", file=sys.stderr)
@@ -235,7 +236,7 @@ def _get(args: argparse.Namespace, config: Config) -> int:
 def _check(_args: argparse.Namespace, config: Config) -> int:
     from dispenser.health import check_all  # noqa: PLC0415
 
-    results = _run(check_all(config))
+    results = run_async(check_all(config))
     failed = [r for r in results if not r.ok]
     for result in results:
         print(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {result.detail}")
@@ -255,13 +256,13 @@ def _with_store(config: Config, action: Callable[[Any], Awaitable[T]]) -> T:
         finally:
             await store.close()
 
-    return _run(go())
+    return run_async(go())
 
 
 def _migrate(_args: argparse.Namespace, config: Config) -> int:
     from dispenser.adapters.postgres_schema import migrate  # noqa: PLC0415
 
-    applied = _run(migrate(config.postgres.dsn))
+    applied = run_async(migrate(config.postgres.dsn))
     if applied:
         print(f"applied schema version(s) {', '.join(map(str, applied))}")
     else:
@@ -295,9 +296,9 @@ def _bench(args: argparse.Namespace, _config: Config) -> int:
         from dispenser.bench import snowflake_inproc  # noqa: PLC0415
 
         return snowflake_inproc.run_cli(args.options)
-    from dispenser.bench.nats_bench import run_cli  # noqa: PLC0415 - starts servers; only when asked
+    from dispenser.bench import nats_bench  # noqa: PLC0415 - starts servers; only when asked
 
-    return run_cli(args.target, args.options)
+    return nats_bench.main(args.options)
 
 
 def _decode(args: argparse.Namespace, config: Config) -> int:

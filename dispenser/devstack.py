@@ -62,7 +62,7 @@ Leaf dispenser is serving on {url}  (Ctrl-C stops it and the servers it started)
 def run_dev(config: Config, data_dir: Path, nats_port: int = 4222, postgres_port: int | None = None) -> int:
     """Start the servers, prepare the database, serve until Ctrl-C, then stop everything started here."""
     from dispenser.app import run_worker  # noqa: PLC0415
-    from dispenser.cli import _run  # noqa: PLC0415
+    from dispenser.cli import run_async  # noqa: PLC0415
 
     data_dir = data_dir.absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -89,7 +89,7 @@ def run_dev(config: Config, data_dir: Path, nats_port: int = 4222, postgres_port
             snowflake=snowflake,
         )
         asyncio.run(_prepare(postgres.dsn))
-        return _run(run_worker(config, on_ready=lambda _worker: print(_banner(config), file=sys.stderr)))
+        return run_async(run_worker(config, on_ready=lambda _worker: print(_banner(config), file=sys.stderr)))
     finally:
         postgres.stop()
         nats.stop()

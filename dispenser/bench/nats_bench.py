@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import io
 import os
@@ -36,6 +37,7 @@ import platform
 import pstats
 import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,6 +66,8 @@ from dispenser.bench.stats import (
     summarize,
     write_json,
 )
+from dispenser.cli import run_async
+from dispenser.devservers._process import log_tail, stop_process
 from dispenser.messages import Reply
 
 __all__ = ["BenchError", "BenchOptions", "main", "parse_options", "run"]
@@ -230,25 +234,13 @@ class Child:
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, wait, SIGKILL if needed; returns the exit status (``None`` if never started)."""
-        proc = self.proc
-        if proc is None:
+        if self.proc is None:
             return None
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return proc.returncode
+        return stop_process(self.proc, [(signal.SIGTERM, timeout)])
 
     def tail(self, lines: int = 30) -> str:
         """The last lines of the process's output."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "<no output>"
-        return "\n".join(text.splitlines()[-lines:]) or "<no output>"
+        return log_tail(self.log_path, lines)
 
 
 async def wait_ready(nc: Client, child: Child, subject: str, payload: bytes, timeout: float = 30.0) -> None:
@@ -1007,7 +999,6 @@ def _servers(
         nats_url = options.nats_url
         if nats_url is None:
             nats_server = NatsServer(workdir / "nats")
-            nats_server.workdir.mkdir(parents=True, exist_ok=True)
             nats_server.start()
             nats_url = nats_server.url
         dsn = options.postgres_dsn
@@ -1043,12 +1034,12 @@ def run(options: BenchOptions) -> Report:
             with _servers(options, workdir, need_postgres=bool(plan.tags)) as (nats_url, nats_pid, dsn):
                 _say(options, f"servers: NATS {nats_url}" + (f", PostgreSQL {dsn}" if dsn else ""))
                 if dsn is not None and plan.tags:
-                    _run_async(_prepare_tags(dsn, plan.tags))
+                    run_async(_prepare_tags(dsn, plan.tags))
                 try:
-                    cases = _run_async(_measure(options, nats_url, dsn, workdir, plan, nats_pid=nats_pid))
+                    cases = run_async(_measure(options, nats_url, dsn, workdir, plan, nats_pid=nats_pid))
                 finally:
                     if dsn is not None and plan.tags:
-                        _run_async(_remove_tags(dsn, plan.tags))
+                        run_async(_remove_tags(dsn, plan.tags))
         except DevServerError as exc:
             raise BenchError(f"cannot start a server: {exc}") from exc
     meta = {
@@ -1082,14 +1073,6 @@ def run(options: BenchOptions) -> Report:
     if options.json_path is not None:
         write_json(options.json_path, report.as_dict())
     return report
-
-
-def _run_async(coro: Any) -> Any:
-    try:
-        import uvloop  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - uvloop is a dependency everywhere we run
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 # -- the command -------------------------------------------------------------------------------------
@@ -1131,53 +1114,44 @@ def _parser() -> argparse.ArgumentParser:
             "Prints a table; the exit status is 0 unless --strict and a target is missed."
         ),
     )
-    parser.add_argument("--mode", choices=["segment", "snowflake"], default="segment", help="generator")
-    parser.add_argument("--duration", type=_positive_float, default=3.0, help="measured seconds per case")
-    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before each case")
+    # Defaults are BenchOptions's, so that the command and the dataclass cannot disagree.
+    parser.set_defaults(**dataclasses.asdict(BenchOptions()))
+    parser.add_argument("--mode", choices=["segment", "snowflake"], help="generator")
+    parser.add_argument("--duration", type=_positive_float, help="measured seconds per case")
+    parser.add_argument("--warmup", type=float, help="unmeasured seconds before each case")
     parser.add_argument(
         "--repeat",
         type=_positive_int,
-        default=1,
         help="measure each case N times, echo and dispenser alternating; report the best window by "
         "requests/s (the switch-over cases pool all N windows)",
     )
-    parser.add_argument(
-        "--inflight", type=_inflight_list, default=(1, 64), help="requests in flight, e.g. 1,64 (default)"
-    )
+    parser.add_argument("--inflight", type=_inflight_list, help="requests in flight, e.g. 1,64 (default)")
     parser.add_argument("--json", type=Path, dest="json_path", metavar="PATH", help="write the report here")
     parser.add_argument("--nats-url", help="use this NATS server (default: start one)")
     parser.add_argument("--postgres-dsn", help="use this PostgreSQL database (default: start a server)")
     parser.add_argument(
         "--subject-prefix",
-        default="leaf",
         help="subject prefix of the worker (default leaf); use another on a NATS server shared with workers",
     )
     parser.add_argument(
         "--step",
         type=_positive_int,
-        default=1_000_000_000,
         help="step of the steady tag (default 1e9: even ranges of 10,000 rarely switch segments)",
     )
-    parser.add_argument(
-        "--switch-step", type=_positive_int, default=1_000, help="step of the switch-over tag"
-    )
-    parser.add_argument(
-        "--switch-count", type=_positive_int, default=10, help="IDs per request on the switch-over tag"
-    )
+    parser.add_argument("--switch-step", type=_positive_int, help="step of the switch-over tag")
+    parser.add_argument("--switch-count", type=_positive_int, help="IDs per request on the switch-over tag")
     parser.add_argument(
         "--min-switches",
         type=int,
-        default=1000,
         help="measure the switch-over cases until this many replies landed on a switch-over (default 1000, "
         "so that their p999 is not just their maximum)",
     )
     parser.add_argument(
         "--switch-max-time",
         type=_positive_float,
-        default=60.0,
         help="but measure each switch-over case for at most this many seconds (default 60)",
     )
-    parser.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to wait for a reply")
+    parser.add_argument("--timeout", type=_positive_float, help="seconds to wait for a reply")
     parser.add_argument(
         "--profile-worker",
         type=Path,
@@ -1198,27 +1172,9 @@ def _parser() -> argparse.ArgumentParser:
 def parse_options(argv: Sequence[str]) -> BenchOptions:
     """Options from command-line arguments (exits with usage on bad ones, like argparse does)."""
     args = _parser().parse_args(list(argv))
-    return BenchOptions(
-        mode=args.mode,
-        duration=args.duration,
-        warmup=args.warmup,
-        repeat=args.repeat,
-        inflight=args.inflight,
-        step=args.step,
-        switch_step=args.switch_step,
-        switch_count=args.switch_count,
-        min_switches=args.min_switches,
-        switch_max_time=args.switch_max_time,
-        timeout=args.timeout,
-        nats_url=args.nats_url,
-        postgres_dsn=args.postgres_dsn,
-        subject_prefix=args.subject_prefix,
-        json_path=args.json_path,
-        profile_worker=args.profile_worker.absolute() if args.profile_worker else None,
-        worker_command=args.worker_command,
-        strict=args.strict,
-        quiet=args.quiet,
-    )
+    if args.profile_worker is not None:
+        args.profile_worker = args.profile_worker.absolute()
+    return BenchOptions(**vars(args))
 
 
 def main(argv: Sequence[str]) -> int:
@@ -1234,11 +1190,3 @@ def main(argv: Sequence[str]) -> int:
         print(f"\nwrote {options.json_path}")
     missed = [t for t in report.targets if not t.passed]
     return 1 if options.strict and missed else 0
-
-
-def run_cli(target: str, argv: Sequence[str]) -> int:
-    """Entry from ``dispenser bench TARGET …``."""
-    if target != "nats":  # pragma: no cover - argparse allows only nats
-        print(f"dispenser bench: unknown target {target!r}", file=sys.stderr)
-        return 2
-    return main(argv)
