@@ -193,7 +193,6 @@ def _dev(args: argparse.Namespace, config: Config) -> int:
 
 
 def _get(args: argparse.Namespace, config: Config) -> int:
-    import nats  # noqa: PLC0415
     from nats.errors import NoRespondersError  # noqa: PLC0415
     from nats.errors import TimeoutError as NatsTimeout  # noqa: PLC0415
 
@@ -219,7 +218,6 @@ def _get(args: argparse.Namespace, config: Config) -> int:
             await nc.close()
         return msgspec.json.decode(msg.data, type=Reply)
 
-    _ = nats  # the package import above fails early with a clear message if nats-py is missing
     reply = run_async(ask())
     if reply.error is not None:
         retry = " (retryable)" if reply.error.retryable else ""

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from dispenser.devservers._process import LOOPBACK, DevServerError, ServerNotFoundError, log_tail
+from dispenser.devservers._process import LOOPBACK, DevServerError, ServerNotFoundError
 from dispenser.devservers._server import ServerProcess
 
 __all__ = [
@@ -312,10 +312,6 @@ class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
     def _ready(self, proc: subprocess.Popen[bytes], offset: int) -> bool:
         answer = srvr(self._port, timeout=0.5)
         return answer is not None and answer.startswith("Zookeeper version:")
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the server's log, for failure messages."""
-        return log_tail(self.log_path, lines)
 
     def __repr__(self) -> str:
         return f"ZooKeeperServer(hosts={self.hosts!r}, pid={self.pid})"
