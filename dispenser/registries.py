@@ -90,10 +90,8 @@ def open_registry(
         return PostgresWorkerRegistry(postgres.dsn, address, max_worker_id=max_worker_id)
     from dispenser.adapters.static_registry import StaticRegistry  # noqa: PLC0415
 
-    # No state file here: SnowflakeRegistration keeps the local cache for every mode, static included.
-    return StaticRegistry(
-        config.worker_id, max_worker_id=max_worker_id, state=None, registry_name=config.name
-    )
+    # Its high water lives in the local cache that SnowflakeRegistration keeps for every mode.
+    return StaticRegistry(config.worker_id, max_worker_id=max_worker_id)
 
 
 @dataclass

@@ -9,9 +9,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from dispenser.adapters.statefile import LocalState, LocalStateFile
+from dispenser.adapters.statefile import LocalState
 from dispenser.adapters.static_registry import StaticRegistry
 from dispenser.adapters.worker_pg import PostgresWorkerRegistry
+from dispenser.config import PostgresConfig, SnowflakeConfig
 from dispenser.core.errors import (
     CoordinatorUnavailable,
     LeaseLost,
@@ -19,7 +20,8 @@ from dispenser.core.errors import (
     WorkerIdsExhausted,
 )
 from dispenser.devservers import free_port
-from dispenser.ports import WorkerLease
+from dispenser.ports import SystemClock, WorkerLease
+from dispenser.registries import open_registration
 
 
 def pg(dsn: str, address: str, max_worker_id: int = 1023) -> PostgresWorkerRegistry:
@@ -107,34 +109,53 @@ async def test_postgres_down_fails_quickly_without_the_password() -> None:
 # --- static -----------------------------------------------------------------------------------------------
 
 
+def static_config(state_dir: Path) -> SnowflakeConfig:
+    return SnowflakeConfig(mode="static", worker_id=5, worker_bits=5, state_dir=str(state_dir))
+
+
 async def test_static_id_with_high_water_from_the_state_file(tmp_path: Path) -> None:
     """The configured ID comes back with the high water the previous run saved in the state file."""
-    state = LocalStateFile(tmp_path / "state.json")
-    first = StaticRegistry(5, max_worker_id=31, state=state)
-    assert await first.register() == WorkerLease(worker_id=5, high_water_ms=0)
+    first = await open_registration(static_config(tmp_path), PostgresConfig(), SystemClock())
+    assert first.lease == WorkerLease(worker_id=5, high_water_ms=0)
     assert first.can_issue()
-    await first.report(1_700_000_000_700)
-    await first.report(1_700_000_000_600)  # lower: ignored
+    await first.persist(5, 1_700_000_000_700)
     await first.close()
-    assert state.load() == LocalState(
-        worker_id=5, high_water_ms=1_700_000_000_700, mode="static", registry_name="static"
+    assert first.cache.load() == LocalState(
+        worker_id=5, high_water_ms=1_700_000_000_700, mode="static", registry_name="leaf"
     )
-    again = await StaticRegistry(5, max_worker_id=31, state=state).register()
-    assert (again.worker_id, again.high_water_ms) == (5, 1_700_000_000_700)
+    again = await open_registration(static_config(tmp_path), PostgresConfig(), SystemClock())
+    assert again.lease == WorkerLease(worker_id=5, high_water_ms=1_700_000_000_700)
+    await again.close()
 
 
 async def test_static_ignores_state_of_another_id_or_mode(tmp_path: Path) -> None:
     """A state file recorded for another worker ID or mode gives no high water to this one."""
-    state = LocalStateFile(tmp_path / "state.json")
-    state.save(LocalState(worker_id=4, high_water_ms=99, mode="static", registry_name="static"))
-    assert (await StaticRegistry(5, max_worker_id=31, state=state).register()).high_water_ms == 0
-    state.save(LocalState(worker_id=5, high_water_ms=99, mode="zookeeper", registry_name="static"))
-    assert (await StaticRegistry(5, max_worker_id=31, state=state).register()).high_water_ms == 0
+    cache = (await open_registration(static_config(tmp_path), PostgresConfig(), SystemClock())).cache
+    for other in (
+        LocalState(worker_id=4, high_water_ms=99, mode="static", registry_name="leaf"),
+        LocalState(worker_id=5, high_water_ms=99, mode="zookeeper", registry_name="leaf"),
+    ):
+        cache.save(other)
+        registration = await open_registration(static_config(tmp_path), PostgresConfig(), SystemClock())
+        assert registration.cache.path == cache.path
+        assert registration.lease == WorkerLease(worker_id=5, high_water_ms=0)
+
+
+async def test_static_register_again_returns_the_reported_high_water() -> None:
+    """Registering again (after a lost lease elsewhere in the shell) returns the highest mark reported."""
+    registry = StaticRegistry(5, max_worker_id=31)
+    assert not registry.can_issue()
+    assert await registry.register() == WorkerLease(worker_id=5, high_water_ms=0)
+    await registry.report(1_700_000_000_700)
+    await registry.report(1_700_000_000_600)  # lower: ignored
+    assert await registry.register() == WorkerLease(worker_id=5, high_water_ms=1_700_000_000_700)
+    await registry.close()
+    assert not registry.can_issue()
 
 
 def test_static_id_outside_the_layout_is_refused() -> None:
     """A configured ID that does not fit the worker field is refused at construction."""
     with pytest.raises(WorkerIdOutOfRange, match="between 0 and 31"):
-        StaticRegistry(32, max_worker_id=31, state=None)
+        StaticRegistry(32, max_worker_id=31)
     with pytest.raises(WorkerIdOutOfRange):
-        StaticRegistry(-1, max_worker_id=31, state=None)
+        StaticRegistry(-1, max_worker_id=31)
