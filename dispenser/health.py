@@ -80,11 +80,13 @@ async def _check_zookeeper(config: Config) -> CheckResult:
             # `srvr` is the four-letter word aiozk itself sends, so it must be allowed anyway; unlike
             # `ruok`, it is answered only by a server that serves.
             reader, writer = await asyncio.wait_for(asyncio.open_connection(address, int(port)), 3.0)
-            writer.write(b"srvr")
-            answer = await asyncio.wait_for(reader.read(4096), 3.0)
-            writer.close()
+            try:
+                writer.write(b"srvr")
+                answer = await asyncio.wait_for(reader.read(4096), 3.0)
+            finally:
+                writer.close()
         except (OSError, TimeoutError, ValueError) as exc:
-            last = f"{host}: {exc or type(exc).__name__}"
+            last = f"{host}: {str(exc) or type(exc).__name__}"
             continue
         first_line = answer.decode(errors="replace").splitlines()[0] if answer else ""
         if first_line.startswith("Zookeeper version:"):
