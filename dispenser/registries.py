@@ -58,23 +58,13 @@ def open_registry(
 ) -> WorkerRegistry:
     """The registry of the configured mode (not yet registered)."""
     max_worker_id = layout.max_worker_id
-    if config.mode == "zookeeper":
-        from dispenser.adapters.zookeeper import ZooKeeperRegistry  # noqa: PLC0415 - aiozk only when used
-
-        return ZooKeeperRegistry(
-            config.zookeeper_hosts,
-            config.name,
-            address,
-            max_worker_id=max_worker_id,
-            session_timeout=config.zookeeper_session_timeout,
-            connect_timeout=config.zookeeper_connect_timeout,
-            op_timeout=config.zookeeper_op_timeout,
-            wall_ms=clock.wall_ms,
-        )
-    if config.mode == "zookeeper-lease":
+    if config.mode in ("zookeeper", "zookeeper-lease"):
+        # aiozk only when used
+        from dispenser.adapters.zookeeper import ZooKeeperRegistry  # noqa: PLC0415
         from dispenser.adapters.zookeeper_lease import ZooKeeperLeaseRegistry  # noqa: PLC0415
 
-        return ZooKeeperLeaseRegistry(
+        registry_class = ZooKeeperRegistry if config.mode == "zookeeper" else ZooKeeperLeaseRegistry
+        return registry_class(
             config.zookeeper_hosts,
             config.name,
             address,
@@ -82,7 +72,7 @@ def open_registry(
             session_timeout=config.zookeeper_session_timeout,
             connect_timeout=config.zookeeper_connect_timeout,
             op_timeout=config.zookeeper_op_timeout,
-            monotonic=clock.monotonic,
+            clock=clock,
         )
     if config.mode == "postgres":
         from dispenser.adapters.worker_pg import PostgresWorkerRegistry  # noqa: PLC0415

@@ -34,7 +34,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import aiozk
 import aiozk.connection
@@ -49,11 +49,12 @@ from dispenser.core.errors import (
     WorkerIdOutOfRange,
     WorkerIdsExhausted,
 )
-from dispenser.ports import SystemClock, WorkerLease
+from dispenser.ports import Clock, SystemClock, WorkerLease
 
 __all__ = [
     "DEFAULT_ROOT",
     "NodeData",
+    "ZkRegistryBase",
     "ZkSession",
     "ZooKeeperRegistry",
     "check_address",
@@ -464,25 +465,25 @@ def parse_worker_node(name: str) -> tuple[str, int] | None:
     return address, int(sequence)
 
 
-# --- Leaf's mode ------------------------------------------------------------------------------------------
-
-
-class ZooKeeperRegistry:
-    """:class:`~dispenser.ports.WorkerRegistry` in Leaf's ``zookeeper`` mode (see the module docstring).
+class ZkRegistryBase:
+    """What both ZooKeeper registries share: the namespace, the worker address, the session and the lease state.
 
     Args:
         hosts: ZooKeeper connection string, ``host:port[,host:port...]``.
         name: The registry namespace: nodes live under ``<root>/<name>/``.
-        address: This worker's ``ip:port``; the same address gets the same worker ID back.
+        address: This worker's ``ip:port``.
         max_worker_id: The layout's largest worker ID (``2**worker_bits - 1``).
         root: Parent of the namespaces.
-        session_timeout: Seconds ZooKeeper keeps the ephemeral node after the worker vanishes.
+        session_timeout: Seconds asked for as the ZooKeeper session timeout.
         connect_timeout: Seconds :meth:`register` may spend connecting.
         op_timeout: Seconds one ZooKeeper call may take.
-        wall_ms: The wall clock (Unix ms), for the timestamp written into a new node.
+        clock: The clock (the wall clock stamps the nodes written; the lease registry times its
+            confirmations with the monotonic one).
     """
 
-    mode = "zookeeper"
+    mode: ClassVar[str]
+    _HOME: ClassVar[str]
+    """The child of ``<root>/<name>/`` that names this registry in messages."""
 
     def __init__(
         self,
@@ -495,33 +496,29 @@ class ZooKeeperRegistry:
         session_timeout: float = 10.0,
         connect_timeout: float = 5.0,
         op_timeout: float = 5.0,
-        wall_ms: Callable[[], int] = _SYSTEM_CLOCK.wall_ms,
+        clock: Clock = _SYSTEM_CLOCK,
     ) -> None:
         if max_worker_id < 0:
             raise ValueError(f"max_worker_id must be at least 0, got {max_worker_id}")
         self.name = check_name(name)
         self.address = check_address(address)
         self.max_worker_id = max_worker_id
-        base = "/" + "/".join(p for p in (*root.split("/"), name) if p)
-        self.forever_path = f"{base}/forever"
-        self.temporary_path = f"{base}/temporary"
-        self._wall_ms = wall_ms
+        self.base_path = "/" + "/".join(p for p in (*root.split("/"), name) if p)
+        self._clock = clock
         self._zk = ZkSession(
             hosts, session_timeout=session_timeout, connect_timeout=connect_timeout, op_timeout=op_timeout
         )
         self._lock = asyncio.Lock()
-        self._node: str | None = None
         self._worker_id: int | None = None
-        self._session_id: int | None = None  # the session holding our temporary node
         self._reported = 0
         self._lost: str | None = None
 
     def __repr__(self) -> str:
-        return f"ZooKeeperRegistry({self._zk.hosts!r}, {self.forever_path!r}, {self.address!r})"
+        return f"{type(self).__name__}({self._zk.hosts!r}, {self._home!r}, {self.address!r})"
 
     @property
     def worker_id(self) -> int | None:
-        """The worker ID once registered."""
+        """The worker ID once registered (in lease mode: of the current or last lease)."""
         return self._worker_id
 
     @property
@@ -530,8 +527,38 @@ class ZooKeeperRegistry:
         return self._zk
 
     @property
+    def _home(self) -> str:
+        return f"{self.base_path}/{self._HOME}"
+
+    @property
     def _where(self) -> str:
-        return f"ZooKeeper {self._zk.hosts} {self.forever_path}"
+        return f"ZooKeeper {self._zk.hosts} {self._home}"
+
+
+# --- Leaf's mode ------------------------------------------------------------------------------------------
+
+
+class ZooKeeperRegistry(ZkRegistryBase):
+    """:class:`~dispenser.ports.WorkerRegistry` in Leaf's ``zookeeper`` mode (see the module docstring).
+
+    Takes the arguments of :class:`ZkRegistryBase`; the same ``address`` gets the same worker ID back,
+    and ``session_timeout`` is how long ZooKeeper keeps the ephemeral node after the worker vanishes.
+    """
+
+    mode = "zookeeper"
+    _HOME = "forever"
+    _node: str | None = None  # our node under forever/, once registered
+    _session_id: int | None = None  # the session holding our temporary node
+
+    @property
+    def forever_path(self) -> str:
+        """``<root>/<name>/forever``: one persistent sequential node per worker address."""
+        return f"{self.base_path}/forever"
+
+    @property
+    def temporary_path(self) -> str:
+        """``<root>/<name>/temporary``: the ephemeral node of each live worker."""
+        return f"{self.base_path}/temporary"
 
     async def register(self) -> WorkerLease:
         """Find or create this address's worker node and hold the ephemeral node.
@@ -580,7 +607,7 @@ class ZooKeeperRegistry:
                     "creating the worker node",
                     lambda zk: zk.create(
                         f"{self.forever_path}/{self.address}-",
-                        data=encode_node(self.address, self._wall_ms()),
+                        data=encode_node(self.address, self._clock.wall_ms()),
                         sequential=True,
                     ),
                 )
@@ -606,7 +633,7 @@ class ZooKeeperRegistry:
     async def _hold_temporary(self, *, wait: bool) -> None:
         """Hold ``temporary/<address>`` in the current session (or find it already held by it)."""
         path = f"{self.temporary_path}/{self.address}"
-        data = encode_node(self.address, max(self._reported, self._wall_ms()))
+        data = encode_node(self.address, max(self._reported, self._clock.wall_ms()))
         deadline = time.monotonic() + (self._zk.timeout + 1.0 if wait else 0.0)
         while True:
             with contextlib.suppress(aiozk.exc.NodeExists):

@@ -40,23 +40,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiozk.exc
 import msgspec
 
-from dispenser.adapters.zookeeper import (
-    _SYSTEM_CLOCK,
-    DEFAULT_ROOT,
-    ZkSession,
-    check_address,
-    check_name,
-    decode_node,
-)
+from dispenser.adapters.zookeeper import _SYSTEM_CLOCK, DEFAULT_ROOT, ZkRegistryBase, decode_node
 from dispenser.core.errors import CoordinatorUnavailable, LeaseLost, WorkerIdsExhausted
-from dispenser.ports import WorkerLease
+from dispenser.ports import Clock, WorkerLease
 
 __all__ = ["DEFAULT_SAFE_FRACTION", "ZooKeeperLeaseRegistry"]
 
@@ -82,7 +74,7 @@ def _ephemeral_creator(path: str, data: bytes) -> Callable[[Any], Awaitable[Any]
     return lambda zk: zk.create(path, data=data, ephemeral=True)
 
 
-class ZooKeeperLeaseRegistry:
+class ZooKeeperLeaseRegistry(ZkRegistryBase):
     """:class:`~dispenser.ports.WorkerRegistry` in ``zookeeper-lease`` mode (see the module docstring).
 
     Args:
@@ -96,11 +88,11 @@ class ZooKeeperLeaseRegistry:
         connect_timeout: Seconds :meth:`register` may spend connecting.
         op_timeout: Seconds one ZooKeeper call in :meth:`register` or :meth:`report` may take.
         safe_fraction: Between 0 and 1; see the module docstring for why 2/3.
-        monotonic: The monotonic clock (seconds) the confirmations are timed with.
-        wall_ms: The wall clock (Unix ms), recorded in the lease node.
+        clock: Its monotonic clock times the confirmations; its wall clock is recorded in the lease node.
     """
 
     mode = "zookeeper-lease"
+    _HOME = "lease"
 
     def __init__(
         self,
@@ -114,48 +106,30 @@ class ZooKeeperLeaseRegistry:
         connect_timeout: float = 5.0,
         op_timeout: float = 5.0,
         safe_fraction: float = DEFAULT_SAFE_FRACTION,
-        monotonic: Callable[[], float] = time.monotonic,
-        wall_ms: Callable[[], int] = _SYSTEM_CLOCK.wall_ms,
+        clock: Clock = _SYSTEM_CLOCK,
     ) -> None:
-        if max_worker_id < 0:
-            raise ValueError(f"max_worker_id must be at least 0, got {max_worker_id}")
         if not 0 < safe_fraction < 1:
             raise ValueError(f"safe_fraction must be between 0 and 1 (exclusive), got {safe_fraction}")
-        self.name = check_name(name)
-        self.address = check_address(address)
-        self.max_worker_id = max_worker_id
-        self.safe_fraction = safe_fraction
-        base = "/" + "/".join(p for p in (*root.split("/"), name) if p)
-        self.lease_path = f"{base}/lease"
-        self.high_water_path = f"{base}/high-water"
-        self._monotonic = monotonic
-        self._wall_ms = wall_ms
-        self._zk = ZkSession(
-            hosts, session_timeout=session_timeout, connect_timeout=connect_timeout, op_timeout=op_timeout
+        super().__init__(
+            hosts,
+            name,
+            address,
+            max_worker_id=max_worker_id,
+            root=root,
+            session_timeout=session_timeout,
+            connect_timeout=connect_timeout,
+            op_timeout=op_timeout,
+            clock=clock,
         )
-        self._lock = asyncio.Lock()
+        self.safe_fraction = safe_fraction
+        self.lease_path = f"{self.base_path}/lease"
+        self.high_water_path = f"{self.base_path}/high-water"
         self._keepalive: asyncio.Task[None] | None = None
-        # The lease: the ID, the session that created its node, the negotiated timeout then, and the
-        # monotonic time before the last request that proved the node still ours.
-        self._worker_id: int | None = None
+        # The lease: the ID (self._worker_id), the session that created its node, the negotiated timeout
+        # then, and the monotonic time before the last request that proved the node still ours.
         self._claim_session: int | None = None
         self._timeout = session_timeout
         self._confirmed_at = float("-inf")
-        self._lost: str | None = None
-        self._reported = 0
-
-    def __repr__(self) -> str:
-        return f"ZooKeeperLeaseRegistry({self._zk.hosts!r}, {self.lease_path!r}, {self.address!r})"
-
-    @property
-    def worker_id(self) -> int | None:
-        """The worker ID of the current (or last) lease."""
-        return self._worker_id
-
-    @property
-    def session(self) -> ZkSession:
-        """The ZooKeeper session (for tests and diagnostics)."""
-        return self._zk
 
     @property
     def session_timeout(self) -> float:
@@ -170,11 +144,7 @@ class ZooKeeperLeaseRegistry:
         """True while the lease is held and was confirmed less than ``safe_fraction * T`` ago."""
         if self._worker_id is None or self._lost is not None:
             return False
-        return self._monotonic() < self.issue_deadline()
-
-    @property
-    def _where(self) -> str:
-        return f"ZooKeeper {self._zk.hosts} {self.lease_path}"
+        return self._clock.monotonic() < self.issue_deadline()
 
     async def register(self) -> WorkerLease:
         """Return the lease held now, claiming the lowest free worker ID if none is held.
@@ -203,12 +173,12 @@ class ZooKeeperLeaseRegistry:
         await self._zk.ensure_path(self.lease_path)
         await self._zk.ensure_path(self.high_water_path)
         taken = {int(c) for c in await self._zk.children(self.lease_path) if c.isdigit()}
-        claim = _claim_encoder.encode(_Claim(address=self.address, claimed_at=self._wall_ms()))
+        claim = _claim_encoder.encode(_Claim(address=self.address, claimed_at=self._clock.wall_ms()))
         for worker_id in range(self.max_worker_id + 1):
             if worker_id in taken:
                 continue
             path = f"{self.lease_path}/{worker_id}"
-            sent = self._monotonic()
+            sent = self._clock.monotonic()
             try:
                 await self._zk.call(f"claiming {path}", _ephemeral_creator(path, claim))
             except aiozk.exc.NodeExists:
@@ -254,7 +224,7 @@ class ZooKeeperLeaseRegistry:
         if self._zk.session_id != claim_session:
             raise LeaseLost(worker_id, "its ZooKeeper session expired")
         path = f"{self.lease_path}/{worker_id}"
-        sent = self._monotonic()
+        sent = self._clock.monotonic()
         found = await self._zk.get(path)
         if self._zk.session_id != claim_session:
             raise LeaseLost(worker_id, "its ZooKeeper session expired")
