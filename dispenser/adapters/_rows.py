@@ -17,11 +17,10 @@ MAX_DESCRIPTION = 256
 """``leaf_alloc.description`` is ``varchar(256)``: characters, not bytes."""
 
 
-def check_step(step: int) -> int:
-    """Return ``step`` if it fits the ``step`` column and grants at least one ID, else raise BadRequest."""
+def check_step(step: int) -> None:
+    """Raise BadRequest unless ``step`` fits the ``step`` column and grants at least one ID."""
     if not 1 <= step <= MAX_STEP:
         raise BadRequest(f"step must be between 1 and {MAX_STEP}, got {step}")
-    return step
 
 
 def check_new_tag(tag: str, step: int, start: int, description: str) -> None:

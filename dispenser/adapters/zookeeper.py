@@ -284,11 +284,6 @@ class ZkSession:
         return f"ZkSession({self.hosts!r}, session_id={self.session_id})"
 
     @property
-    def is_open(self) -> bool:
-        """Whether :meth:`open` succeeded and :meth:`close` has not run (the connection may be down)."""
-        return self._client is not None
-
-    @property
     def session_id(self) -> int | None:
         """The current ZooKeeper session ID (changes when aiozk replaces an expired session)."""
         if self._client is None:
