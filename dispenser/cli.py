@@ -248,11 +248,8 @@ def _with_store(config: Config, action: Callable[[Any], Awaitable[T]]) -> T:
     from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
 
     async def go() -> T:
-        store = await PostgresSegmentStore.connect(config.postgres.dsn, command_timeout=10.0)
-        try:
+        async with await PostgresSegmentStore.connect(config.postgres.dsn, command_timeout=10.0) as store:
             return await action(store)
-        finally:
-            await store.close()
 
     return run_async(go())
 

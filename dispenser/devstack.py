@@ -27,14 +27,12 @@ async def _prepare(dsn: str) -> None:
     from dispenser.adapters.postgres_schema import migrate  # noqa: PLC0415
 
     await migrate(dsn)
-    store = await PostgresSegmentStore.connect(dsn)
-    try:
-        await store.add_tag(DEMO_TAG, 1000, description="created by `dispenser dev`")
-        log.info("created tag %r", DEMO_TAG)
-    except TagExists:
-        pass
-    finally:
-        await store.close()
+    async with await PostgresSegmentStore.connect(dsn) as store:
+        try:
+            await store.add_tag(DEMO_TAG, 1000, description="created by `dispenser dev`")
+            log.info("created tag %r", DEMO_TAG)
+        except TagExists:
+            pass
 
 
 def _banner(config: Config) -> str:

@@ -43,11 +43,10 @@ async def _check_postgres(config: Config) -> CheckResult:
         version = await schema_version(dsn)
         if version == 0:
             return CheckResult("postgres", False, f"{redact(dsn)}: no schema yet; run `dispenser migrate`")
-        store = await PostgresSegmentStore.connect(dsn, command_timeout=config.postgres.command_timeout)
-        try:
+        async with await PostgresSegmentStore.connect(
+            dsn, command_timeout=config.postgres.command_timeout
+        ) as store:
             tags = await store.list_tags()
-        finally:
-            await store.close()
     except (OSError, DispenserError) as exc:
         return CheckResult("postgres", False, str(exc))
     return CheckResult("postgres", True, f"{redact(dsn)} (schema version {version}, {len(tags)} tags)")

@@ -303,6 +303,12 @@ class PostgresSegmentStore:
         if removed is None:
             raise UnknownTag(tag)
 
+    async def __aenter__(self) -> PostgresSegmentStore:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
         """Close the pool's connections (terminating them if PostgreSQL does not answer). Idempotent."""
         if self._closed:

@@ -531,24 +531,18 @@ async def _prepare_tags(dsn: str, tags: Sequence[tuple[str, int, int]]) -> None:
     from dispenser.adapters.postgres_schema import migrate  # noqa: PLC0415
 
     await migrate(dsn)
-    store = await PostgresSegmentStore.connect(dsn)
-    try:
+    async with await PostgresSegmentStore.connect(dsn) as store:
         for tag, step, start in tags:
             await store.add_tag(tag, step, start, "created by dispenser bench; safe to remove")
-    finally:
-        await store.close()
 
 
 async def _remove_tags(dsn: str, tags: Sequence[tuple[str, int, int]]) -> None:
     from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
 
-    store = await PostgresSegmentStore.connect(dsn)
-    try:
+    async with await PostgresSegmentStore.connect(dsn) as store:
         for tag, _step, _start in tags:
             with contextlib.suppress(Exception):
                 await store.remove_tag(tag)
-    finally:
-        await store.close()
 
 
 def _worker_argv(profile: Path | None, command: str | None) -> list[str]:

@@ -36,12 +36,9 @@ def worker_config(nats_url: str, dsn: str, **segment: object) -> Config:
 async def prepare(dsn: str, tags: Iterable[tuple[str, int]]) -> None:
     """Migrate and add tags ``(name, step)``."""
     await migrate(dsn)
-    store = await PostgresSegmentStore.connect(dsn)
-    try:
+    async with await PostgresSegmentStore.connect(dsn) as store:
         for tag, step in tags:
             await store.add_tag(tag, step)
-    finally:
-        await store.close()
 
 
 @contextlib.asynccontextmanager
