@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 from collections.abc import Callable
@@ -61,7 +62,7 @@ class Worker:
             max_ids=config.limits.max_ids,
             max_ranges=config.limits.max_ranges,
             max_body_bytes=config.limits.max_body_bytes,
-            fetch_deadline=config.segment.fetch_deadline,
+            deadline=config.segment.fetch_deadline,
         )
         dispatchers: dict[str, Dispatcher] = {}
         if config.segment.enabled:
@@ -91,7 +92,10 @@ class Worker:
         special = {}
         if config.snowflake.enabled:
             self.snowflake = await self._start_snowflake()
-            dispatchers["snowflake"] = Dispatcher(self.snowflake, self.clock, limits, config.limits.dedup_ttl)
+            snowflake_limits = dataclasses.replace(limits, deadline=config.snowflake.wait_deadline)
+            dispatchers["snowflake"] = Dispatcher(
+                self.snowflake, self.clock, snowflake_limits, config.limits.dedup_ttl
+            )
             special["snowflake"] = {"decode": decode_handler(self.snowflake.layout)}
         self.service = NatsIdService(self.nc, config.nats, dispatchers, special_tags=special)
         await self.service.start()

@@ -106,6 +106,8 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Refuse to start when the clock is further than this from the mean of the live peers' clocks."""
     peer_check_timeout: float = 0.3
     """Seconds to collect the live peers' clock readings at start-up."""
+    wait_deadline: float = 2.0
+    """Seconds a request may wait (the next millisecond, a small clock rollback, a recorded mark)."""
 
 
 class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -65,7 +65,8 @@ class Limits:
     max_ids: int = 10_000
     max_ranges: int = 1_000_000
     max_body_bytes: int = 4096
-    fetch_deadline: float = 2.0
+    deadline: float = 2.0
+    """Seconds a request may wait (for a segment, the next millisecond, a recorded mark) before it fails."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +126,7 @@ class Dispatcher:
         """Answer, waiting for a segment or the clock where needed; never raises."""
         try:
             request = self._parse(tag, body, msgpack)
-            deadline = self._clock.monotonic() + self.limits.fetch_deadline
+            deadline = self._clock.monotonic() + self.limits.deadline
             if request.request_id is None:
                 batch = await self._source.take(tag, request.count, deadline)
             else:

@@ -20,6 +20,7 @@ def test_defaults_without_file_or_environment() -> None:
         60,
     )
     assert config.nats.queue_group == "leaf"
+    assert (config.segment.fetch_deadline, config.snowflake.wait_deadline) == (2.0, 2.0)
 
 
 def test_environment_overrides_file(tmp_path: Path) -> None:
