@@ -9,8 +9,11 @@ import logging
 import signal
 from collections.abc import Callable
 
+import msgspec
 from nats.aio.client import Client
 
+from dispenser.adapters.kafka_enrich import Enricher, EnrichSettings
+from dispenser.adapters.kafka_requests import KafkaRequestService
 from dispenser.adapters.nats import NatsIdService, collect_peer_clocks, connect, serve_clock
 from dispenser.adapters.postgres import PostgresSegmentStore
 from dispenser.config import Config, redact
@@ -23,17 +26,28 @@ from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 
-__all__ = ["Worker", "run_worker"]
+__all__ = ["Worker", "run_enricher", "run_worker"]
 
 log = logging.getLogger(__name__)
 
 
 class Worker:
-    """One dispenser worker: its store, allocator, NATS connection and service."""
+    """One dispenser worker: its store, generators, and the NATS and Kafka services that answer requests.
 
-    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+    Args:
+        config: the configuration.
+        clock: the clock (tests pass a controllable one).
+        serve: answer requests over NATS (``nats.enabled``) and Kafka (``kafka.enabled``); false builds
+            only the generators (``dispenser enrich``), connecting to NATS just for the snowflake peer
+            clock check.
+    """
+
+    def __init__(self, config: Config, clock: Clock | None = None, *, serve: bool = True) -> None:
         self.config = config
         self.clock = clock or SystemClock()
+        self.serve = serve
+        self.dispatchers: dict[str, Dispatcher] = {}
+        self.kafka: KafkaRequestService | None = None
         self.store: SegmentStore | None = None
         self.allocator: SegmentAllocator | None = None
         self.nc: Client | None = None
@@ -87,8 +101,9 @@ class Worker:
                 log.warning("could not load the tag list yet (will retry): %s", exc)
             self._background.append(asyncio.create_task(self.allocator.run_refresh_loop()))
             dispatchers["segment"] = Dispatcher(self.allocator, self.clock, limits, config.limits.dedup_ttl)
-        self.nc = await connect(config.nats)
-        log.info("connected to NATS at %s", redact(config.nats.url))
+        if config.nats.enabled and (self.serve or config.snowflake.enabled):
+            self.nc = await connect(config.nats)
+            log.info("connected to NATS at %s", redact(config.nats.url))
         special = {}
         if config.snowflake.enabled:
             self.snowflake = await self._start_snowflake()
@@ -97,29 +112,45 @@ class Worker:
                 self.snowflake, self.clock, snowflake_limits, config.limits.dedup_ttl
             )
             special["snowflake"] = {"decode": decode_handler(self.snowflake.layout)}
-        self.service = NatsIdService(self.nc, config.nats, dispatchers, special_tags=special)
-        await self.service.start()
-        prefix = config.nats.subject_prefix
-        log.info(
-            "serving %s in queue group %r",
-            ", ".join(f"{prefix}.{kind}.<tag>" for kind in dispatchers),
-            config.nats.queue_group,
-        )
+        self.dispatchers = dispatchers
+        if not self.serve:
+            return
+        if self.nc is not None:
+            self.service = NatsIdService(self.nc, config.nats, dispatchers, special_tags=special)
+            await self.service.start()
+            prefix = config.nats.subject_prefix
+            log.info(
+                "serving %s in queue group %r",
+                ", ".join(f"{prefix}.{kind}.<tag>" for kind in dispatchers),
+                config.nats.queue_group,
+            )
+        if config.kafka.enabled:
+            self.kafka = KafkaRequestService(
+                config.kafka,
+                dispatchers,
+                max_body_bytes=config.limits.max_body_bytes,
+                request_max_age=config.kafka.request_max_age,
+            )
+            await self.kafka.start()
+        if self.nc is None and self.kafka is None:
+            log.warning("neither NATS (nats.enabled) nor Kafka (kafka.enabled) is on: nothing to serve")
 
     async def _start_snowflake(self) -> SnowflakeGenerator:
         """Register the worker ID, check the clock against the record and the peers, start the generator."""
-        assert self.nc is not None
         config = self.config
         sf = config.snowflake
         self.registration = registration = await open_registration(sf, config.postgres, self.clock)
         lease = registration.lease
         clock_subject = f"{config.nats.subject_prefix}.snowflake-clock"
-        readings = await collect_peer_clocks(
-            self.nc, clock_subject, self.clock.wall_ms, sf.peer_check_timeout
-        )
-        offset = check_peer_clocks(readings, sf.peer_threshold_ms)
-        if offset is not None:
-            log.info("clock is within %.0f ms of the mean of %d live peer(s)", offset, len(readings))
+        if self.nc is not None:
+            readings = await collect_peer_clocks(
+                self.nc, clock_subject, self.clock.wall_ms, sf.peer_check_timeout
+            )
+            offset = check_peer_clocks(readings, sf.peer_threshold_ms)
+            if offset is not None:
+                log.info("clock is within %.0f ms of the mean of %d live peer(s)", offset, len(readings))
+        else:
+            log.warning("NATS is off: the snowflake clock is not checked against live peers")
         settings = SnowflakeSettings(
             random_start=sf.random_start,
             max_backward_ms=sf.max_backward_ms,
@@ -136,7 +167,8 @@ class Worker:
         await generator.start()
         if registration.from_cache:
             generator.relocate(pause=False)  # keep trying the registry; the cached ID stays ours
-        await serve_clock(self.nc, clock_subject, self.clock.wall_ms, lambda: generator.worker_id)
+        if self.nc is not None:
+            await serve_clock(self.nc, clock_subject, self.clock.wall_ms, lambda: generator.worker_id)
         log.info(
             "snowflake worker ID %d (%s mode); layout valid until %s",
             generator.worker_id,
@@ -147,6 +179,8 @@ class Worker:
 
     async def stop(self) -> None:
         """Stop taking requests, answer those in flight, close every connection."""
+        if self.kafka is not None:
+            await self.kafka.stop()
         if self.service is not None:
             await self.service.stop()
         if self.snowflake is not None:
@@ -186,5 +220,51 @@ async def run_worker(config: Config, on_ready: Callable[[Worker], None] | None =
         log.info("stopped")
         return 0
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+async def run_enricher(config: Config, settings: EnrichSettings) -> int:
+    """Run ``dispenser enrich`` until SIGTERM or SIGINT; returns the exit status.
+
+    Only the generator the stream uses is started (``settings.kind``), without serving requests.
+    """
+    segment = settings.kind == "segment"
+    config = msgspec.structs.replace(
+        config,
+        segment=msgspec.structs.replace(config.segment, enabled=segment),
+        snowflake=msgspec.structs.replace(config.snowflake, enabled=not segment),
+    )
+    worker = Worker(config, serve=False)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    enricher: Enricher | None = None
+    try:
+        try:
+            await worker.start()
+            if worker.allocator is not None:
+                await worker.allocator.resolve(settings.tag)  # an unknown tag is a start-up error
+            source = worker.allocator if segment else worker.snowflake
+            assert source is not None
+            enricher = Enricher(config.kafka, settings, source)
+            await enricher.start()
+        except (OSError, DispenserError) as exc:
+            log.error("cannot start: %s", exc)
+            return 1
+        await enricher.run(stop)
+        stats = enricher.stats
+        log.info(
+            "stopped: %d records enriched, %d dead-lettered, %d transactions",
+            stats.enriched,
+            stats.dead_lettered,
+            stats.transactions,
+        )
+        return 0
+    finally:
+        if enricher is not None:
+            await enricher.close()
+        await worker.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

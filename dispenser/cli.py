@@ -87,7 +87,43 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("serve", help="serve IDs over NATS (config from file and DISPENSER_* variables)")
+    sub.add_parser(
+        "serve",
+        help="serve IDs over NATS, and over Kafka with kafka.enabled (config from file and DISPENSER_* variables)",
+    )
+
+    enrich = sub.add_parser(
+        "enrich",
+        help="give every record of a Kafka topic an ID, exactly once (Kafka transactions)",
+        description=(
+            "Consume --in, put an ID of --tag into every record, produce it to --out, and commit the input "
+            "offsets in the same Kafka transaction (exactly once; read the output with "
+            "isolation.level=read_committed). Records that cannot take an ID go to the dead-letter topic "
+            "with headers saying why. Run as many as you like: they share the input's partitions."
+        ),
+        epilog=(
+            "examples:\n"
+            "  dispenser enrich --in orders.raw --out orders.enriched --tag order --field order.id\n"
+            "  dispenser enrich --in clicks --out clicks.keyed --tag click --kind snowflake --key\n"
+            "settings: [kafka] (servers, credentials) and [enrich] (commit_records, commit_interval, "
+            "max_record_bytes, group_id, transactional_id_prefix); see docs/kafka.md"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    enrich.add_argument("--in", dest="input", required=True, metavar="TOPIC", help="input topic")
+    enrich.add_argument("--out", dest="output", required=True, metavar="TOPIC", help="output topic")
+    enrich.add_argument("--tag", required=True, help="the tag whose IDs are given out")
+    enrich.add_argument("--kind", choices=["segment", "snowflake"], default="segment", help="generator")
+    where = enrich.add_mutually_exclusive_group()
+    where.add_argument(
+        "--field", metavar="PATH", help="JSON field path for the ID, e.g. id or order.id (default id)"
+    )
+    where.add_argument("--header", metavar="NAME", help="put the ID in this header instead (value untouched)")
+    where.add_argument("--key", action="store_true", help="make the ID the record key (value untouched)")
+    enrich.add_argument("--dlq", metavar="TOPIC", help="dead-letter topic (default <in>.dlq)")
+    enrich.add_argument("--group", metavar="ID", help="consumer group (default leaf-enrich.<in>)")
+    enrich.add_argument("--commit-records", type=int, metavar="N", help="commit after N records")
+    enrich.add_argument("--commit-interval", type=float, metavar="SECONDS", help="…or after this long")
 
     dev = sub.add_parser(
         "dev",
@@ -157,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(config, args.verbose)
     handlers: dict[str, Callable[[argparse.Namespace, Config], int]] = {
         "serve": _serve,
+        "enrich": _enrich,
         "dev": _dev,
         "get": _get,
         "check": _check,
@@ -179,6 +216,36 @@ def _serve(_args: argparse.Namespace, config: Config) -> int:
     from dispenser.app import run_worker  # noqa: PLC0415 - keep `dispenser get` light
 
     return run_async(run_worker(config))
+
+
+def _enrich(args: argparse.Namespace, config: Config) -> int:
+    from dispenser.adapters.kafka_enrich import EnrichSettings  # noqa: PLC0415 - imports aiokafka
+    from dispenser.app import run_enricher  # noqa: PLC0415
+    from dispenser.service.enrichment import Placement  # noqa: PLC0415
+
+    try:
+        placement = Placement.from_options(field=args.field, header=args.header, key=args.key)
+    except ValueError as exc:
+        print(f"dispenser enrich: {exc}", file=sys.stderr)
+        return 2
+    enrich = config.enrich
+    if args.commit_records is not None:
+        enrich = msgspec.structs.replace(enrich, commit_records=args.commit_records)
+    if args.commit_interval is not None:
+        enrich = msgspec.structs.replace(enrich, commit_interval=args.commit_interval)
+    if args.group is not None:
+        enrich = msgspec.structs.replace(enrich, group_id=args.group)
+    settings = EnrichSettings.build(
+        enrich,
+        input_topic=args.input,
+        output_topic=args.output,
+        tag=args.tag,
+        placement=placement,
+        kind=args.kind,
+        dlq_topic=args.dlq,
+        fetch_deadline=config.segment.fetch_deadline,
+    )
+    return run_async(run_enricher(config, settings))
 
 
 def _dev(args: argparse.Namespace, config: Config) -> int:

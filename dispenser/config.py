@@ -28,6 +28,8 @@ class ConfigError(ValueError):
 class NatsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """How to reach NATS and which subjects to serve."""
 
+    enabled: bool = True
+    """Serve IDs over NATS; false for a Kafka-only worker (which then skips the snowflake peer clock check)."""
     url: str = "nats://127.0.0.1:4222"
     """One or more server URLs, comma-separated."""
     subject_prefix: str = "leaf"
@@ -110,6 +112,64 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Seconds a request may wait (the next millisecond, a small clock rollback, a recorded mark)."""
 
 
+class KafkaConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """How to reach Kafka, and the request/reply topics ``dispenser serve`` answers on when enabled."""
+
+    enabled: bool = False
+    """Serve ID requests from :attr:`request_topic` (``dispenser enrich`` uses the connection settings
+    whether or not this is set)."""
+    bootstrap_servers: str = "127.0.0.1:9092"
+    """One or more ``host:port``, comma-separated."""
+    client_id: str = "leaf-dispenser"
+    request_topic: str = "leaf.requests"
+    """Where ID requests arrive (records keyed by tag; body: an ID request plus ``tag`` and ``kind``)."""
+    reply_topic: str | None = "leaf.replies"
+    """Where replies go when a request has no ``kafka_replyTopic`` header; empty: such requests are
+    dropped (logged and counted)."""
+    group_id: str = "leaf-dispenser"
+    """The consumer group the workers share the request topic's partitions in."""
+    request_max_age: float = 60.0
+    """Seconds after which a request is no longer answered (its requester has given up): on arrival,
+    and while its reply cannot be delivered."""
+    create_topics: bool = True
+    """Create the request and default reply topics at start if they are missing."""
+    topic_partitions: int = 1
+    """Partitions of topics the dispenser creates (more partitions, more workers sharing the load)."""
+    replication_factor: int = 1
+    """Replication factor of topics the dispenser creates."""
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_ca: str | None = None
+    ssl_cert: str | None = None
+    ssl_key: str | None = None
+    session_timeout_ms: int = 10_000
+    """How long a silent consumer keeps its partitions (a crashed worker's requests wait this long)."""
+    heartbeat_interval_ms: int = 3_000
+    retry_backoff_ms: int = 10
+    """aiokafka's default of 100 ms costs every transaction a 100 ms stall on a retried produce."""
+    request_timeout_ms: int = 30_000
+
+
+class EnrichConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """``dispenser enrich``: consume, add an ID to every record, produce, exactly once (Kafka transactions)."""
+
+    group_id: str | None = None
+    """Consumer group of the enrichers of one stream; default ``leaf-enrich.<input topic>``."""
+    transactional_id_prefix: str | None = None
+    """Transactional IDs are ``<prefix>.<input partition>``; default: the group ID. Keep it stable:
+    it is what fences a zombie enricher after a rebalance or a crash."""
+    commit_records: int = 1000
+    """Commit a partition's transaction after this many records…"""
+    commit_interval: float = 0.1
+    """…or this many seconds after its first record, whichever comes first."""
+    max_record_bytes: int = 1_000_000
+    """Records with a larger value go to the dead-letter topic."""
+    transaction_timeout_ms: int = 60_000
+    """The broker aborts a transaction left open longer than this (e.g. by a crashed enricher)."""
+
+
 class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """What a single request may ask for."""
 
@@ -136,6 +196,8 @@ class Config(Struct, forbid_unknown_fields=True, kw_only=True):
     postgres: PostgresConfig = msgspec.field(default_factory=PostgresConfig)
     segment: SegmentConfig = msgspec.field(default_factory=SegmentConfig)
     snowflake: SnowflakeConfig = msgspec.field(default_factory=SnowflakeConfig)
+    kafka: KafkaConfig = msgspec.field(default_factory=KafkaConfig)
+    enrich: EnrichConfig = msgspec.field(default_factory=EnrichConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
 
@@ -145,6 +207,8 @@ _SECTIONS: dict[str, type[Struct]] = {
     "postgres": PostgresConfig,
     "segment": SegmentConfig,
     "snowflake": SnowflakeConfig,
+    "kafka": KafkaConfig,
+    "enrich": EnrichConfig,
     "limits": LimitsConfig,
     "log": LogConfig,
 }

@@ -9,7 +9,7 @@ Schema evolution (msgspec's rules, which keep old clients and workers talking to
 * never change a field's type or meaning, never reuse a removed field's name;
 * requests forbid unknown fields (a misspelt ``cuont`` is an error, not a silent single ID), so a client
   may send a new field only to workers that know it;
-* ``schemas/`` holds the JSON Schemas generated from these Structs (``dispenser schemas --write``);
+* ``schemas/`` holds the JSON Schemas generated from these Structs (``dispenser schemas``);
   a test fails when they drift.
 """
 
@@ -26,7 +26,9 @@ __all__ = [
     "DecodeRequest",
     "ErrorBody",
     "IdRequest",
+    "KafkaIdRequest",
     "Reply",
+    "decode_kafka_request",
     "decode_request",
     "encode_reply",
     "json_schemas",
@@ -48,6 +50,26 @@ class IdRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Idempotency key: a retry with the same key within the worker's TTL gets the same IDs."""
     format: Format = "ids"
     """``ids``: a list of IDs; ``ranges``: inclusive ``[first, last]`` pairs, for large batches."""
+
+
+Kind = Literal["segment", "snowflake"]
+
+
+class KafkaIdRequest(IdRequest, forbid_unknown_fields=True, omit_defaults=True):
+    """An ID request on a Kafka request topic: the NATS request plus what the NATS subject carries.
+
+    The tag may also come from the record's key alone (requests are keyed by tag, so that one tag's
+    requests keep their order); when both are there, the body wins.
+    """
+
+    tag: str | None = None
+    """The business tag; default: the record key."""
+    kind: Kind = "segment"
+    """Which generator answers: ``segment`` (PostgreSQL segments) or ``snowflake``."""
+
+    def as_id_request(self) -> IdRequest:
+        """The generator-facing part of the request."""
+        return IdRequest(count=self.count, request_id=self.request_id, format=self.format)
 
 
 class ErrorBody(Struct, frozen=True):
@@ -95,6 +117,9 @@ _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_request = msgspec.json.Decoder(IdRequest)
 _msgpack_request = msgspec.msgpack.Decoder(IdRequest)
 _DEFAULT_REQUEST = IdRequest()
+_json_kafka_request = msgspec.json.Decoder(KafkaIdRequest)
+_msgpack_kafka_request = msgspec.msgpack.Decoder(KafkaIdRequest)
+_DEFAULT_KAFKA_REQUEST = KafkaIdRequest()
 
 
 def decode_request(data: bytes, msgpack: bool = False) -> IdRequest:
@@ -108,6 +133,17 @@ def decode_request(data: bytes, msgpack: bool = False) -> IdRequest:
     return (_msgpack_request if msgpack else _json_request).decode(data)
 
 
+def decode_kafka_request(data: bytes, msgpack: bool = False) -> KafkaIdRequest:
+    """Decode a Kafka request body; an empty body is one segment ID of the tag named by the key.
+
+    Raises:
+        msgspec.DecodeError: malformed body (``msgspec.ValidationError``, a subclass, for wrong types).
+    """
+    if not data:
+        return _DEFAULT_KAFKA_REQUEST
+    return (_msgpack_kafka_request if msgpack else _json_kafka_request).decode(data)
+
+
 def encode_reply(reply: Struct, msgpack: bool = False) -> bytes:
     """Encode any reply Struct in the client's encoding."""
     return (_msgpack_encoder if msgpack else _json_encoder).encode(reply)
@@ -117,6 +153,7 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     """The JSON Schema of every wire message, by file name under ``schemas/``."""
     types: dict[str, type[Struct]] = {
         "id-request": IdRequest,
+        "kafka-id-request": KafkaIdRequest,
         "reply": Reply,
         "decode-request": DecodeRequest,
         "decode-reply": DecodeReply,

@@ -91,6 +91,19 @@ class InvalidTag(BadRequest):
         self.tag = tag
 
 
+class KindNotServed(BadRequest):
+    """The request names a generator kind this worker does not run (Kafka requests carry the kind)."""
+
+    code = "kind_not_served"
+    status = 404
+
+    def __init__(self, kind: str, served: list[str]) -> None:
+        super().__init__(
+            f"this worker does not serve {kind!r} IDs (it serves: {', '.join(served) or 'none'})"
+        )
+        self.kind = kind
+
+
 class UnknownTag(DispenserError, LookupError):
     """No such tag exists in the store (``dispenser tag add`` creates one)."""
 

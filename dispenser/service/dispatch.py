@@ -122,10 +122,34 @@ class Dispatcher:
                 self._bodies.clear()
             self._bodies[body] = request
 
+    def answer_request_now(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer | None:
+        """Answer an already decoded request without waiting if possible; ``None``: use :meth:`answer_request`."""
+        if request.request_id is not None:
+            return None
+        try:
+            self._check(tag, request)
+            batch = self._source.try_take(tag, request.count)
+        except DispenserError as exc:
+            return self.error(tag, exc, msgpack)
+        except Exception as exc:
+            return self._internal(tag, exc, msgpack)
+        return None if batch is None else Answer(self._reply(tag, request, batch, msgpack))
+
     async def answer(self, tag: str, body: bytes, msgpack: bool = False) -> Answer:
         """Answer, waiting for a segment or the clock where needed; never raises."""
         try:
             request = self._parse(tag, body, msgpack)
+        except DispenserError as exc:
+            return self.error(tag, exc, msgpack)
+        return await self.answer_request(tag, request, msgpack)
+
+    async def answer_request(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer:
+        """Answer a decoded request (Kafka's carries its tag in the body), waiting where needed; never raises.
+
+        The tag and the request's limits are checked here, as for :meth:`answer`.
+        """
+        try:
+            self._check(tag, request)
             deadline = self._clock.monotonic() + self.limits.deadline
             if request.request_id is None:
                 batch = await self._source.take(tag, request.count, deadline)
@@ -154,22 +178,33 @@ class Dispatcher:
 
     def _parse(self, tag: str, body: bytes, msgpack: bool) -> IdRequest:
         validate_tag(tag)
-        limits = self.limits
-        if len(body) > limits.max_body_bytes:
-            raise MessageTooLarge(len(body), limits.max_body_bytes)
+        self.check_size(body)
         try:
             request = decode_request(body, msgpack)
         except msgspec.ValidationError as exc:
             raise InvalidRequest(str(exc)) from None
         except msgspec.DecodeError as exc:
             raise MalformedRequest(str(exc)) from None
+        self._check_count(request)
+        return request
+
+    def check_size(self, body: bytes) -> None:
+        """Raise :class:`MessageTooLarge` if ``body`` is over the limit (before anyone decodes it)."""
+        if len(body) > self.limits.max_body_bytes:
+            raise MessageTooLarge(len(body), self.limits.max_body_bytes)
+
+    def _check(self, tag: str, request: IdRequest) -> None:
+        validate_tag(tag)
+        self._check_count(request)
+
+    def _check_count(self, request: IdRequest) -> None:
         count = request.count
         if count < 1:
             raise InvalidCount(count)
+        limits = self.limits
         limit = limits.max_ids if request.format == "ids" else limits.max_ranges
         if count > limit:
             raise CountTooLarge(count, limit, request.format)
-        return request
 
     @staticmethod
     def _reply(tag: str, request: IdRequest, batch: RangesBatch, msgpack: bool) -> bytes:

@@ -1,0 +1,420 @@
+"""``dispenser enrich``: consume a topic, give every record an ID, produce it, exactly once.
+
+Exactly once, with aiokafka (which sends no consumer-group generation with transactional offsets, so
+KIP-447 fencing is out of reach): **one transactional producer per input partition**, with the stable
+transactional ID ``<prefix>.<partition>``. Whoever owns input partition *p* writes its outputs, its
+dead letters and its consumed offset in one transaction of producer ``<prefix>.<p>``:
+
+* a new owner of *p* (after a rebalance, a crash, a restart) first calls ``init_transactions`` with that
+  ID, which aborts whatever the previous owner left open and fences it: a zombie can no longer commit;
+* only then does it read *p*'s committed offset, so it resumes exactly after the last committed
+  transaction, and records of an aborted one are processed again;
+* output read with ``isolation_level=read_committed`` therefore holds each input record exactly once.
+
+Order: input partition *p*'s records go, in order, to output partition ``p mod <output partitions>``
+(one producer writes them), so per-partition order is kept. IDs are taken in record order, so they
+increase along each partition too. A record that cannot be enriched goes to the dead-letter topic in the
+same transaction, with headers naming the reason and its source; the stream never stops on a bad record.
+When the ID source is unavailable (PostgreSQL down and the buffer dry), the partition waits and retries:
+no record is skipped and nothing is sent to the dead-letter topic for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError, ProducerFenced
+
+from dispenser.adapters.kafka import client_options, ensure_topics, topic_partitions
+from dispenser.config import EnrichConfig, KafkaConfig
+from dispenser.core.errors import DispenserError
+from dispenser.service.dispatch import IdSource
+from dispenser.service.enrichment import Placement, Rejection, inspect, place
+
+__all__ = ["EnrichSettings", "EnrichStats", "Enricher"]
+
+log = logging.getLogger(__name__)
+
+SOURCE_HEADER = "leaf-source"
+"""Added to every output and dead letter: ``<topic>/<partition>/<offset>`` of the input record."""
+ERROR_CODE_HEADER = "leaf-error-code"
+ERROR_MESSAGE_HEADER = "leaf-error-message"
+SOURCE_TOPIC_HEADER = "leaf-source-topic"
+SOURCE_PARTITION_HEADER = "leaf-source-partition"
+SOURCE_OFFSET_HEADER = "leaf-source-offset"
+
+_RETRY_MAX = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class EnrichSettings:
+    """One enrichment stream: topics, where the ID goes, which tag and generator, and the batching."""
+
+    input_topic: str
+    output_topic: str
+    tag: str
+    placement: Placement
+    kind: str = "segment"
+    dlq_topic: str | None = None
+    """Default ``<input>.dlq``."""
+    group_id: str | None = None
+    """Default ``leaf-enrich.<input>``."""
+    transactional_id_prefix: str | None = None
+    """Default: the group ID."""
+    commit_records: int = 1000
+    commit_interval: float = 0.1
+    max_record_bytes: int = 1_000_000
+    transaction_timeout_ms: int = 60_000
+    fetch_deadline: float = 2.0
+    """Seconds one attempt to take IDs may wait before it is retried."""
+
+    @classmethod
+    def build(cls, config: EnrichConfig, **stream: object) -> EnrichSettings:
+        """Settings from the ``[enrich]`` section plus the stream's own (CLI) options."""
+        return cls(
+            group_id=config.group_id,
+            transactional_id_prefix=config.transactional_id_prefix,
+            commit_records=config.commit_records,
+            commit_interval=config.commit_interval,
+            max_record_bytes=config.max_record_bytes,
+            transaction_timeout_ms=config.transaction_timeout_ms,
+            **stream,  # type: ignore[arg-type]
+        )
+
+    @property
+    def dlq(self) -> str:
+        """The dead-letter topic."""
+        return self.dlq_topic or f"{self.input_topic}.dlq"
+
+    @property
+    def group(self) -> str:
+        """The consumer group of this stream's enrichers."""
+        return self.group_id or f"leaf-enrich.{self.input_topic}"
+
+    def transactional_id(self, partition: int) -> str:
+        """The stable transactional ID of the producer that owns input ``partition``."""
+        return f"{self.transactional_id_prefix or self.group}.{partition}"
+
+
+@dataclass
+class EnrichStats:
+    """What the enricher did (records counted when their transaction commits)."""
+
+    enriched: int = 0
+    dead_lettered: int = 0
+    transactions: int = 0
+    aborted: int = 0
+    id_waits: int = 0
+    """Times taking IDs failed and was retried (store unavailable, unknown tag…)."""
+
+
+class _Partition:
+    """The state of one owned input partition: its producer and the transaction under way."""
+
+    __slots__ = ("in_transaction", "next_offset", "pending", "producer", "sends", "started", "tp")
+
+    def __init__(self, tp: TopicPartition, producer: AIOKafkaProducer) -> None:
+        self.tp = tp
+        self.producer = producer
+        self.in_transaction = False
+        self.pending = 0
+        self.next_offset = 0
+        self.started = 0.0
+        self.sends: list[asyncio.Future[object]] = []
+
+
+class Enricher:
+    """Consume-enrich-produce in Kafka transactions, one transactional producer per input partition."""
+
+    def __init__(self, kafka: KafkaConfig, settings: EnrichSettings, source: IdSource) -> None:
+        self._kafka = kafka
+        self.settings = settings
+        self._source = source
+        self.stats = EnrichStats()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._lock = asyncio.Lock()
+        self._out_partitions = 1
+        self._dlq_partitions = 1
+
+    async def start(self) -> None:
+        """Check the topics (creating the output and dead-letter ones if configured) and join the group.
+
+        Raises:
+            OSError: Kafka could not be reached, or the input topic does not exist.
+        """
+        settings, kafka = self.settings, self._kafka
+        partitions = await topic_partitions(kafka, settings.input_topic)
+        if kafka.create_topics:
+            await ensure_topics(kafka, {settings.output_topic: partitions, settings.dlq: partitions})
+        self._out_partitions = await topic_partitions(kafka, settings.output_topic)
+        self._dlq_partitions = await topic_partitions(kafka, settings.dlq)
+        self._consumer = AIOKafkaConsumer(
+            **client_options(kafka),
+            group_id=settings.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            # Outputs of aborted transactions upstream must not be enriched either.
+            isolation_level="read_committed",
+            session_timeout_ms=kafka.session_timeout_ms,
+            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+            max_partition_fetch_bytes=max(1_048_576, settings.max_record_bytes + 4096),
+        )
+        self._consumer.subscribe([settings.input_topic], listener=_Listener(self))
+        try:
+            await self._consumer.start()
+        except KafkaError as exc:
+            await self.close()
+            raise OSError(f"cannot reach Kafka at {kafka.bootstrap_servers}: {exc}") from exc
+        log.info(
+            "enriching %s -> %s (dead letters: %s) with %s IDs of tag %r in the %s; group %r",
+            settings.input_topic,
+            settings.output_topic,
+            settings.dlq,
+            settings.kind,
+            settings.tag,
+            settings.placement.describe(),
+            settings.group,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Enrich until ``stop`` is set; then commit what is under way and leave the group."""
+        assert self._consumer is not None
+        consumer = self._consumer
+        timeout_ms = max(1, int(self.settings.commit_interval * 1000))
+        while not stop.is_set():
+            try:
+                fetched = await consumer.getmany(
+                    timeout_ms=timeout_ms, max_records=self.settings.commit_records
+                )
+            except KafkaError as exc:
+                log.warning("Kafka consumer: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            async with self._lock:
+                for tp, records in fetched.items():
+                    part = self._partitions.get(tp)
+                    if part is not None:  # else revoked since the fetch: the new owner reads them again
+                        await self._guarded(part, self._process(part, records))
+                await self._commit_due()
+        await self.close()
+
+    async def close(self) -> None:
+        """Commit the open transactions, stop every producer and leave the group."""
+        async with self._lock:
+            for part in list(self._partitions.values()):
+                await self._guarded(part, self._commit(part))
+                await self._release(part)
+            self._partitions.clear()
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
+            self._consumer = None
+
+    # -- partitions come and go ------------------------------------------------------------------------
+
+    async def _assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        async with self._lock:
+            for tp in sorted(assigned):
+                if tp not in self._partitions:
+                    await self._own(tp)
+
+    async def _revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        async with self._lock:
+            for tp in revoked:
+                part = self._partitions.pop(tp, None)
+                if part is not None:
+                    await self._guarded(part, self._commit(part))
+                    await self._release(part)
+
+    async def _own(self, tp: TopicPartition) -> None:
+        """Take over ``tp``: fence its previous owner, then resume after its last committed transaction."""
+        assert self._consumer is not None
+        producer = AIOKafkaProducer(
+            **client_options(self._kafka),
+            transactional_id=self.settings.transactional_id(tp.partition),
+            transaction_timeout_ms=self.settings.transaction_timeout_ms,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=5,
+            max_request_size=max(1_048_576, self.settings.max_record_bytes + 65_536),
+        )
+        delay = 0.2
+        while True:
+            try:
+                # start() runs InitProducerId: the broker aborts the previous owner's open transaction
+                # and bumps the epoch, so the previous owner can no longer commit.
+                await producer.start()
+                committed = await self._consumer.committed(tp)
+                break
+            except KafkaError as exc:
+                log.warning("cannot take over %s yet: %s", _name(tp), exc)
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+        if committed is None:
+            await self._consumer.seek_to_beginning(tp)
+        else:
+            self._consumer.seek(tp, committed)
+        part = _Partition(tp, producer)
+        # Records fetched before this take-over (a stale getmany result) are below this and are skipped.
+        part.next_offset = 0 if committed is None else committed
+        self._partitions[tp] = part
+        self._consumer.resume(tp)
+        log.info(
+            "enriching %s from offset %s", _name(tp), "the beginning" if committed is None else committed
+        )
+
+    async def _release(self, part: _Partition) -> None:
+        with contextlib.suppress(Exception):
+            await part.producer.stop()
+
+    # -- the work ----------------------------------------------------------------------------------------
+
+    async def _process(self, part: _Partition, records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        settings = self.settings
+        if records[0].offset < part.next_offset:
+            records = [r for r in records if r.offset >= part.next_offset]
+            if not records:
+                return
+        checked = [inspect(settings.placement, r.value, settings.max_record_bytes) for r in records]
+        wanted = sum(1 for c in checked if not isinstance(c, Rejection))
+        ids = await self._take(wanted) if wanted else iter(())
+        producer = part.producer
+        if not part.in_transaction:
+            await producer.begin_transaction()
+            part.in_transaction = True
+            part.started = time.monotonic()
+        out_partition = part.tp.partition % self._out_partitions
+        dlq_partition = part.tp.partition % self._dlq_partitions
+        for record, check in zip(records, checked, strict=True):
+            source = [(SOURCE_HEADER, f"{record.topic}/{record.partition}/{record.offset}".encode())]
+            if isinstance(check, Rejection):
+                headers = [
+                    *record.headers,
+                    (ERROR_CODE_HEADER, check.code.encode()),
+                    (ERROR_MESSAGE_HEADER, check.message.encode()),
+                    (SOURCE_TOPIC_HEADER, record.topic.encode()),
+                    (SOURCE_PARTITION_HEADER, str(record.partition).encode()),
+                    (SOURCE_OFFSET_HEADER, str(record.offset).encode()),
+                    *source,
+                ]
+                future = await producer.send(
+                    settings.dlq, record.value, key=record.key, partition=dlq_partition, headers=headers
+                )
+            else:
+                enriched = place(
+                    settings.placement,
+                    check,
+                    key=record.key,
+                    value=record.value,
+                    headers=record.headers,
+                    id_=next(ids),
+                )
+                future = await producer.send(
+                    settings.output_topic,
+                    enriched.value,
+                    key=enriched.key,
+                    partition=out_partition,
+                    headers=[*enriched.headers, *source],
+                )
+            part.sends.append(future)
+        part.pending += len(records)
+        part.next_offset = records[-1].offset + 1
+
+    async def _take(self, count: int) -> Iterator[int]:
+        """``count`` IDs in increasing order, retrying for as long as the source cannot supply them."""
+        delay = 0.1
+        while True:
+            deadline = time.monotonic() + self.settings.fetch_deadline
+            try:
+                batch = await self._source.take(self.settings.tag, count, deadline)
+            except DispenserError as exc:
+                self.stats.id_waits += 1
+                log.warning("cannot take %d IDs of tag %r yet (%s); retrying", count, self.settings.tag, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+                continue
+            return (i for first, last in batch.ranges for i in range(first, last + 1))
+
+    async def _commit_due(self) -> None:
+        now = time.monotonic()
+        settings = self.settings
+        for part in list(self._partitions.values()):
+            if part.in_transaction and (
+                part.pending >= settings.commit_records or now - part.started >= settings.commit_interval
+            ):
+                await self._guarded(part, self._commit(part))
+
+    async def _commit(self, part: _Partition) -> None:
+        if not part.in_transaction:
+            return
+        await asyncio.gather(*part.sends)
+        await part.producer.send_offsets_to_transaction({part.tp: part.next_offset}, self.settings.group)
+        await part.producer.commit_transaction()
+        self._count_committed(part)
+        part.in_transaction = False
+        part.pending = 0
+        part.sends = []
+
+    def _count_committed(self, part: _Partition) -> None:
+        stats = self.stats
+        stats.transactions += 1
+        dead = sum(1 for f in part.sends if f.done() and _topic_of(f) == self.settings.dlq)
+        stats.dead_lettered += dead
+        stats.enriched += part.pending - dead
+
+    async def _guarded(self, part: _Partition, work: object) -> None:
+        """Run ``work`` on ``part``; on a Kafka failure, abort and start the partition over from its commit."""
+        try:
+            await work  # type: ignore[misc]
+        except ProducerFenced:
+            # Another enricher owns the partition now (we were too slow to notice the rebalance): drop it.
+            log.warning("%s: fenced by a newer owner; letting it go", _name(part.tp))
+            self._drop(part)
+            await self._release(part)
+        except KafkaError as exc:
+            log.warning(
+                "%s: transaction failed (%s); starting over from the last commit", _name(part.tp), exc
+            )
+            self.stats.aborted += 1
+            self._drop(part)
+            await self._release(part)
+            # A new producer with the same transactional ID aborts the failed transaction for us.
+            await self._own(part.tp)
+
+    def _drop(self, part: _Partition) -> None:
+        self._partitions.pop(part.tp, None)
+        if self._consumer is not None and part.tp in self._consumer.assignment():
+            self._consumer.pause(part.tp)
+
+
+def _topic_of(future: asyncio.Future[object]) -> str | None:
+    if future.cancelled() or future.exception() is not None:
+        return None
+    return getattr(future.result(), "topic", None)
+
+
+def _name(tp: TopicPartition) -> str:
+    return f"{tp.topic}[{tp.partition}]"
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
+    """Hands rebalances to the enricher (aiokafka awaits these before it fetches again)."""
+
+    def __init__(self, enricher: Enricher) -> None:
+        self._enricher = enricher
+
+    async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        await self._enricher._revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        await self._enricher._assigned(assigned)
