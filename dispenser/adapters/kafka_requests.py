@@ -164,6 +164,14 @@ class KafkaRequestService:
         ]
         log.info("serving ID requests from Kafka topic %r in group %r", config.request_topic, config.group_id)
 
+    def assignment(self) -> set[TopicPartition]:
+        """The request-topic partitions this worker answers now (empty until the group has settled)."""
+        return set(self._consumer.assignment()) if self._consumer is not None else set()
+
+    def alive(self) -> bool:
+        """Whether the service is consuming (false after :meth:`stop`, or if its loop died)."""
+        return bool(self._tasks) and not any(task.done() for task in self._tasks)
+
     async def stop(self, grace: float = 5.0) -> None:
         """Stop consuming, deliver the replies under way (up to ``grace`` seconds), commit, leave the group."""
         self._stopping.set()
