@@ -34,6 +34,7 @@ from dispenser.adapters.kafka import (
     client_options,
     encode_partition,
     header,
+    topic_partitions,
 )
 from dispenser.config import KafkaConfig
 from dispenser.messages import MSGPACK, Format, KafkaIdRequest, Kind, Reply
@@ -109,10 +110,7 @@ class KafkaIdClient:
         try:
             await self._producer.start()
             await self._consumer.start()
-            await self._consumer.topics()  # loads metadata: partitions_for_topic is None until then
-            partitions = self._consumer.partitions_for_topic(self.reply_topic)
-            if not partitions:
-                raise OSError(f"reply topic {self.reply_topic!r} does not exist")
+            partitions = await self._reply_partitions()
             if self.reply_partition is not None:
                 if self.reply_partition not in partitions:
                     raise OSError(f"reply topic {self.reply_topic!r} has no partition {self.reply_partition}")
@@ -131,6 +129,18 @@ class KafkaIdClient:
             await self.close()
             raise
         self._reader = asyncio.create_task(self._read_replies(), name="kafka-id-client-replies")
+
+    async def _reply_partitions(self, wait: float = 5.0) -> set[int]:
+        """The reply topic's partitions; a topic created a moment ago may take a few metadata rounds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            try:
+                return set(range(await topic_partitions(self._config, self.reply_topic)))
+            except OSError:
+                if loop.time() > deadline:
+                    raise
+            await asyncio.sleep(0.1)
 
     async def close(self) -> None:
         """Stop reading replies and close the connections; waiting requests fail with ``ConnectionError``."""
