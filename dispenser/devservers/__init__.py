@@ -1,22 +1,25 @@
-"""Real servers for tests and ``dispenser dev``: NATS, PostgreSQL and ZooKeeper on 127.0.0.1, started as subprocesses.
+"""Real servers for tests and ``dispenser dev``: NATS, PostgreSQL, ZooKeeper and Kafka on 127.0.0.1, as subprocesses.
 
 Synchronous on purpose (no event loop needed): pytest fixtures and the CLI start them, wait for readiness,
 and stop them by the PID they started.
 """
 
 from dispenser.devservers._process import DevServerError, ServerNotFoundError, ServerStartError, free_port
+from dispenser.devservers.kafka import KafkaBroker, fetch_kafka_jars
 from dispenser.devservers.nats import NatsServer, find_nats_server
 from dispenser.devservers.postgres import PostgresInstall, PostgresServer, find_postgres_installs
 from dispenser.devservers.zookeeper import ZooKeeperServer, fetch_zookeeper_jars
 
 __all__ = [
     "DevServerError",
+    "KafkaBroker",
     "NatsServer",
     "PostgresInstall",
     "PostgresServer",
     "ServerNotFoundError",
     "ServerStartError",
     "ZooKeeperServer",
+    "fetch_kafka_jars",
     "fetch_zookeeper_jars",
     "find_nats_server",
     "find_postgres_installs",

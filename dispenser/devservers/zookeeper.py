@@ -7,17 +7,15 @@ with a short ``tickTime`` so that session-expiry tests take seconds, not minutes
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
+from dispenser.devservers._maven import cache_dir, fetch_jars, is_complete
 from dispenser.devservers._process import LOOPBACK, DevServerError, ServerNotFoundError
 from dispenser.devservers._server import ServerProcess
 
@@ -39,7 +37,6 @@ POM = Path(__file__).resolve().parents[2] / "tools" / "zookeeper" / "pom.xml"
 JARS_ENV = "DISPENSER_ZOOKEEPER_JARS"
 """Environment variable naming a directory of ZooKeeper jars to use instead of fetching (e.g. a mirror)."""
 
-_STAMP = ".complete"
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 # Small JVM, quick start: the test server holds a few hundred znodes at most.
 _JVM_OPTIONS = ("-Xms16m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
@@ -50,40 +47,14 @@ def default_jar_dir() -> Path:
 
     ``$XDG_CACHE_HOME/leaf-dispenser/zookeeper-<version>/``, with ``~/.cache`` when the variable is unset.
     """
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "leaf-dispenser" / f"zookeeper-{ZOOKEEPER_VERSION}"
-
-
-def _pom_digest(pom: Path) -> str:
-    return hashlib.sha256(pom.read_bytes()).hexdigest()
-
-
-def _is_complete(dest: Path, digest: str) -> bool:
-    try:
-        return (dest / _STAMP).read_text().strip() == digest
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path`` (two test runs fetching at once take turns)."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return cache_dir(f"zookeeper-{ZOOKEEPER_VERSION}")
 
 
 def fetch_zookeeper_jars(dest: Path | None = None, *, pom: Path = POM, timeout: float = 600.0) -> Path:
     """Download the ZooKeeper server jars (and a logging binding) from Maven Central, once.
 
-    Runs ``mvn -q -B -f <pom> dependency:copy-dependencies -DoutputDirectory=<dest>`` into a scratch
-    directory next to ``dest`` and renames it into place, with a stamp holding the pom's digest; a later call
-    with the same pom finds the stamp and returns at once, without starting Maven. Concurrent calls take
-    turns on a lock file.
+    See :func:`dispenser.devservers._maven.fetch_jars`: a later call with the same pom returns at once,
+    without starting Maven.
 
     Args:
         dest: Directory for the jars; :func:`default_jar_dir` when omitted.
@@ -94,58 +65,11 @@ def fetch_zookeeper_jars(dest: Path | None = None, *, pom: Path = POM, timeout: 
         ``dest``, holding the jars.
 
     Raises:
-        ServerNotFoundError: ``mvn`` or the pom is missing.
+        ServerNotFoundError: ``mvn`` or the pom is missing (or set ``$DISPENSER_ZOOKEEPER_JARS``).
         DevServerError: Maven failed (its output is in the message) or took too long.
     """
     dest = default_jar_dir() if dest is None else Path(dest)
-    if not pom.is_file():
-        raise ServerNotFoundError(
-            f"{pom} not found: the ZooKeeper jars are fetched from a source checkout of leaf-dispenser "
-            f"(or set {JARS_ENV} to a directory holding them)"
-        )
-    digest = _pom_digest(pom)
-    if _is_complete(dest, digest):
-        return dest
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise ServerNotFoundError(
-            "mvn (Apache Maven) not found on PATH; it fetches the ZooKeeper jars from Maven Central "
-            "(apt-get install maven)"
-        )
-    with _locked(dest.with_name(dest.name + ".lock")):
-        if _is_complete(dest, digest):  # fetched by whoever held the lock before us
-            return dest
-        scratch = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
-        shutil.rmtree(scratch, ignore_errors=True)
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(pom),
-            "dependency:copy-dependencies",
-            f"-DoutputDirectory={scratch}",
-            "-DincludeScope=runtime",
-        ]
-        try:
-            done = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=timeout, cwd=pom.parent, check=False
-            )
-        except subprocess.TimeoutExpired as exc:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise DevServerError(f"mvn did not fetch the ZooKeeper jars within {timeout:g} s") from exc
-        if done.returncode != 0 or not any(scratch.glob("zookeeper-*.jar")):
-            shutil.rmtree(scratch, ignore_errors=True)
-            output = (done.stdout + done.stderr).strip()[-4000:]
-            raise DevServerError(
-                f"mvn could not fetch the ZooKeeper jars (exit status {done.returncode}): "
-                f"{' '.join(cmd)}\n{output}"
-            )
-        (scratch / _STAMP).write_text(digest + "\n")
-        # A stale directory (another pom version) goes away whole, so no old jar lingers on the class path.
-        shutil.rmtree(dest, ignore_errors=True)
-        scratch.rename(dest)
-    return dest
+    return fetch_jars(pom, dest, what="ZooKeeper", jar_glob="zookeeper-*.jar", timeout=timeout)
 
 
 def find_java() -> Path:
@@ -322,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     dest = Path(args[0]) if args else None
     target = default_jar_dir() if dest is None else dest
-    if POM.is_file() and not _is_complete(target, _pom_digest(POM)):
+    if POM.is_file() and not is_complete(target, POM):
         print(
             f"fetching Apache ZooKeeper {ZOOKEEPER_VERSION} jars from Maven Central into {target}",
             file=sys.stderr,

@@ -1,9 +1,12 @@
-"""ZooKeeper for the integration tests: a real Apache ZooKeeper (jars from Maven Central) on 127.0.0.1.
+"""ZooKeeper and Kafka for the integration tests: real Apache servers (jars from Maven Central) on 127.0.0.1.
 
 A server that cannot start (no Java, no Maven, no network for the first fetch) fails the tests that need
 it, with the reason and the server's log; nothing is skipped.
 
 Fixtures:
+    kafka_broker: one single-node KRaft Kafka for the whole session; don't stop it. Tests keep apart by
+        using topics and groups of their own (``kafka_support.unique``).
+    private_kafka: a Kafka of the test's own, to stop, kill and restart (same ports and data).
     zookeeper_server: one ZooKeeper for the whole session; don't stop it. Tests keep apart by using
         their own registry namespace (``zk_namespace``).
     private_zookeeper: a ZooKeeper of the test's own, to stop, kill and restart (same port and data).
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from dispenser.devservers.kafka import KafkaBroker
 from dispenser.devservers.zookeeper import ZooKeeperServer
 from tests.conftest import _running
 
@@ -43,3 +47,15 @@ def zk_namespace(request: pytest.FixtureRequest) -> str:
     """A registry name of this test's own, e.g. ``n7-test_reuse_after_restart``."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)[:80]
     return f"n{next(_namespaces)}-{slug}"
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A Kafka broker shared by the session, on free ports of 127.0.0.1."""
+    yield from _running(KafkaBroker(tmp_path_factory.mktemp("kafka")))
+
+
+@pytest.fixture
+def private_kafka(tmp_path: Path) -> Iterator[KafkaBroker]:
+    """A Kafka broker for this test alone: stop, kill or restart it (same ports and data) as the test needs."""
+    yield from _running(KafkaBroker(tmp_path / "kafka"))
