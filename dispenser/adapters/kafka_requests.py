@@ -217,7 +217,15 @@ class KafkaRequestService:
             batch = _Batch({tp: records[-1].offset + 1 for tp, records in fetched.items()})
             for records in fetched.values():
                 for record in records:
-                    await self._handle(record, batch)
+                    try:
+                        await self._handle(record, batch)
+                    except Exception:  # a bug: log it, and keep serving the other requests
+                        log.exception(
+                            "could not answer the request at %s[%d]@%d",
+                            record.topic,
+                            record.partition,
+                            record.offset,
+                        )
             self._batches.append(batch)
             if batch.pending:
                 gathered = asyncio.gather(*batch.pending, return_exceptions=True)
@@ -272,9 +280,10 @@ class KafkaRequestService:
                 raise InvalidRequest(str(exc)) from None
             except msgspec.DecodeError as exc:
                 raise MalformedRequest(str(exc)) from None
-            dispatcher = self._dispatchers.get(request.kind)  # type: ignore[assignment]
-            if dispatcher is None:
+            chosen = self._dispatchers.get(request.kind)
+            if chosen is None:
                 raise KindNotServed(request.kind, list(self._dispatchers))
+            dispatcher = chosen
         except DispenserError as exc:
             await self._send(reply, dispatcher.error(key_tag, exc, msgpack), batch)
             return

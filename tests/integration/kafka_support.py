@@ -1,0 +1,201 @@
+"""Helpers for the Kafka tests: configs, unique topics, producing and reading back whole topics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from dispenser.adapters.kafka import ensure_topics, topic_partitions
+from dispenser.config import Config, KafkaConfig, load_config
+
+Header = tuple[str, bytes]
+
+
+def unique(name: str) -> str:
+    """A topic or group name no other test uses."""
+    return f"{name}-{uuid.uuid4().hex[:10]}"
+
+
+def kafka_env(bootstrap: str, dsn: str | None = None, **settings: object) -> dict[str, str]:
+    """``DISPENSER_*`` variables for a Kafka-only worker on ``bootstrap``; ``settings`` as ``SECTION_NAME``."""
+    env = {
+        "DISPENSER_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "DISPENSER_NATS_ENABLED": "false",
+        # Short sessions: a killed worker's partitions move on within about a second.
+        "DISPENSER_KAFKA_SESSION_TIMEOUT_MS": "1500",
+        "DISPENSER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
+    }
+    if dsn is not None:
+        env["DISPENSER_POSTGRES_DSN"] = dsn
+    else:
+        env["DISPENSER_SEGMENT_ENABLED"] = "false"
+    env |= {
+        f"DISPENSER_{k.upper()}": str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in settings.items()
+    }
+    return env
+
+
+def kafka_config(bootstrap: str, dsn: str | None = None, **settings: object) -> Config:
+    """A config from :func:`kafka_env`."""
+    return load_config(environ=kafka_env(bootstrap, dsn, **settings))
+
+
+async def create_topics(bootstrap: str, topics: Mapping[str, int]) -> None:
+    """Create topics (name → partitions)."""
+    await ensure_topics(KafkaConfig(bootstrap_servers=bootstrap), topics)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record as read back."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header ``name``."""
+        found = None
+        for key, value in self.headers:
+            if key == name:
+                found = value
+        return found
+
+
+async def produce(
+    bootstrap: str, topic: str, records: Iterable[tuple[int, bytes | None, bytes | None, list[Header]]]
+) -> list[tuple[int, int]]:
+    """Produce ``(partition, key, value, headers)`` records in order; returns their ``(partition, offset)``."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, enable_idempotence=True)
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(topic, value, key=key, partition=partition, headers=headers)
+            for partition, key, value, headers in records
+        ]
+        metadata = await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return [(m.partition, m.offset) for m in metadata]
+
+
+class TopicReader:
+    """Reads a whole topic (``read_committed`` by default) in the background, keeping every record."""
+
+    def __init__(self, bootstrap: str, topic: str, *, committed: bool = True) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.records: list[Record] = []
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed" if committed else "read_uncommitted",
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> TopicReader:
+        consumer = self._consumer
+        await consumer.start()
+        partitions = await topic_partitions(KafkaConfig(bootstrap_servers=self.bootstrap), self.topic)
+        self.tps = [TopicPartition(self.topic, p) for p in range(partitions)]
+        consumer.assign(self.tps)
+        await consumer.seek_to_beginning(*self.tps)
+        self._task = asyncio.create_task(self._read())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._consumer.stop()
+
+    async def _read(self) -> None:
+        while True:
+            fetched = await self._consumer.getmany(timeout_ms=200)
+            for records in fetched.values():
+                self.records.extend(
+                    Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers)) for r in records
+                )
+
+    async def wait_for(self, count: int, timeout: float) -> list[Record]:
+        """Wait until at least ``count`` records were read; then until the reader is at the topic's end."""
+        deadline = time.monotonic() + timeout
+        while len(self.records) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{self.topic}: {len(self.records)} of {count} records after {timeout} s"
+                )
+            await asyncio.sleep(0.1)
+        await self.wait_caught_up(deadline - time.monotonic())
+        return self.records
+
+    async def wait_caught_up(self, timeout: float = 10.0) -> None:
+        """Wait until the reader's position is at the end (last stable offset) of every partition."""
+        deadline = time.monotonic() + max(timeout, 1.0)
+        while True:
+            ends = await self._consumer.end_offsets(self.tps)  # the LSO under read_committed
+            positions = {tp: await self._consumer.position(tp) for tp in self.tps}
+            if all(positions[tp] >= ends[tp] for tp in self.tps):
+                await asyncio.sleep(0.3)  # records fetched but not yet appended by _read
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.topic}: reader did not catch up ({positions} < {ends})")
+            await asyncio.sleep(0.1)
+
+
+class EnricherProcess:
+    """``dispenser enrich`` in a child process, to SIGKILL and restart."""
+
+    def __init__(self, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
+        self.args = args
+        self.env = os.environ | dict(env) | {"DISPENSER_LOG_LEVEL": "INFO"}
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it (output appended to the log)."""
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dispenser", "enrich", *self.args],
+                env=self.env,
+                stdout=log,
+                stderr=log,
+            )
+
+    def kill(self) -> None:
+        """SIGKILL it: a crash, mid-transaction."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def alive(self) -> bool:
+        """Whether it is still running."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait (SIGKILL after 15 s); returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
