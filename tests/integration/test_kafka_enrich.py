@@ -1,0 +1,236 @@
+"""``dispenser enrich`` against a real broker: exactly once through crashes and rebalances, bad records to the DLQ."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from dispenser.devservers.kafka import KafkaBroker
+
+from dispenser.adapters.kafka_enrich import (
+    ERROR_CODE_HEADER,
+    SOURCE_HEADER,
+    SOURCE_OFFSET_HEADER,
+    SOURCE_PARTITION_HEADER,
+    Enricher,
+    EnrichSettings,
+)
+from dispenser.app import Worker
+from dispenser.service.enrichment import Placement
+
+from .kafka_support import (
+    EnricherProcess,
+    Header,
+    Record,
+    TopicReader,
+    create_topics,
+    kafka_config,
+    kafka_env,
+    produce,
+    unique,
+)
+from .segment_support import prepare
+
+pytestmark = [pytest.mark.kafka, pytest.mark.postgres]
+
+PARTITIONS = 4
+BAD_VALUES = (b"not json at all", b'{"n": -1, "order": 5}', b'{"n": -2}')
+"""Planted bad records: not JSON, ``order`` not an object, ``order`` missing."""
+
+
+def record_for(i: int, bad_every: int) -> tuple[int, bytes, bytes, list[Header]]:
+    """Input record ``i``: partition ``i % 4``, a key and a header to pass through; some unfit.
+
+    Every ``bad_every``-th record cannot take ``--field order.id``.
+    """
+    if bad_every and i % bad_every == bad_every - 1:
+        value = BAD_VALUES[(i // bad_every) % len(BAD_VALUES)]
+    else:
+        value = json.dumps({"n": i, "order": {"sku": f"s{i}"}}).encode()
+    return i % PARTITIONS, f"k{i}".encode(), value, [("trace", str(i).encode())]
+
+
+def source_of(record: Record) -> tuple[int, int]:
+    """The input ``(partition, offset)`` an output or dead letter came from (its ``leaf-source`` header)."""
+    raw = record.header(SOURCE_HEADER)
+    assert raw is not None
+    _topic, partition, offset = raw.decode().rsplit("/", 2)
+    return int(partition), int(offset)
+
+
+async def make_stream(
+    bootstrap: str, count: int, bad_every: int
+) -> tuple[str, str, dict[tuple[int, int], int]]:
+    """An input topic with ``count`` records; returns (input, output, (partition, offset) → record number)."""
+    topic_in, topic_out = unique("orders.raw"), unique("orders.enriched")
+    # All three up front, so that readers can start before the enricher (which would create the other two).
+    await create_topics(
+        bootstrap, {topic_in: PARTITIONS, topic_out: PARTITIONS, f"{topic_in}.dlq": PARTITIONS}
+    )
+    placed = await produce(bootstrap, topic_in, (record_for(i, bad_every) for i in range(count)))
+    return topic_in, topic_out, {where: i for i, where in enumerate(placed)}
+
+
+def check_exactly_once(
+    outputs: list[Record], dead: list[Record], where: dict[tuple[int, int], int], bad_every: int
+) -> None:
+    """One output per good input, one dead letter per bad one; unique IDs; order kept; pass-through intact."""
+    bad = {src for src, i in where.items() if bad_every and i % bad_every == bad_every - 1}
+    good = set(where) - bad
+    out_sources = Counter(source_of(r) for r in outputs)
+    duplicated = [s for s, n in out_sources.items() if n > 1]
+    assert not duplicated, f"{len(duplicated)} inputs enriched more than once, e.g. {duplicated[:5]}"
+    assert set(out_sources) == good, (len(set(out_sources) - good), len(good - set(out_sources)))
+    dead_sources = Counter(source_of(r) for r in dead)
+    assert all(n == 1 for n in dead_sources.values())
+    assert set(dead_sources) == bad
+    ids = []
+    for record in outputs:
+        document = json.loads(record.value or b"")
+        i = where[source_of(record)]
+        assert document["n"] == i
+        assert record.key == f"k{i}".encode()
+        assert record.header("trace") == str(i).encode()
+        ids.append(document["order"]["id"])
+    assert len(set(ids)) == len(ids), f"{len(ids) - len(set(ids))} IDs handed out twice"
+    for partition in range(PARTITIONS):  # input partition p -> output partition p, in input order
+        offsets = [source_of(r)[1] for r in outputs if r.partition == partition]
+        assert all(source_of(r)[0] == partition for r in outputs if r.partition == partition)
+        assert offsets == sorted(offsets)
+    for record in dead:
+        partition, offset = source_of(record)
+        assert record.header(SOURCE_PARTITION_HEADER) == str(partition).encode()
+        assert record.header(SOURCE_OFFSET_HEADER) == str(offset).encode()
+        assert record.header(ERROR_CODE_HEADER) in (b"not_json", b"not_an_object", b"field_missing")
+        assert record.value in BAD_VALUES
+
+
+async def test_in_process_enrichment_with_bad_records(kafka_broker: KafkaBroker, pg_dsn: str) -> None:
+    """2,000 records, every 50th unfit: outputs and dead letters exactly once, keys and headers kept."""
+    await prepare(pg_dsn, [("order", 500)])
+    bootstrap = kafka_broker.bootstrap
+    topic_in, topic_out, where = await make_stream(bootstrap, 2000, bad_every=50)
+    config = kafka_config(bootstrap, pg_dsn)
+    settings = EnrichSettings(
+        input_topic=topic_in,
+        output_topic=topic_out,
+        tag="order",
+        placement=Placement.from_options(field="order.id"),
+        group_id=unique("enrich"),
+        commit_records=300,
+    )
+    worker = Worker(config, serve=False)
+    await worker.start()
+    stop = asyncio.Event()
+    try:
+        assert worker.allocator is not None
+        enricher = Enricher(config.kafka, settings, worker.allocator)
+        await enricher.start()
+        running = asyncio.create_task(enricher.run(stop))
+        async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, settings.dlq) as dlq:
+            outputs = await out.wait_for(2000 - 40, timeout=60)
+            dead = await dlq.wait_for(40, timeout=30)
+        stop.set()
+        await running
+    finally:
+        await worker.stop()
+    check_exactly_once(outputs, dead, where, bad_every=50)
+    assert enricher.stats.enriched == 1960
+    assert enricher.stats.dead_lettered == 40
+
+
+@pytest.mark.slow
+async def test_exactly_once_through_three_sigkills(
+    kafka_broker: KafkaBroker, pg_dsn: str, tmp_path: Path
+) -> None:
+    """200,000 records, the enricher SIGKILLed three times mid-stream: each input exactly once in the output.
+
+    A read_committed reader sees exactly one enriched record per good input record, and exactly the planted
+    bad ones in the dead-letter topic.
+    """
+    total, bad_every = 200_000, 997
+    await prepare(pg_dsn, [("order", 5000)])
+    bootstrap = kafka_broker.bootstrap
+    topic_in, topic_out, where = await make_stream(bootstrap, total, bad_every)
+    bad = total // bad_every
+    args = [
+        "--in",
+        topic_in,
+        "--out",
+        topic_out,
+        "--tag",
+        "order",
+        "--field",
+        "order.id",
+        "--group",
+        unique("eos"),
+    ]
+    enricher = EnricherProcess(args, kafka_env(bootstrap, pg_dsn), tmp_path / "enrich.log")
+    kills = 0
+    async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, f"{topic_in}.dlq") as dlq:
+        enricher.start()
+        try:
+            for fraction in (0.15, 0.4, 0.65):
+                while len(out.records) < fraction * total:
+                    assert enricher.alive(), enricher.log_path.read_text()[-3000:]
+                    await asyncio.sleep(0.05)
+                enricher.kill()  # mid-stream, with transactions open
+                kills += 1
+                enricher.start()
+            outputs = await out.wait_for(total - bad, timeout=180)
+            dead = await dlq.wait_for(bad, timeout=30)
+        finally:
+            status = enricher.stop()
+    assert kills == 3
+    assert status == 0, enricher.log_path.read_text()[-3000:]
+    check_exactly_once(outputs, dead, where, bad_every)
+
+
+@pytest.mark.slow
+async def test_an_enricher_killed_during_a_rebalance(
+    kafka_broker: KafkaBroker, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Two enrichers in one group; the first is SIGKILLed while the second joins: still exactly once."""
+    total, bad_every = 40_000, 501
+    await prepare(pg_dsn, [("order", 2000)])
+    bootstrap = kafka_broker.bootstrap
+    topic_in, topic_out, where = await make_stream(bootstrap, total, bad_every)
+    bad = total // bad_every
+    args = [
+        "--in",
+        topic_in,
+        "--out",
+        topic_out,
+        "--tag",
+        "order",
+        "--field",
+        "order.id",
+        "--group",
+        unique("eos2"),
+    ]
+    args += ["--commit-records", "200"]
+    env = kafka_env(bootstrap, pg_dsn)
+    first = EnricherProcess(args, env, tmp_path / "first.log")
+    second = EnricherProcess(args, env, tmp_path / "second.log")
+    async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, f"{topic_in}.dlq") as dlq:
+        first.start()
+        try:
+            while len(out.records) < total // 5:
+                assert first.alive(), first.log_path.read_text()[-3000:]
+                await asyncio.sleep(0.05)
+            second.start()
+            # The group rebalances once the second member joins; kill the first while that is under way.
+            log = second.log_path
+            while "enriching" not in (log.read_text() if log.exists() else ""):  # noqa: ASYNC110 - a file
+                await asyncio.sleep(0.02)
+            first.kill()
+            outputs = await out.wait_for(total - bad, timeout=120)
+            dead = await dlq.wait_for(bad, timeout=30)
+        finally:
+            first.stop()
+            status = second.stop()
+    assert status == 0, second.log_path.read_text()[-3000:]
+    check_exactly_once(outputs, dead, where, bad_every)
