@@ -137,6 +137,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="PostgreSQL port (default 54329, or a free one if taken)",
     )
+    dev.add_argument(
+        "--kafka",
+        action="store_true",
+        help="start a Kafka broker too (needs Java 17 and Maven) and serve on it",
+    )
+    dev.add_argument("--kafka-port", type=int, default=None, help="Kafka port (default 9092, or a free one)")
 
     get = sub.add_parser("get", help="ask the running service for IDs and print them, one per line")
     get.add_argument("tag")
@@ -145,6 +151,12 @@ def _parser() -> argparse.ArgumentParser:
     get.add_argument("--kind", default="segment", help="generator: segment (default) or snowflake")
     get.add_argument("--request-id", help="idempotency key: a retry returns the same IDs")
     get.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply")
+    get.add_argument(
+        "--via",
+        choices=["nats", "kafka"],
+        default="nats",
+        help="ask over NATS (default) or the Kafka request topic",
+    )
 
     sub.add_parser("check", help="check that every dependency can be reached; non-zero exit names failures")
     sub.add_parser("migrate", help="create or upgrade the tables in PostgreSQL (idempotent)")
@@ -253,7 +265,14 @@ def _dev(args: argparse.Namespace, config: Config) -> int:
     from dispenser.devstack import run_dev  # noqa: PLC0415
 
     try:
-        return run_dev(config, args.data_dir, nats_port=args.nats_port, postgres_port=args.postgres_port)
+        return run_dev(
+            config,
+            args.data_dir,
+            nats_port=args.nats_port,
+            postgres_port=args.postgres_port,
+            kafka_port=args.kafka_port,
+            kafka=args.kafka,
+        )
     except DevServerError as exc:
         print(f"dispenser dev: {exc}", file=sys.stderr)
         return 1
@@ -273,6 +292,24 @@ def _get(args: argparse.Namespace, config: Config) -> int:
         body["request_id"] = args.request_id
     subject = f"{config.nats.subject_prefix}.{args.kind}.{args.tag}"
 
+    async def ask_kafka() -> Reply:
+        from dispenser.client import KafkaIdClient  # noqa: PLC0415 - imports aiokafka
+
+        async with KafkaIdClient(config.kafka, timeout=args.timeout) as client:
+            try:
+                return await client.request(
+                    args.tag,
+                    args.count,
+                    kind=args.kind,
+                    format="ranges" if args.ranges else "ids",
+                    request_id=args.request_id,
+                )
+            except TimeoutError:
+                raise OSError(
+                    f"no reply on {config.kafka.reply_topic!r} within {args.timeout}s (is a worker serving "
+                    f"{config.kafka.request_topic!r} on {config.kafka.bootstrap_servers}?)"
+                ) from None
+
     async def ask() -> Reply:
         nc = await connect(config.nats, name="dispenser-get")
         try:
@@ -285,7 +322,7 @@ def _get(args: argparse.Namespace, config: Config) -> int:
             await nc.close()
         return msgspec.json.decode(msg.data, type=Reply)
 
-    reply = run_async(ask())
+    reply = run_async(ask_kafka() if args.via == "kafka" else ask())
     if reply.error is not None:
         retry = " (retryable)" if reply.error.retryable else ""
         print(f"dispenser: {reply.error.code}: {reply.error.message}{retry}", file=sys.stderr)

@@ -1,4 +1,8 @@
-"""``dispenser dev``: NATS and PostgreSQL from wheels in a data directory, a ``demo`` tag, and a worker."""
+"""``dispenser dev``: NATS and PostgreSQL from wheels in a data directory, a ``demo`` tag, and a worker.
+
+With ``--kafka``, a Kafka broker too (jars from Maven Central; needs Java 17 and Maven), and the worker
+answers ID requests on its ``leaf.requests`` topic as well.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import msgspec
 
 from dispenser.config import Config
 from dispenser.core.errors import TagExists
-from dispenser.devservers import NatsServer, PostgresServer
+from dispenser.devservers import KafkaBroker, NatsServer, PostgresServer
 from dispenser.devservers._process import port_is_free
 
 __all__ = ["DEMO_TAG", "run_dev"]
@@ -20,6 +24,7 @@ log = logging.getLogger(__name__)
 
 DEMO_TAG = "demo"
 DEV_POSTGRES_PORT = 54329
+DEV_KAFKA_PORT = 9092
 
 
 async def _prepare(dsn: str) -> None:
@@ -54,11 +59,32 @@ Leaf dispenser is serving on {url}  (Ctrl-C stops it and the servers it started)
     msg = await nc.request("{prefix}.segment.{DEMO_TAG}", b'{{"count": 5}}')
 
   new tags:  DISPENSER_POSTGRES_DSN={config.postgres.dsn} dispenser tag add order --step 1000
+{_kafka_banner(config) if config.kafka.enabled else ""}"""
+
+
+def _kafka_banner(config: Config) -> str:
+    bootstrap = config.kafka.bootstrap_servers
+    return f"""
+  Kafka on {bootstrap}: requests on '{config.kafka.request_topic}', replies on '{config.kafka.reply_topic}'
+    dispenser get --via kafka {DEMO_TAG} 5                      # with DISPENSER_KAFKA_BOOTSTRAP_SERVERS={bootstrap}
+    dispenser enrich --in <topic> --out <topic> --tag {DEMO_TAG}   # exactly-once IDs for a stream
 """
 
 
-def run_dev(config: Config, data_dir: Path, nats_port: int = 4222, postgres_port: int | None = None) -> int:
-    """Start the servers, prepare the database, serve until Ctrl-C, then stop everything started here."""
+def run_dev(
+    config: Config,
+    data_dir: Path,
+    nats_port: int = 4222,
+    postgres_port: int | None = None,
+    kafka_port: int | None = None,
+    *,
+    kafka: bool = False,
+) -> int:
+    """Start the servers, prepare the database, serve until Ctrl-C, then stop everything started here.
+
+    Raises:
+        DevServerError: a server could not start (for Kafka: Java or Maven missing, says which).
+    """
     from dispenser.app import run_worker  # noqa: PLC0415
     from dispenser.cli import run_async  # noqa: PLC0415
 
@@ -69,10 +95,21 @@ def run_dev(config: Config, data_dir: Path, nats_port: int = 4222, postgres_port
         # A fixed port by default, so the DSN printed for `dispenser tag add` stays the same across runs.
         postgres_port = DEV_POSTGRES_PORT if port_is_free(DEV_POSTGRES_PORT) else None
     postgres = PostgresServer(data_dir / "postgres", port=postgres_port)
+    broker: KafkaBroker | None = None
+    if kafka:
+        if kafka_port is None:
+            kafka_port = DEV_KAFKA_PORT if port_is_free(DEV_KAFKA_PORT) else None
+        broker = KafkaBroker(data_dir / "kafka", port=kafka_port)
     try:
-        log.info("starting NATS and PostgreSQL in %s", data_dir)
+        log.info("starting NATS and PostgreSQL%s in %s", " and Kafka" if broker else "", data_dir)
         nats.start()
         postgres.start()
+        if broker is not None:
+            broker.start()
+            config = msgspec.structs.replace(
+                config,
+                kafka=msgspec.structs.replace(config.kafka, enabled=True, bootstrap_servers=broker.bootstrap),
+            )
         # Snowflake too, with a static worker ID (no ZooKeeper needed) and its cache in the data dir,
         # unless the user configured snowflake themselves.
         snowflake = config.snowflake
@@ -89,6 +126,8 @@ def run_dev(config: Config, data_dir: Path, nats_port: int = 4222, postgres_port
         asyncio.run(_prepare(postgres.dsn))
         return run_async(run_worker(config, on_ready=lambda _worker: print(_banner(config), file=sys.stderr)))
     finally:
+        if broker is not None:
+            broker.stop()
         postgres.stop()
         nats.stop()
-        log.info("stopped NATS and PostgreSQL")
+        log.info("stopped NATS and PostgreSQL%s", " and Kafka" if broker else "")

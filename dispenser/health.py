@@ -96,9 +96,30 @@ async def _check_zookeeper(config: Config) -> CheckResult:
     return CheckResult("zookeeper", False, f"no ZooKeeper server of {hosts} answered ({last})")
 
 
+async def _check_kafka(config: Config) -> CheckResult:
+    from dispenser.adapters.kafka import topic_partitions  # noqa: PLC0415 - imports aiokafka
+
+    kafka = config.kafka
+    try:
+        partitions = await asyncio.wait_for(topic_partitions(kafka, kafka.request_topic), 10.0)
+    except TimeoutError:
+        return CheckResult("kafka", False, f"no answer from {kafka.bootstrap_servers} within 10 s")
+    except OSError as exc:
+        if "does not exist" in str(exc) and kafka.create_topics:
+            return CheckResult("kafka", True, f"{kafka.bootstrap_servers} ({exc}; `serve` creates it)")
+        return CheckResult("kafka", False, str(exc))
+    return CheckResult(
+        "kafka",
+        True,
+        f"{kafka.bootstrap_servers} (request topic {kafka.request_topic!r}: {partitions} partitions)",
+    )
+
+
 async def check_all(config: Config) -> list[CheckResult]:
     """Run every check that applies to the configuration, at once."""
-    checks = [_check_nats(config)]
+    checks = [_check_nats(config)] if config.nats.enabled else []
+    if config.kafka.enabled:
+        checks.append(_check_kafka(config))
     if config.segment.enabled or config.snowflake.mode == "postgres":
         checks.append(_check_postgres(config))
     if config.snowflake.enabled:

@@ -172,7 +172,7 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         return self.workdir / "server.properties"
 
     def _prepare(self) -> tuple[Path, Path]:
-        java = self._java if self._java is not None else find_java()
+        java = self._java if self._java is not None else find_java("Kafka needs Java 17 or later")
         jars = self._jars if self._jars is not None else _find_jars(self.version)
         self.workdir.mkdir(parents=True, exist_ok=True)
         return java, jars

@@ -72,8 +72,11 @@ def fetch_zookeeper_jars(dest: Path | None = None, *, pom: Path = POM, timeout: 
     return fetch_jars(pom, dest, what="ZooKeeper", jar_glob="zookeeper-*.jar", timeout=timeout)
 
 
-def find_java() -> Path:
+def find_java(what: str = "ZooKeeper needs Java 11 or later") -> Path:
     """Locate the ``java`` executable: ``$JAVA_HOME/bin/java`` first, then ``PATH``.
+
+    Args:
+        what: What needs Java, for the error message.
 
     Raises:
         ServerNotFoundError: Neither place has it.
@@ -86,7 +89,9 @@ def find_java() -> Path:
     found = shutil.which("java")
     if found is not None:
         return Path(found)
-    raise ServerNotFoundError("java not found (JAVA_HOME or PATH); ZooKeeper needs Java 11 or later")
+    raise ServerNotFoundError(
+        f"java not found (JAVA_HOME or PATH); {what} (apt-get install -y openjdk-17-jre-headless)"
+    )
 
 
 def _find_jars() -> Path:

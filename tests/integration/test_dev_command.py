@@ -69,3 +69,80 @@ def test_dev_serves_demo_ids_and_stops_everything_on_ctrl_c(
     assert "Traceback" not in text
     assert port_is_free(nats_port)
     assert port_is_free(pg_port)
+
+
+@pytest.mark.kafka
+def test_dev_with_kafka_serves_over_the_request_topic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dispenser dev --kafka` starts a broker too: `get --via kafka` answers; SIGINT stops all three."""
+    nats_port, pg_port, kafka_port = free_port(), free_port(), free_port()
+    log = tmp_path / "dev.log"
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    tmp_path.chmod(0o755)
+    argv = [
+        "dev",
+        "--data-dir",
+        str(data_dir),
+        "--nats-port",
+        str(nats_port),
+        "--postgres-port",
+        str(pg_port),
+    ]
+    argv += ["--kafka", "--kafka-port", str(kafka_port)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "dispenser", *argv], stdout=out, stderr=out)
+    try:
+        wait_for(log, "Ctrl-C stops it", proc, timeout=120)
+        assert "dispenser get --via kafka" in log.read_text()
+        monkeypatch.setenv("DISPENSER_KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{kafka_port}")
+        assert main(["get", "--via", "kafka", "--timeout", "30", "demo", "3"]) == 0
+        assert [int(i) for i in capsys.readouterr().out.split()] == [1, 2, 3]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "stopped NATS and PostgreSQL and Kafka" in text
+    assert "Traceback" not in text
+    for port in (nats_port, pg_port, kafka_port):
+        assert port_is_free(port)
+
+
+def test_dev_with_kafka_says_what_is_missing_without_java(tmp_path: Path) -> None:
+    """Without Java on the machine, `dispenser dev --kafka` names what is missing and stops what it started."""
+    nats_port, pg_port = free_port(), free_port()
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    tmp_path.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"} | {
+        "PATH": str(Path(sys.executable).parent)
+    }
+    argv = [
+        "dev",
+        "--data-dir",
+        str(data_dir),
+        "--nats-port",
+        str(nats_port),
+        "--postgres-port",
+        str(pg_port),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "dispenser", *argv, "--kafka"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "java not found" in done.stderr
+    assert "Kafka needs Java 17" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert port_is_free(nats_port)
+    assert port_is_free(pg_port)
