@@ -178,8 +178,12 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmark the service (see `dispenser bench nats --help`)")
     bench.add_argument(
         "target",
-        choices=["nats", "snowflake"],
-        help="nats: the worker against an echo responder; snowflake: in-process IDs/s against the format's ceiling",
+        choices=["nats", "kafka", "snowflake"],
+        help=(
+            "nats: the worker against an echo responder; kafka: request/reply against a Kafka echo responder "
+            "and enrichment against a plain transactional copy loop; snowflake: in-process IDs/s against "
+            "the format's ceiling"
+        ),
     )
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
 
@@ -395,6 +399,10 @@ def _bench(args: argparse.Namespace, _config: Config) -> int:
         from dispenser.bench import snowflake_inproc  # noqa: PLC0415
 
         return snowflake_inproc.run_cli(args.options)
+    if args.target == "kafka":
+        from dispenser.bench import kafka_bench  # noqa: PLC0415 - starts servers; only when asked
+
+        return kafka_bench.main(args.options)
     from dispenser.bench import nats_bench  # noqa: PLC0415 - starts servers; only when asked
 
     return nats_bench.main(args.options)

@@ -87,12 +87,10 @@ class _Batch:
 
     def __init__(self, offsets: dict[TopicPartition, int]) -> None:
         self.offsets = offsets
-        self.pending: list[asyncio.Future[object] | asyncio.Task[None]] = []
+        # Delivery futures of replies produced inline (with the reply, to send again should one fail),
+        # and tasks of requests that had to wait (they deliver their own reply).
+        self.pending: list[tuple[asyncio.Future[object], _Reply | None]] = []
         self.done = False
-
-    def finish(self, _gathered: object) -> None:
-        """Mark the batch done (every reply delivered or given up): its offsets may be committed."""
-        self.done = True
 
 
 class KafkaRequestService:
@@ -126,6 +124,7 @@ class KafkaRequestService:
         self._producer: AIOKafkaProducer | None = None
         self._batches: collections.deque[_Batch] = collections.deque()
         self._tasks: list[asyncio.Task[None]] = []
+        self._completions: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
 
     async def start(self) -> None:
@@ -191,8 +190,8 @@ class KafkaRequestService:
         await self._close_clients()
 
     async def _drain(self) -> None:
-        for batch in list(self._batches):
-            await asyncio.gather(*batch.pending, return_exceptions=True)
+        while self._completions:
+            await asyncio.gather(*self._completions, return_exceptions=True)
 
     async def _close_clients(self) -> None:
         if self._consumer is not None:
@@ -228,10 +227,22 @@ class KafkaRequestService:
                         )
             self._batches.append(batch)
             if batch.pending:
-                gathered = asyncio.gather(*batch.pending, return_exceptions=True)
-                gathered.add_done_callback(batch.finish)
+                self._completions.add(task := asyncio.create_task(self._complete(batch)))
+                task.add_done_callback(self._completions.discard)
             else:
                 batch.done = True
+
+    async def _complete(self, batch: _Batch) -> None:
+        """Wait until every reply of ``batch`` is delivered (sending again what failed), then mark it done."""
+        for future, reply in batch.pending:
+            try:
+                await future
+            except Exception as exc:
+                if reply is None:  # a waiting request's task: it delivers (or gives up) by itself
+                    log.exception("answering a request failed", exc_info=exc)
+                else:
+                    await self._deliver(reply)
+        batch.done = True
 
     async def _handle(self, record: ConsumerRecord[bytes, bytes], batch: _Batch) -> None:
         """Answer one request: inline when IDs are at hand, in a task of its own when it must wait."""
@@ -297,19 +308,33 @@ class KafkaRequestService:
         async def later() -> None:
             await self._send(reply, await dispatcher.answer_request(tag, id_request, msgpack), None)
 
-        batch.pending.append(asyncio.create_task(later()))
+        batch.pending.append((asyncio.create_task(later()), None))
 
     async def _send(self, reply: _Reply, answer: Answer, batch: _Batch | None) -> None:
-        """Produce the reply; its delivery is awaited before the batch's offsets are committed."""
+        """Produce the reply; its delivery is awaited before the batch's offsets are committed.
+
+        Inline (``batch`` given) the reply is only queued in the producer, and :meth:`_complete` awaits its
+        delivery with the rest of the batch: no task per reply on the common path.
+        """
         self._count(answer)
         reply.value = answer.body
         if answer.error is not None:
             reply.headers.append((ERROR_CODE_HEADER, answer.error.code.encode()))
-        delivery = self._deliver(reply)
         if batch is None:
-            await delivery
-        else:
-            batch.pending.append(asyncio.ensure_future(delivery))
+            await self._deliver(reply)
+            return
+        assert self._producer is not None
+        try:
+            future = await self._producer.send(
+                reply.topic, reply.value, key=reply.key, partition=reply.partition, headers=reply.headers
+            )
+        except (
+            KafkaError,
+            AssertionError,
+        ):  # not even queued: the slow path retries (or gives up) and says why
+            batch.pending.append((asyncio.create_task(self._deliver(reply)), None))
+            return
+        batch.pending.append((future, reply))
 
     def _count(self, answer: Answer) -> None:
         stats = self.stats

@@ -1,27 +1,29 @@
 """Where an ID goes in a record, and which records cannot take one: the decisions of ``dispenser enrich``.
 
-No Kafka here: a record is ``(key, value, headers)``. :func:`inspect` decides first whether a record can be
-enriched at all (so that the caller knows how many IDs to take) and :func:`place` then puts one ID in.
-A record that cannot be enriched gets a :class:`Rejection` with a stable code; the caller sends it to the
-dead-letter topic instead of stopping the stream.
+No Kafka here: a record is ``(key, value, headers)``. :func:`transformer` builds, once per stream, the
+function that puts an ID into a record, or answers a :class:`Rejection` with a stable code for a record
+that cannot take one; the caller sends those to the dead-letter topic instead of stopping the stream.
+The caller takes one ID per record before it knows which records will be rejected: a rejected record's
+ID is skipped, never reissued (like the unused IDs of a crashed worker), and one ID-source round trip
+serves the whole batch.
 
 Placements:
     ``field``: a JSON object field, by dotted path (``id``, ``order.id``). The value must be a JSON object
     and every parent on the path must exist and be an object; the last name is set (replaced if present).
-    The value is re-encoded (msgspec): keys keep their order, numbers their value.
+    The value is re-encoded (msgspec): keys keep their order (a new field goes last), numbers their value.
     ``header``: a header (e.g. ``leaf-id``) holding the ID in ASCII decimal; the value is untouched.
     ``key``: the record key becomes the ID in ASCII decimal; the value is untouched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
-__all__ = ["Enriched", "Placement", "Rejection", "inspect", "place"]
+__all__ = ["Enriched", "Placement", "Rejection", "Transform", "transformer"]
 
 _decode = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
@@ -84,56 +86,76 @@ class Enriched:
     headers: list[tuple[str, bytes]]
 
 
-def inspect(placement: Placement, value: bytes | None, max_bytes: int) -> Rejection | Any:
-    """Whether a record's value can take an ID: a :class:`Rejection`, or what :func:`place` needs.
+Transform = Callable[[bytes | None, bytes | None, list[tuple[str, bytes]], int], "Enriched | Rejection"]
+"""``transform(key, value, headers, id_)``: the record with its ID in place, or why it cannot take one.
+``headers`` is the caller's fresh list, which the transform may change and return."""
 
-    Returns:
-        A :class:`Rejection`; else, for ``field``, the decoded JSON object, and ``None`` otherwise.
+
+def transformer(placement: Placement, max_bytes: int) -> Transform:
+    """The per-record function for ``placement``, specialised once: it runs for every record of a stream.
+
+    Records over ``max_bytes`` are rejected whatever the placement; for ``field``, so are values that
+    are not JSON, not an object, or lack a parent object on the path.
     """
-    size = len(value) if value is not None else 0
-    if size > max_bytes:
-        return Rejection("too_large", f"record value of {size} bytes is over the limit of {max_bytes} bytes")
-    if placement.where != "field":
-        return None
-    if value is None:
-        return Rejection("no_value", "the record has no value (a tombstone); nowhere to put a field")
-    try:
-        document = _decode.decode(value)
-    except msgspec.DecodeError as exc:
-        return Rejection("not_json", f"record value is not JSON: {exc}")
-    target = document
-    for depth, name in enumerate(placement.path[:-1]):
-        where = ".".join(placement.path[:depth]) or "the value"
-        if not isinstance(target, dict):
-            return Rejection("not_an_object", f"{where} is not a JSON object")
-        if name not in target:
-            missing = ".".join(placement.path[: depth + 1])
-            return Rejection("field_missing", f"field {missing} is missing")
-        target = target[name]
-    if not isinstance(target, dict):
-        where = ".".join(placement.path[:-1]) or "the value"
-        return Rejection("not_an_object", f"{where} is not a JSON object")
-    return document
-
-
-def place(
-    placement: Placement,
-    inspected: Any,
-    *,
-    key: bytes | None,
-    value: bytes | None,
-    headers: Sequence[tuple[str, bytes]],
-    id_: int,
-) -> Enriched:
-    """Put ``id_`` into a record that :func:`inspect` accepted (``inspected`` is what it returned)."""
     if placement.where == "field":
-        target = inspected
-        for name in placement.path[:-1]:
-            target = target[name]
-        target[placement.path[-1]] = id_
-        return Enriched(key, _encode.encode(inspected), list(headers))
-    text = str(id_).encode()
+        return _field_transform(placement.path, max_bytes)
     if placement.where == "header":
-        kept = [(k, v) for k, v in headers if k != placement.header]
-        return Enriched(key, value, [*kept, (placement.header, text)])
-    return Enriched(text, value, list(headers))
+        name = placement.header
+
+        def put_header(
+            key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], id_: int
+        ) -> Enriched | Rejection:
+            if value is not None and len(value) > max_bytes:
+                return _too_large(len(value), max_bytes)
+            kept = [(k, v) for k, v in headers if k != name] if headers else headers
+            kept.append((name, str(id_).encode()))
+            return Enriched(key, value, kept)
+
+        return put_header
+
+    def put_key(
+        _key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], id_: int
+    ) -> Enriched | Rejection:
+        if value is not None and len(value) > max_bytes:
+            return _too_large(len(value), max_bytes)
+        return Enriched(str(id_).encode(), value, headers)
+
+    return put_key
+
+
+def _too_large(size: int, limit: int) -> Rejection:
+    return Rejection("too_large", f"record value of {size} bytes is over the limit of {limit} bytes")
+
+
+_NO_VALUE = Rejection("no_value", "the record has no value (a tombstone); nowhere to put a field")
+_NOT_AN_OBJECT = Rejection("not_an_object", "the value is not a JSON object")
+
+
+def _field_transform(path: tuple[str, ...], max_bytes: int) -> Transform:
+    *parents, last = path
+    decode, encode = _decode.decode, _encode.encode
+
+    def put_field(
+        key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], id_: int
+    ) -> Enriched | Rejection:
+        if value is None:
+            return _NO_VALUE
+        if len(value) > max_bytes:
+            return _too_large(len(value), max_bytes)
+        try:
+            document = decode(value)
+        except msgspec.DecodeError as exc:
+            return Rejection("not_json", f"record value is not JSON: {exc}")
+        if type(document) is not dict:
+            return _NOT_AN_OBJECT
+        target = document
+        for depth, name in enumerate(parents):
+            if name not in target:
+                return Rejection("field_missing", f"field {'.'.join(path[: depth + 1])} is missing")
+            target = target[name]
+            if type(target) is not dict:
+                return Rejection("not_an_object", f"{'.'.join(path[: depth + 1])} is not a JSON object")
+        target[last] = id_
+        return Enriched(key, encode(document), headers)
+
+    return put_field

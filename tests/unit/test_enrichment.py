@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispenser.service.enrichment import Placement, Rejection, inspect, place
+from dispenser.service.enrichment import Enriched, Placement, Rejection, transformer
 
 json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20)
 json_values = st.recursive(
@@ -21,17 +21,8 @@ objects = st.dictionaries(st.text(max_size=8), json_values, max_size=6)
 
 
 def enrich(placement: Placement, value: bytes | None, id_: int = 42, **record: Any) -> Any:
-    checked = inspect(placement, value, 1_000_000)
-    if isinstance(checked, Rejection):
-        return checked
-    return place(
-        placement,
-        checked,
-        key=record.get("key", b"k"),
-        value=value,
-        headers=record.get("headers", [("h", b"1")]),
-        id_=id_,
-    )
+    transform = transformer(placement, 1_000_000)
+    return transform(record.get("key", b"k"), value, list(record.get("headers", [("h", b"1")])), id_)
 
 
 def test_default_placement_is_the_field_id() -> None:
@@ -93,7 +84,7 @@ def test_a_record_over_the_size_limit_is_rejected_whatever_the_placement() -> No
         Placement.from_options(header="x"),
         Placement.from_options(key=True),
     ):
-        result = inspect(placement, b"{}" + b" " * 2000, 1_000)
+        result = transformer(placement, 1_000)(b"k", b"{}" + b" " * 2000, [], 1)
         assert isinstance(result, Rejection)
         assert result.code == "too_large"
 
@@ -106,6 +97,16 @@ def test_header_placement_leaves_key_and_value_alone(value: bytes, id_: int) -> 
     )
     assert (out.key, out.value) == (b"k", value)
     assert out.headers == [("a", b"1"), ("leaf-id", str(id_).encode())]
+
+
+def test_a_nested_path_through_a_non_object_is_rejected_with_its_name() -> None:
+    """The message names the part of the path that is not an object."""
+    result = enrich(Placement.from_options(field="a.b.id"), b'{"a": {"b": [1]}}')
+    assert isinstance(result, Rejection)
+    assert (result.code, result.message) == ("not_an_object", "a.b is not a JSON object")
+    done = enrich(Placement.from_options(field="a.b.id"), b'{"a": {"b": {}}}', 5)
+    assert isinstance(done, Enriched)
+    assert json.loads(done.value or b"") == {"a": {"b": {"id": 5}}}
 
 
 def test_key_placement_replaces_the_key_only() -> None:

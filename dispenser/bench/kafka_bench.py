@@ -1,0 +1,634 @@
+"""``dispenser bench kafka``: the dispenser's Kafka paths against their trivial baselines, on one broker.
+
+What runs, all on this machine:
+
+* one Kafka broker and one PostgreSQL server, started here in a temporary directory (or the ones named
+  by ``--bootstrap`` / ``--postgres-dsn``), stopped at the end;
+* **request/reply**: the echo responder (:mod:`dispenser.bench.kafka_echo`) and the dispenser
+  (``python -m dispenser serve`` with ``kafka.enabled``), each a process of its own on its own topics; the
+  load generator in this process: one producer, one reply consumer, N requester coroutines each sending a
+  request (Spring's headers) and awaiting its reply before the next; 1 and 64 in flight. Both get the
+  same body, ``{"tag": "bench", "count": 1}``.
+* **enrichment**: an input topic of ``--records`` small JSON records (one partition), copied to a fresh
+  output topic (a) by the plain transactional copy loop below — consume ``read_committed``, produce (in
+  producer batches, as the enricher does), send the offsets, commit every N records — and (b) by the dispenser's :class:`~dispenser.adapters.kafka_enrich.Enricher`,
+  which does the same and also takes IDs from the segment allocator and puts one into each record. Both
+  run in this process, alternating, at commit batches of 100 and 1,000; the rate counts records from the
+  first committed transaction to the last.
+
+aiokafka waits a fixed 20 ms after a transaction commits before the next one may add partitions
+(``aiokafka.producer.sender.BACKOFF_OVERRIDE``, KAFKA-5477's behaviour): at 100 records per transaction
+that floor dominates both loops. ``--backoff-override 0.005`` patches it (a private constant, here only, for
+both loops alike) to show how much.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from dispenser.adapters.kafka import CORRELATION_ID, REPLY_TOPIC, ensure_topics, header
+from dispenser.bench.stats import fmt_ms, fmt_rate, fmt_ratio, ratio, render_table, summarize, write_json
+from dispenser.config import KafkaConfig
+from dispenser.service.dispatch import IdSource
+
+__all__ = ["KafkaBenchOptions", "main", "run"]
+
+TAG = "bench"
+BODY = b'{"tag": "bench", "count": 1}'
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaBenchOptions:
+    """What to measure, and against which servers."""
+
+    bootstrap: str | None = None
+    postgres_dsn: str | None = None
+    duration: float = 5.0
+    warmup: float = 2.0
+    inflight: tuple[int, ...] = (1, 64)
+    records: int = 100_000
+    batches: tuple[int, ...] = (100, 1000)
+    backoff_override: float | None = None
+    parts: tuple[str, ...] = ("request-reply", "enrichment")
+    rounds: int = 2
+    """Each case runs this many times, alternating baseline and dispenser; the best of each counts (the
+    first seconds of a fresh broker are slower, and whoever went first would pay for it)."""
+    json_path: Path | None = None
+    quiet: bool = False
+
+
+@dataclass
+class Report:
+    """Everything one run measured."""
+
+    request_reply: list[dict[str, Any]] = field(default_factory=list)
+    enrichment: list[dict[str, Any]] = field(default_factory=list)
+    targets: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _unique(name: str) -> str:
+    return f"bench.{name}.{uuid.uuid4().hex[:8]}"
+
+
+def _say(options: KafkaBenchOptions, text: str) -> None:
+    if not options.quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+class Requester:
+    """One producer and one reply consumer; any number of requests in flight, matched by correlation ID."""
+
+    def __init__(self, bootstrap: str, request_topic: str, reply_topic: str) -> None:
+        self.request_topic = request_topic
+        self.reply_topic = reply_topic
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, acks=1, linger_ms=0, retry_backoff_ms=10
+        )
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
+        )
+        self._pending: dict[bytes, asyncio.Future[bytes]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._headers_base = [(REPLY_TOPIC, reply_topic.encode())]
+        self.errors = 0
+
+    async def start(self) -> None:
+        """Connect and read the reply topic from its end."""
+        await self._producer.start()
+        await self._consumer.start()
+        tp = TopicPartition(self.reply_topic, 0)
+        self._consumer.assign([tp])
+        await self._consumer.seek_to_end(tp)
+        await self._consumer.position(tp)
+        self._reader = asyncio.create_task(self._read())
+
+    async def stop(self) -> None:
+        """Close both clients."""
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        await self._consumer.stop()
+        await self._producer.stop()
+
+    async def _read(self) -> None:
+        while True:
+            fetched = await self._consumer.getmany(timeout_ms=500)
+            for records in fetched.values():
+                for record in records:
+                    future = self._pending.pop(header(record.headers, CORRELATION_ID) or b"", None)
+                    if future is not None and not future.done():
+                        future.set_result(record.value or b"")
+
+    async def ask(self, body: bytes, timeout: float = 30.0) -> bytes:
+        """One request, awaited."""
+        correlation = uuid.uuid4().bytes
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._pending[correlation] = future
+        await self._producer.send(
+            self.request_topic,
+            body,
+            key=TAG.encode(),
+            headers=[*self._headers_base, (CORRELATION_ID, correlation)],
+        )
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._pending.pop(correlation, None)
+
+
+async def drive(requester: Requester, inflight: int, seconds: float) -> tuple[int, list[int], float]:
+    """``inflight`` coroutines asking in a loop for ``seconds``; returns (replies, latencies in ns, elapsed)."""
+    latencies: list[int] = []
+    end = time.perf_counter() + seconds
+
+    async def loop() -> None:
+        while time.perf_counter() < end:
+            started = time.perf_counter_ns()
+            reply = await requester.ask(BODY)
+            latencies.append(time.perf_counter_ns() - started)
+            if b'"error"' in reply:
+                requester.errors += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(inflight)))
+    return len(latencies), latencies, time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def _child(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, env=os.environ | env, stdout=out, stderr=out)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _tail(log: Path) -> str:
+    return log.read_text()[-2000:]
+
+
+async def _wait_answering(requester: Requester, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"responder exited with {proc.returncode}: {_tail(log)}")
+        try:
+            await requester.ask(BODY, timeout=2.0)
+            return
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"responder did not answer within 60 s: {_tail(log)}") from None
+
+
+def _responder_argv(
+    responder: str, bootstrap: str, dsn: str, requests: str, replies: str
+) -> tuple[list[str], dict[str, str]]:
+    group = _unique(responder)
+    if responder == "echo":
+        argv = [sys.executable, "-m", "dispenser.bench.kafka_echo", "--bootstrap", bootstrap]
+        return [*argv, "--topic", requests, "--group", group], {}
+    return [sys.executable, "-m", "dispenser", "serve"], {
+        "DISPENSER_NATS_ENABLED": "false",
+        "DISPENSER_KAFKA_ENABLED": "true",
+        "DISPENSER_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "DISPENSER_KAFKA_REQUEST_TOPIC": requests,
+        "DISPENSER_KAFKA_REPLY_TOPIC": replies,
+        "DISPENSER_KAFKA_GROUP_ID": group,
+        "DISPENSER_POSTGRES_DSN": dsn,
+        "DISPENSER_LOG_LEVEL": "WARNING",
+    }
+
+
+async def _request_reply(
+    options: KafkaBenchOptions, bootstrap: str, dsn: str, workdir: Path, report: Report
+) -> None:
+    kafka = KafkaConfig(bootstrap_servers=bootstrap)
+    requesters: dict[str, Requester] = {}
+    with contextlib.ExitStack() as children:
+        try:
+            for responder in ("echo", "dispenser"):
+                requests, replies = _unique(f"{responder}.requests"), _unique(f"{responder}.replies")
+                await ensure_topics(kafka, {requests: 1, replies: 1})
+                argv, env = _responder_argv(responder, bootstrap, dsn, requests, replies)
+                log = workdir / f"{responder}.log"
+                proc = children.enter_context(_child(argv, env, log))
+                requesters[responder] = requester = Requester(bootstrap, requests, replies)
+                await requester.start()
+                await _wait_answering(requester, proc, log)
+            best: dict[tuple[str, int], dict[str, Any]] = {}
+            for inflight in options.inflight:
+                for round_ in range(1, options.rounds + 1):
+                    for responder, requester in requesters.items():
+                        _say(options, f"request/reply: {responder}, {inflight} in flight, round {round_}")
+                        await drive(requester, inflight, options.warmup)
+                        count, latencies, elapsed = await drive(requester, inflight, options.duration)
+                        lat = summarize(latencies)
+                        case = {
+                            "responder": responder,
+                            "inflight": inflight,
+                            "requests": count,
+                            "requests_per_s": round(count / elapsed, 1),
+                            "p50_ms": lat.p50_ms,
+                            "p99_ms": lat.p99_ms,
+                            "p999_ms": lat.p999_ms,
+                            "errors": requester.errors,
+                            "rounds": options.rounds,
+                        }
+                        key = (responder, inflight)
+                        if key not in best or case["requests_per_s"] > best[key]["requests_per_s"]:
+                            best[key] = case
+        finally:
+            for requester in requesters.values():
+                await requester.stop()
+    for inflight in options.inflight:
+        echo, ours = best[("echo", inflight)], best[("dispenser", inflight)]
+        share = ratio(float(ours["requests_per_s"]), float(echo["requests_per_s"]))
+        ours["ratio_to_echo"] = share
+        report.request_reply += [echo, ours]
+        report.targets.append(
+            {
+                "name": f"request/reply vs echo @{inflight}",
+                "measured": fmt_ratio(share, percent=True),
+                "goal": ">= 85%",
+                "passed": share is not None and share >= 0.85,
+            }
+        )
+
+
+class CopyLoop:
+    """The baseline: a transactional copy loop with no ID assignment (what the enricher does, minus IDs)."""
+
+    def __init__(self, bootstrap: str, source: str, target: str, commit_records: int) -> None:
+        self.source, self.target, self.commit_records = source, target, commit_records
+        self.group = _unique("copy")
+        self.committed = 0
+        self._consumer = AIOKafkaConsumer(
+            source,
+            bootstrap_servers=bootstrap,
+            group_id=self.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        )
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            transactional_id=self.group,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=5,
+            retry_backoff_ms=10,
+            max_batch_size=262_144,
+        )
+
+    async def run(self, total: int) -> None:
+        """Copy until ``total`` records are committed."""
+        await self._producer.start()
+        await self._consumer.start()
+        try:
+            while self.committed < total:
+                fetched = await self._consumer.getmany(timeout_ms=100, max_records=self.commit_records)
+                if not fetched:
+                    continue
+                await self._producer.begin_transaction()
+                offsets = {}
+                sends = []
+                copied = 0
+                for tp, records in fetched.items():
+                    # Producer batches built here, as the enricher does (aiokafka's per-record send costs more).
+                    batch = self._producer.create_batch()
+                    for record in records:
+                        if (
+                            batch.append(
+                                key=record.key,
+                                value=record.value,
+                                timestamp=None,
+                                headers=list(record.headers),
+                            )
+                            is None
+                        ):
+                            sends.append(
+                                await self._producer.send_batch(batch, self.target, partition=tp.partition)
+                            )
+                            batch = self._producer.create_batch()
+                            batch.append(
+                                key=record.key,
+                                value=record.value,
+                                timestamp=None,
+                                headers=list(record.headers),
+                            )
+                    sends.append(await self._producer.send_batch(batch, self.target, partition=tp.partition))
+                    offsets[tp] = records[-1].offset + 1
+                    copied += len(records)
+                await asyncio.gather(*sends)
+                await self._producer.send_offsets_to_transaction(offsets, self.group)
+                await self._producer.commit_transaction()
+                self.committed += copied
+        finally:
+            await self._consumer.stop()
+            await self._producer.stop()
+
+
+async def _timed(progress: Callable[[], int], total: int, work: asyncio.Task[None]) -> float:
+    """Records per second from the first commit (``progress()`` > 0) to ``total`` committed."""
+    first_at = first_count = None
+    while progress() < total:
+        if work.done():
+            work.result()
+            raise RuntimeError("the loop stopped before it was done")
+        count = progress()
+        if first_at is None and count > 0:
+            first_at, first_count = time.perf_counter(), count
+        await asyncio.sleep(0.002)
+    if first_at is None or first_count is None:
+        raise RuntimeError("everything was committed in one transaction: use more records")
+    return (total - first_count) / (time.perf_counter() - first_at)
+
+
+async def _copy_once(
+    kafka: KafkaConfig, source: str, *, batch: int, records: int, loop_kind: str, source_ids: IdSource
+) -> float:
+    """Copy (or enrich) the whole input topic to a fresh output topic once; records per second."""
+    from dispenser.adapters.kafka_enrich import Enricher, EnrichSettings  # noqa: PLC0415
+    from dispenser.service.enrichment import Placement  # noqa: PLC0415
+
+    target = _unique(f"{loop_kind}.out")
+    await ensure_topics(kafka, {target: 1})
+    if loop_kind == "copy":
+        copier = CopyLoop(kafka.bootstrap_servers, source, target, batch)
+        task = asyncio.create_task(copier.run(records))
+        rate = await _timed(lambda: copier.committed, records, task)
+        await task
+        return rate
+    settings = EnrichSettings(
+        input_topic=source,
+        output_topic=target,
+        tag=TAG,
+        placement=Placement.from_options(field="id"),
+        group_id=_unique("enrich"),
+        commit_records=batch,
+        commit_interval=1.0,
+        source_header=os.environ.get("BENCH_SOURCE_HEADER", "1") == "1",
+    )
+    enricher = Enricher(kafka, settings, source_ids)
+    await enricher.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(enricher.run(stop))
+    rate = await _timed(lambda: enricher.stats.enriched, records, task)
+    stop.set()
+    await task
+    return rate
+
+
+async def _enrichment(options: KafkaBenchOptions, bootstrap: str, dsn: str, report: Report) -> None:
+    from dispenser.app import Worker  # noqa: PLC0415
+    from dispenser.config import load_config  # noqa: PLC0415
+
+    kafka = KafkaConfig(bootstrap_servers=bootstrap)
+    source = _unique("enrich.in")
+    await ensure_topics(kafka, {source: 1})
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    await producer.start()
+    try:
+        sends = [
+            await producer.send(
+                source, json.dumps({"n": i, "sku": "abcdefgh", "qty": 3}).encode(), key=b"k%d" % i
+            )
+            for i in range(options.records)
+        ]
+        await asyncio.gather(*sends)
+    finally:
+        await producer.stop()
+    config = load_config(
+        environ={
+            "DISPENSER_POSTGRES_DSN": dsn,
+            "DISPENSER_NATS_ENABLED": "false",
+            "DISPENSER_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        }
+    )
+    worker = Worker(config, serve=False)
+    await worker.start()
+    try:
+        assert worker.allocator is not None
+        rates: dict[tuple[str, int], float] = {}
+        for batch in options.batches:
+            for round_ in range(1, options.rounds + 1):
+                for loop_kind in ("copy", "enrich"):
+                    _say(options, f"enrichment: {loop_kind}, commit every {batch}, round {round_}")
+                    rate = await _copy_once(
+                        kafka,
+                        source,
+                        batch=batch,
+                        records=options.records,
+                        loop_kind=loop_kind,
+                        source_ids=worker.allocator,
+                    )
+                    _say(options, f"  {rate:,.0f} records/s")
+                    rates[(loop_kind, batch)] = max(rate, rates.get((loop_kind, batch), 0.0))
+            for loop_kind in ("copy", "enrich"):
+                report.enrichment.append(
+                    {
+                        "loop": loop_kind,
+                        "commit_records": batch,
+                        "records_per_s": round(rates[(loop_kind, batch)], 1),
+                    }
+                )
+    finally:
+        await worker.stop()
+    for batch in options.batches:
+        share = ratio(rates[("enrich", batch)], rates[("copy", batch)])
+        for case in report.enrichment:
+            if case["loop"] == "enrich" and case["commit_records"] == batch:
+                case["ratio_to_copy"] = share
+        report.targets.append(
+            {
+                "name": f"enrichment vs copy loop, commit {batch}",
+                "measured": fmt_ratio(share, percent=True),
+                "goal": ">= 80%",
+                "passed": share is not None and share >= 0.8,
+            }
+        )
+
+
+async def _prepare_tag(dsn: str) -> None:
+    from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
+    from dispenser.adapters.postgres_schema import migrate  # noqa: PLC0415
+    from dispenser.core.errors import TagExists  # noqa: PLC0415
+
+    await migrate(dsn)
+    async with await PostgresSegmentStore.connect(dsn) as store:
+        with contextlib.suppress(TagExists):
+            await store.add_tag(TAG, 1_000_000, start=10**12, description="dispenser bench kafka")
+
+
+async def _measure(options: KafkaBenchOptions, bootstrap: str, dsn: str, workdir: Path) -> Report:
+    if options.backoff_override is not None:
+        # Private aiokafka constant, patched in the benchmark only (both loops alike), never in the product.
+        from aiokafka.producer import sender  # noqa: PLC0415
+
+        sender.BACKOFF_OVERRIDE = options.backoff_override
+    await _prepare_tag(dsn)
+    report = Report()
+    if "request-reply" in options.parts:
+        await _request_reply(options, bootstrap, dsn, workdir, report)
+    if "enrichment" in options.parts:
+        await _enrichment(options, bootstrap, dsn, report)
+    return report
+
+
+def render(report: Report) -> str:
+    """The report as text tables."""
+    rr = render_table(
+        ["request/reply", "in flight", "req/s", "p50 ms", "p99 ms", "vs echo"],
+        [
+            [
+                c["responder"],
+                str(c["inflight"]),
+                fmt_rate(c["requests_per_s"]),
+                fmt_ms(c["p50_ms"]),
+                fmt_ms(c["p99_ms"]),
+                fmt_ratio(c.get("ratio_to_echo"), percent=True),
+            ]
+            for c in report.request_reply
+        ],
+    )
+    en = render_table(
+        ["enrichment", "commit every", "records/s", "vs copy"],
+        [
+            [
+                c["loop"],
+                str(c["commit_records"]),
+                fmt_rate(c["records_per_s"]),
+                fmt_ratio(c.get("ratio_to_copy"), percent=True),
+            ]
+            for c in report.enrichment
+        ],
+    )
+    targets = render_table(
+        ["targets", "measured", "goal", "met"],
+        [[t["name"], t["measured"], t["goal"], "yes" if t["passed"] else "NO"] for t in report.targets],
+    )
+    return f"{rr}\n\n{en}\n\n{targets}"
+
+
+def run(options: KafkaBenchOptions) -> Report:
+    """Start what is missing (broker, PostgreSQL), measure, stop what was started."""
+    from dispenser.cli import run_async  # noqa: PLC0415
+    from dispenser.devservers import KafkaBroker, PostgresServer  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="dispenser-bench-kafka-") as tmp:
+        workdir = Path(tmp)
+        workdir.chmod(0o755)  # PostgreSQL runs as its own user below it when we are root
+        broker = postgres = None
+        try:
+            bootstrap = options.bootstrap
+            if bootstrap is None:
+                _say(options, "starting a Kafka broker")
+                broker = KafkaBroker(workdir / "kafka")
+                broker.start()
+                bootstrap = broker.bootstrap
+            dsn = options.postgres_dsn
+            if dsn is None:
+                postgres = PostgresServer(workdir / "postgres")
+                postgres.start()
+                dsn = postgres.dsn
+            return run_async(_measure(options, bootstrap, dsn, workdir))
+        finally:
+            if postgres is not None:
+                postgres.stop()
+            if broker is not None:
+                broker.stop()
+
+
+def _numbers(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(","))
+
+
+def main(argv: Sequence[str]) -> int:
+    """``dispenser bench kafka [options]``: print the tables, write the JSON report if asked."""
+    parser = argparse.ArgumentParser(
+        prog="dispenser bench kafka",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--postgres-dsn", help="use this database instead of starting a server")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per request/reply case")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up before each case")
+    parser.add_argument("--inflight", type=_numbers, default=(1, 64), help="comma-separated, default 1,64")
+    parser.add_argument("--records", type=int, default=100_000, help="records per enrichment run")
+    parser.add_argument(
+        "--batches", type=_numbers, default=(100, 1000), help="commit batches, default 100,1000"
+    )
+    parser.add_argument("--backoff-override", type=float, help="patch aiokafka's 20 ms post-commit back-off")
+    parser.add_argument(
+        "--only", choices=["request-reply", "enrichment"], help="measure one part only (default: both)"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="alternating runs per case; the best counts")
+    parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    if not args.quiet:
+        # The workers' INFO lines (partitions taken over, groups joined) would drown the progress lines.
+        logging.getLogger().setLevel(logging.WARNING)
+    options = KafkaBenchOptions(
+        bootstrap=args.bootstrap,
+        postgres_dsn=args.postgres_dsn,
+        duration=args.duration,
+        warmup=args.warmup,
+        inflight=args.inflight,
+        records=args.records,
+        batches=args.batches,
+        backoff_override=args.backoff_override,
+        parts=(args.only,) if args.only else ("request-reply", "enrichment"),
+        rounds=args.rounds,
+        json_path=args.json,
+        quiet=args.quiet,
+    )
+    report = run(options)
+    print(render(report))
+    if options.json_path is not None:
+        write_json(
+            options.json_path,
+            {
+                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "host": {
+                    "machine": platform.machine(),
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                },
+                "settings": {
+                    "duration": options.duration,
+                    "warmup": options.warmup,
+                    "records": options.records,
+                    "backoff_override": options.backoff_override,
+                },
+                "request_reply": report.request_reply,
+                "enrichment": report.enrichment,
+                "targets": report.targets,
+            },
+        )
+    return 0
