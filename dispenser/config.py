@@ -168,6 +168,8 @@ class EnrichConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Records with a larger value go to the dead-letter topic."""
     transaction_timeout_ms: int = 60_000
     """The broker aborts a transaction left open longer than this (e.g. by a crashed enricher)."""
+    source_header: bool = True
+    """Add ``leaf-source: <topic>/<partition>/<offset>`` (the input record) to every output record."""
 
 
 class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -89,6 +89,7 @@ class EnrichSettings:
             commit_interval=config.commit_interval,
             max_record_bytes=config.max_record_bytes,
             transaction_timeout_ms=config.transaction_timeout_ms,
+            source_header=config.source_header,
             **stream,  # type: ignore[arg-type]
         )
 

@@ -391,7 +391,6 @@ async def _copy_once(
         group_id=_unique("enrich"),
         commit_records=batch,
         commit_interval=1.0,
-        source_header=os.environ.get("BENCH_SOURCE_HEADER", "1") == "1",
     )
     enricher = Enricher(kafka, settings, source_ids)
     await enricher.start()
@@ -531,7 +530,8 @@ def render(report: Report) -> str:
         ["targets", "measured", "goal", "met"],
         [[t["name"], t["measured"], t["goal"], "yes" if t["passed"] else "NO"] for t in report.targets],
     )
-    return f"{rr}\n\n{en}\n\n{targets}"
+    parts = [rr if report.request_reply else "", en if report.enrichment else "", targets]
+    return "\n\n".join(part for part in parts if part)
 
 
 def run(options: KafkaBenchOptions) -> Report:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from dispenser.cli import main
-from dispenser.devservers import NatsServer, ZooKeeperServer, free_port
+from dispenser.devservers import KafkaBroker, NatsServer, ZooKeeperServer, free_port
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
@@ -84,3 +84,23 @@ async def test_check_reaches_zookeeper_in_zookeeper_mode(
     monkeypatch.setenv("DISPENSER_SNOWFLAKE_ZOOKEEPER_HOSTS", f"127.0.0.1:{free_port()}")
     assert await run(["check"]) == 1
     assert "cannot reach zookeeper" in capsys.readouterr().err
+
+
+@pytest.mark.kafka
+async def test_check_reaches_kafka_when_enabled(
+    kafka_broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With kafka.enabled `dispenser check` asks the broker (NATS off here), and names it when unreachable."""
+    monkeypatch.setenv("DISPENSER_NATS_ENABLED", "false")
+    monkeypatch.setenv("DISPENSER_SEGMENT_ENABLED", "false")
+    monkeypatch.setenv("DISPENSER_KAFKA_ENABLED", "true")
+    monkeypatch.setenv("DISPENSER_KAFKA_BOOTSTRAP_SERVERS", kafka_broker.bootstrap)
+    monkeypatch.setenv("DISPENSER_KAFKA_REQUEST_TOPIC", "check-topic-not-created-yet")
+    assert await run(["check"]) == 0
+    out = capsys.readouterr().out
+    assert "ok   kafka" in out
+    assert "nats" not in out
+    monkeypatch.setenv("DISPENSER_KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv("DISPENSER_KAFKA_REQUEST_TIMEOUT_MS", "2000")
+    assert await run(["check"]) == 1
+    assert "cannot reach kafka" in capsys.readouterr().err
