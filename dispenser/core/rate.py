@@ -1,0 +1,168 @@
+"""Consumption rate of one tag on one worker: IDs and requests per second, and the peak that sizes segments.
+
+Pure: the caller passes the time (monotonic seconds) into every call. Counting is two additions on the hot
+path; the bookkeeping runs once per second, when a call finds that the second has changed.
+
+* **Buckets**: IDs and requests are counted per whole second. The last ``window`` completed seconds are
+  kept, so :meth:`RateMeter.rate` is their average.
+* **Peak**: the highest ``window``-second average seen within ``retention`` (Leaf's advice: a segment
+  should hold ten minutes of the *peak* rate, so that the double buffer outlives a database outage at
+  the busiest time). Averages count only once a whole window has been observed, so a start-up burst
+  does not pose as a peak. A sliding maximum (a deque of decreasing averages) keeps it O(1) amortised.
+* **Restart**: :meth:`RateMeter.snapshot` is the peak and when it was seen; :meth:`RateMeter.restore`
+  takes it back (it still expires ``retention`` after it was seen), so a worker restarted at peak time
+  sizes its first segment from the peak, not from nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass
+
+__all__ = ["PeakSample", "RateMeter", "runway_seconds"]
+
+
+@dataclass(frozen=True, slots=True)
+class PeakSample:
+    """A peak rate (IDs per second) and the monotonic-or-wall time it was seen at (the caller's clock)."""
+
+    rate: float
+    at: float
+
+
+class RateMeter:
+    """IDs and requests issued per second for one tag, with the current and the peak rate.
+
+    Args:
+        now: the time the meter starts (seconds).
+        window: seconds averaged for the current rate and for each peak candidate (default 60: the
+            peak is the highest 1-minute average).
+        retention: seconds a peak is remembered (default 24 h).
+    """
+
+    __slots__ = (
+        "_buckets",
+        "_filled",
+        "_ids",
+        "_peaks",
+        "_requests",
+        "_second",
+        "_sum_ids",
+        "_sum_requests",
+        "retention",
+        "total_ids",
+        "total_requests",
+        "window",
+    )
+
+    def __init__(self, now: float, *, window: int = 60, retention: float = 86_400.0) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1 second, got {window}")
+        self.window = window
+        self.retention = retention
+        self._second = math.floor(now)
+        self._ids = 0
+        self._requests = 0
+        self._buckets: collections.deque[tuple[int, int]] = collections.deque(maxlen=window)
+        self._sum_ids = 0
+        self._sum_requests = 0
+        self._filled = 0  # completed seconds observed since the start (for "a whole window seen")
+        self._peaks: collections.deque[PeakSample] = collections.deque()  # decreasing rates, increasing times
+        self.total_ids = 0
+        self.total_requests = 0
+
+    def record(self, now: float, ids: int, requests: int = 1) -> None:
+        """Count ``ids`` IDs handed out in ``requests`` requests at ``now``."""
+        if now >= self._second + 1:
+            self._advance(math.floor(now))
+        self._ids += ids
+        self._requests += requests
+
+    def _advance(self, second: int) -> None:
+        """Close the current second (and any idle seconds after it) and start ``second``."""
+        gap = second - self._second
+        self._push(self._ids, self._requests, self._second + 1)
+        # Idle seconds count as zeros; more than a window of them leaves the window all zeros.
+        for offset in range(1, min(gap, self.window + 1)):
+            self._push(0, 0, self._second + 1 + offset)
+        if gap > self.window + 1:
+            self._filled += gap - self.window - 1
+        self._second = second
+        self._ids = 0
+        self._requests = 0
+
+    def _push(self, ids: int, requests: int, end: int) -> None:
+        buckets = self._buckets
+        if len(buckets) == self.window:
+            old_ids, old_requests = buckets[0]
+            self._sum_ids -= old_ids
+            self._sum_requests -= old_requests
+        buckets.append((ids, requests))
+        self._sum_ids += ids
+        self._sum_requests += requests
+        self.total_ids += ids
+        self.total_requests += requests
+        self._filled += 1
+        if self._filled >= self.window:
+            self._offer(PeakSample(self._sum_ids / self.window, float(end)))
+
+    def _offer(self, sample: PeakSample) -> None:
+        peaks = self._peaks
+        while peaks and peaks[-1].rate <= sample.rate:
+            peaks.pop()
+        peaks.append(sample)
+        self._expire(sample.at)
+
+    def _expire(self, now: float) -> None:
+        peaks = self._peaks
+        while peaks and peaks[0].at < now - self.retention:
+            peaks.popleft()
+
+    def advance(self, now: float) -> None:
+        """Bring the buckets up to ``now`` without counting anything (call before reading on a timer)."""
+        if now >= self._second + 1:
+            self._advance(math.floor(now))
+
+    def rate(self, now: float) -> float:
+        """IDs per second over the completed seconds of the window (0 before the first one completes)."""
+        self.advance(now)
+        if not self._buckets:
+            return 0.0
+        return self._sum_ids / len(self._buckets)
+
+    def request_rate(self, now: float) -> float:
+        """Requests per second over the completed seconds of the window."""
+        self.advance(now)
+        if not self._buckets:
+            return 0.0
+        return self._sum_requests / len(self._buckets)
+
+    def peak(self, now: float) -> float:
+        """The highest window average seen within the retention (0 if none yet)."""
+        self.advance(now)
+        self._expire(now)
+        return self._peaks[0].rate if self._peaks else 0.0
+
+    def snapshot(self, now: float) -> PeakSample | None:
+        """The current peak and when it was seen, to persist; ``None`` without one."""
+        self.advance(now)
+        self._expire(now)
+        return self._peaks[0] if self._peaks else None
+
+    def restore(self, sample: PeakSample) -> None:
+        """Take back a persisted peak (ignored if already older than the retention, or lower than ours)."""
+        peaks = self._peaks
+        if sample.at < self._second - self.retention or (peaks and peaks[0].rate >= sample.rate):
+            return
+        # It outranks every sample held; those seen before it can never be the peak again.
+        while peaks and peaks[0].at <= sample.at:
+            peaks.popleft()
+        peaks.appendleft(sample)
+
+
+def runway_seconds(ids_left: int, rate: float) -> float:
+    """How long ``ids_left`` buffered IDs last at ``rate`` IDs/s (``inf`` at rate 0)."""
+    if rate <= 0:
+        return math.inf
+    return ids_left / rate

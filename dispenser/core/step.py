@@ -1,0 +1,89 @@
+"""How big the next segment should be: ``segment_seconds`` of this worker's share of the fleet's peak demand.
+
+Leaf sizes steps by segment age alone: double when a segment lasted under 15 minutes, halve past 30, cap at
+1,000,000. That reacts a segment late in both directions and knows nothing of the peak. Meituan's own advice
+is a segment of 600 * the tag's peak QPS, so that with the database down the double buffer keeps issuing
+for 10 to 20 minutes at the busiest time. We size from measured demand:
+
+    target = segment_seconds * share * fleet_peak
+
+* ``fleet_peak`` is the sum of the live workers' peak rates for the tag (each from its rate events);
+* ``share`` is this worker's part of the fleet's *current* rate (how the queue group or consumer group
+  spreads the load now); with no current traffic anywhere it falls back to its part of the peaks, and
+  with nothing known to ``1 / workers``. For one worker, target = segment_seconds * its own peak;
+* the demand used is at least the worker's recent rate, so a sudden rise is followed before the peak
+  (a window average) has caught up;
+* clamped to [the tag's configured step (the operator's floor, Leaf's ``leaf_alloc.step``), ``max_step``],
+  rounded to two significant digits (steps read like 120,000, not 117,384);
+* hysteresis: while the target stays within ±``hysteresis`` of the current step, the step is kept, so
+  noise in the measured rate does not make every segment a different size. A raised floor or lowered
+  ceiling applies at once.
+
+The policy never touches IDs: the store still grants one ``UPDATE … RETURNING`` per segment of whatever
+size is asked, so a step change can neither lose nor repeat an ID.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["FleetView", "StepPolicy", "round_step"]
+
+
+def round_step(value: float) -> int:
+    """``value`` rounded to two significant digits (at least 1)."""
+    if value < 1:
+        return 1
+    digits = math.floor(math.log10(value)) - 1
+    quantum: int = 10 ** max(digits, 0)
+    return max(1, round(value / quantum) * quantum)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What the rate events say about one tag across the live workers (this one included)."""
+
+    own_rate: float
+    own_peak: float
+    fleet_rate: float
+    fleet_peak: float
+    workers: int = 1
+
+    def share(self) -> float:
+        """This worker's part of the fleet's demand (0…1)."""
+        if self.fleet_rate > 0:
+            return min(1.0, self.own_rate / self.fleet_rate)
+        if self.fleet_peak > 0:
+            return min(1.0, self.own_peak / self.fleet_peak)
+        return 1.0 / max(1, self.workers)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPolicy:
+    """The rule above, with its settings."""
+
+    segment_seconds: float = 600.0
+    max_step: int = 100_000_000
+    hysteresis: float = 0.25
+
+    def target(self, fleet: FleetView) -> float:
+        """The unclamped, unrounded size: ``segment_seconds`` of this worker's share of the demand."""
+        demand = max(fleet.share() * fleet.fleet_peak, fleet.own_rate)
+        return self.segment_seconds * demand
+
+    def next_step(self, configured: int, current: int | None, fleet: FleetView) -> int:
+        """The step of the next segment fetch.
+
+        Args:
+            configured: the tag's configured step (the floor).
+            current: the step of the previous fetch (``None`` for the first).
+            fleet: what the rate events say.
+        """
+        ceiling = max(configured, self.max_step)
+        wanted = min(max(round_step(self.target(fleet)), configured), ceiling)
+        if current is None or not configured <= current <= ceiling:
+            return wanted
+        if abs(wanted - current) <= self.hysteresis * current:
+            return current
+        return wanted
