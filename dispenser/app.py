@@ -12,23 +12,35 @@ from collections.abc import Callable
 import msgspec
 from nats.aio.client import Client
 
+from dispenser.adapters.kafka import KafkaRateSink
 from dispenser.adapters.kafka_enrich import Enricher, EnrichSettings
 from dispenser.adapters.kafka_requests import KafkaRequestService
-from dispenser.adapters.nats import NatsIdService, collect_peer_clocks, connect, serve_clock
+from dispenser.adapters.nats import (
+    NatsIdService,
+    collect_peer_clocks,
+    connect,
+    rate_sink,
+    serve_clock,
+    subscribe_rates,
+)
 from dispenser.adapters.postgres import PostgresSegmentStore
 from dispenser.config import Config, redact
 from dispenser.core.errors import DispenserError
 from dispenser.core.peers import check_peer_clocks
+from dispenser.core.step import StepPolicy
 from dispenser.ports import Clock, SegmentStore, SystemClock
 from dispenser.registries import SnowflakeRegistration, open_registration
 from dispenser.service.decode import decode_handler
 from dispenser.service.dispatch import Dispatcher, Limits
+from dispenser.service.rates import RateBook, RatePublisher, RateSettings
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 
 __all__ = ["Worker", "run_enricher", "run_worker"]
 
 log = logging.getLogger(__name__)
+
+_MAX_SNOWFLAKE_METERS = 512
 
 
 class Worker:
@@ -48,6 +60,24 @@ class Worker:
         self.serve = serve
         self.dispatchers: dict[str, Dispatcher] = {}
         self.kafka: KafkaRequestService | None = None
+        rate = config.rate
+        self.rates = RateBook(
+            self.clock,
+            RateSettings(
+                interval=rate.interval,
+                window=rate.window,
+                retention=rate.retention,
+                stale_after=rate.stale_after,
+                adaptive_step=rate.adaptive_step,
+                persist_interval=rate.persist_interval,
+            ),
+            StepPolicy(
+                segment_seconds=rate.segment_seconds, max_step=rate.max_step, hysteresis=rate.hysteresis
+            ),
+        )
+        """This worker's consumption rates, its peers', and the adaptive step."""
+        self.rate_publisher: RatePublisher | None = None
+        self._rate_sinks: list[KafkaRateSink] = []
         self.store: SegmentStore | None = None
         self.allocator: SegmentAllocator | None = None
         self.nc: Client | None = None
@@ -85,6 +115,7 @@ class Worker:
                 pg.dsn, min_size=pg.pool_min, max_size=pg.pool_max, command_timeout=pg.command_timeout
             )
             log.info("connected to PostgreSQL at %s", redact(pg.dsn))
+            await self._restore_peaks(self.store)
             self.allocator = SegmentAllocator(
                 self.store,
                 self.clock,
@@ -93,6 +124,8 @@ class Worker:
                     refresh_interval=config.segment.refresh_interval,
                     retry_max=config.segment.retry_max,
                 ),
+                sizer=self.rates.size,
+                meters=self.rates.segment_meter,
             )
             try:
                 await self.allocator.refresh()
@@ -113,6 +146,8 @@ class Worker:
             )
             special["snowflake"] = {"decode": decode_handler(self.snowflake.layout)}
         self.dispatchers = dispatchers
+        if config.rate.enabled:
+            await self._start_rates()
         if not self.serve:
             return
         if self.nc is not None:
@@ -134,6 +169,32 @@ class Worker:
             await self.kafka.start()
         if self.nc is None and self.kafka is None:
             log.warning("neither NATS (nats.enabled) nor Kafka (kafka.enabled) is on: nothing to serve")
+
+    async def _restore_peaks(self, store: PostgresSegmentStore) -> None:
+        """Start from the saved peaks, so a restart at peak time sizes its first segment from the peak."""
+        try:
+            peaks = await store.load_peaks("segment")
+        except DispenserError as exc:
+            log.warning("could not load the saved rate peaks (sizing from scratch): %s", exc)
+            return
+        self.rates.restore("segment", peaks)
+        if peaks:
+            log.info("restored the rate peaks of %d tag(s)", len(peaks))
+
+    async def _start_rates(self) -> None:
+        """Publish this worker's rate events and listen to its peers' (NATS, and Kafka when enabled)."""
+        config = self.config
+        sinks = []
+        if self.nc is not None:
+            await subscribe_rates(self.nc, config.nats.subject_prefix, self.rates.observe)
+            sinks.append(rate_sink(self.nc, config.nats.subject_prefix))
+        if config.kafka.enabled:
+            sink = KafkaRateSink(config.kafka, config.rate.kafka_topic)
+            await sink.start()
+            self._rate_sinks.append(sink)
+            sinks.append(sink)
+        self.rate_publisher = RatePublisher(self.rates, self.allocator, sinks, peak_store=self.store)
+        self._background.append(asyncio.create_task(self.rate_publisher.run(), name="rate-events"))
 
     async def _start_snowflake(self) -> SnowflakeGenerator:
         """Register the worker ID, check the clock against the record and the peers, start the generator."""
@@ -165,6 +226,7 @@ class Worker:
             settings=settings,
         )
         await generator.start()
+        generator.on_issue = self._snowflake_meter
         if registration.from_cache:
             generator.relocate(pause=False)  # keep trying the registry; the cached ID stays ours
         if self.nc is not None:
@@ -176,6 +238,13 @@ class Worker:
             registration.layout.end_datetime().isoformat(),
         )
         return generator
+
+    def _snowflake_meter(self, tag: str, count: int) -> None:
+        # Snowflake serves any tag name: meter the first few hundred, so that a client inventing tag
+        # names cannot grow the worker's memory without bound.
+        meters = self.rates
+        if meters.known("snowflake", tag) or meters.count("snowflake") < _MAX_SNOWFLAKE_METERS:
+            meters.meter("snowflake", tag).record(self.clock.monotonic(), count)
 
     async def stop(self) -> None:
         """Stop taking requests, answer those in flight, close every connection."""
@@ -190,6 +259,8 @@ class Worker:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        for sink in self._rate_sinks:
+            await sink.close()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
@@ -234,6 +305,8 @@ async def run_enricher(config: Config, settings: EnrichSettings) -> int:
         config,
         segment=msgspec.structs.replace(config.segment, enabled=segment),
         snowflake=msgspec.structs.replace(config.snowflake, enabled=not segment),
+        # Kafka is there by definition: the rate events go to its topic (requests are not served).
+        kafka=msgspec.structs.replace(config.kafka, enabled=True),
     )
     worker = Worker(config, serve=False)
     stop = asyncio.Event()

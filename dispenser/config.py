@@ -172,6 +172,42 @@ class EnrichConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Add ``leaf-source: <topic>/<partition>/<offset>`` (the input record) to every output record."""
 
 
+class RateConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Consumption-rate events and the adaptive step (see docs/operations.md)."""
+
+    enabled: bool = True
+    """Publish a rate event per tag every ``interval`` on ``<nats prefix>.rate.<tag>`` (and ``kafka_topic``
+    when Kafka is enabled), and listen to the peers' events."""
+    interval: float = 5.0
+    window: int = 60
+    """Seconds averaged for the current rate and for each peak candidate (the peak is the highest
+    ``window``-second average)."""
+    retention: float = 86_400.0
+    """Seconds a peak is remembered (and saved in PostgreSQL, so a restart keeps it)."""
+    adaptive_step: bool = True
+    """Size each segment from the rates; false: the tag's configured step, as Leaf."""
+    segment_seconds: float = 600.0
+    """A segment should last this long at this worker's share of the peak demand (Leaf's advice: 600 x peak QPS)."""
+    max_step: int = 100_000_000
+    """The largest step the adaptive rule asks for (the tag's configured step is the smallest)."""
+    hysteresis: float = 0.25
+    """Keep the current step while the target stays within this fraction of it."""
+    stale_after: float = 15.0
+    """A peer not heard from for this long no longer counts in the fleet."""
+    persist_interval: float = 60.0
+    """Seconds between saves of the peaks to PostgreSQL."""
+    kafka_topic: str = "leaf.rate"
+    """Kafka topic of the rate events (keyed by tag), when ``kafka.enabled``."""
+
+
+class MetricsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Prometheus metrics (``/metrics``)."""
+
+    port: int | None = None
+    """Serve ``/metrics`` on this port; none: off (``dispenser dev`` turns it on at 9464)."""
+    host: str = "127.0.0.1"
+
+
 class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """What a single request may ask for."""
 
@@ -200,6 +236,8 @@ class Config(Struct, forbid_unknown_fields=True, kw_only=True):
     snowflake: SnowflakeConfig = msgspec.field(default_factory=SnowflakeConfig)
     kafka: KafkaConfig = msgspec.field(default_factory=KafkaConfig)
     enrich: EnrichConfig = msgspec.field(default_factory=EnrichConfig)
+    rate: RateConfig = msgspec.field(default_factory=RateConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
 
@@ -211,6 +249,8 @@ _SECTIONS: dict[str, type[Struct]] = {
     "snowflake": SnowflakeConfig,
     "kafka": KafkaConfig,
     "enrich": EnrichConfig,
+    "rate": RateConfig,
+    "metrics": MetricsConfig,
     "limits": LimitsConfig,
     "log": LogConfig,
 }

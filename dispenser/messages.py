@@ -27,6 +27,7 @@ __all__ = [
     "ErrorBody",
     "IdRequest",
     "KafkaIdRequest",
+    "RateEvent",
     "Reply",
     "decode_kafka_request",
     "decode_request",
@@ -112,6 +113,39 @@ class DecodeReply(Struct, omit_defaults=True):
     error: ErrorBody | None = None
 
 
+class RateEvent(Struct, kw_only=True):
+    """A worker's consumption rate of one tag, published every few seconds (``<prefix>.rate.<tag>``).
+
+    Workers size their segments from their peers' events; ``dispenser watch`` shows them.
+    """
+
+    tag: str
+    kind: Kind
+    worker: str
+    """Who measured: ``<host>:<pid>:<random>``, unique per worker process."""
+    time: float
+    """Unix time of the measurement, in seconds."""
+    window_s: int
+    """Seconds averaged in ``ids_per_s`` and ``requests_per_s`` (and in each peak candidate)."""
+    ids_per_s: float
+    requests_per_s: float
+    peak_ids_per_s: float
+    """The highest ``window_s`` average within the retention (default: the last 24 hours)."""
+    step: int | None = None
+    """The size of the last segment fetched (segment kind)."""
+    configured_step: int | None = None
+    """The tag's ``leaf_alloc.step``: the floor of the adaptive step."""
+    ids_buffered: int = 0
+    """IDs this worker can hand out without the database (both buffers)."""
+    runway_s: float | None = None
+    """Seconds until the buffers run dry at the peak rate if the database went away now (``null``: no
+    demand, no end in sight)."""
+    fetches: int = 0
+    """Segments fetched since the worker started."""
+    ids_total: int = 0
+    """IDs handed out since the worker started."""
+
+
 _json_encoder = msgspec.json.Encoder()
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_request = msgspec.json.Decoder(IdRequest)
@@ -157,5 +191,6 @@ def json_schemas() -> dict[str, dict[str, Any]]:
         "reply": Reply,
         "decode-request": DecodeRequest,
         "decode-reply": DecodeReply,
+        "rate-event": RateEvent,
     }
     return {f"{name}.schema.json": msgspec.json.schema(cls) for name, cls in types.items()}

@@ -86,6 +86,22 @@ class SegmentStore(Protocol):
         """
         ...
 
+    async def save_peaks(self, kind: str, peaks: dict[str, tuple[float, float]]) -> None:
+        """Save each tag's peak consumption rate (IDs/s) and the Unix time it was seen; the last writer wins.
+
+        Raises:
+            StoreUnavailable: the store could not be reached.
+        """
+        ...
+
+    async def load_peaks(self, kind: str) -> dict[str, tuple[float, float]]:
+        """The saved ``tag → (peak IDs/s, Unix seconds seen)`` of ``kind``.
+
+        Raises:
+            StoreUnavailable: the store could not be reached.
+        """
+        ...
+
     async def close(self) -> None:
         """Release connections."""
         ...

@@ -13,10 +13,13 @@ import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+import msgspec
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
 from dispenser.config import KafkaConfig
+from dispenser.messages import RateEvent
 
 __all__ = [
     "CONTENT_TYPE",
@@ -24,6 +27,7 @@ __all__ = [
     "REPLY_PARTITION",
     "REPLY_TOPIC",
     "Headers",
+    "KafkaRateSink",
     "client_options",
     "decode_partition",
     "encode_partition",
@@ -164,3 +168,41 @@ async def topic_partitions(config: KafkaConfig, topic: str) -> int:
         if entry.get("topic") == topic and entry.get("error_code", 0) == 0 and entry.get("partitions"):
             return len(entry["partitions"])
     raise OSError(f"Kafka topic {topic!r} does not exist on {config.bootstrap_servers}")
+
+
+class KafkaRateSink:
+    """Publishes rate events to a Kafka topic, keyed by tag (one partition keeps a tag's events in order)."""
+
+    def __init__(self, config: KafkaConfig, topic: str) -> None:
+        self._config = config
+        self.topic = topic
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Create the topic if configured to, and connect.
+
+        Raises:
+            OSError: Kafka could not be reached.
+        """
+        if self._config.create_topics:
+            await ensure_topics(self._config, {self.topic: self._config.topic_partitions})
+        self._producer = AIOKafkaProducer(**client_options(self._config), acks=1, linger_ms=20)
+        try:
+            await self._producer.start()
+        except KafkaError as exc:
+            await self.close()
+            raise OSError(f"cannot reach Kafka at {self._config.bootstrap_servers}: {exc}") from exc
+
+    async def __call__(self, event: RateEvent) -> None:
+        """Queue one event (delivery is not awaited: a lost rate event is replaced by the next one)."""
+        if self._producer is not None:
+            await self._producer.send(self.topic, msgspec.json.encode(event), key=event.tag.encode())
+
+    async def close(self) -> None:
+        """Flush and disconnect."""
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            try:
+                await producer.stop()
+            except KafkaError as exc:
+                log.debug("closing the rate producer: %s", exc)

@@ -50,8 +50,20 @@ class MemorySegmentStore:
         self._now = now
         self._closed = False
         self.calls = 0
+        self.peaks: dict[str, dict[str, tuple[float, float]]] = {}
+        """Saved rate peaks, by kind."""
         self.fail_with: Exception | None = None
         self.delay = 0.0
+
+    async def save_peaks(self, kind: str, peaks: dict[str, tuple[float, float]]) -> None:
+        """Save each tag's peak and when it was seen (the last writer wins)."""
+        self._check()
+        self.peaks.setdefault(kind, {}).update(peaks)
+
+    async def load_peaks(self, kind: str) -> dict[str, tuple[float, float]]:
+        """The saved peaks of ``kind``."""
+        self._check()
+        return dict(self.peaks.get(kind, {}))
 
     def set_unavailable(self, unavailable: bool = True) -> None:
         """Make every call raise :class:`StoreUnavailable` (or stop), as if the database were down."""

@@ -31,10 +31,10 @@ from dispenser import __version__
 from dispenser.config import NatsConfig, redact
 from dispenser.core.errors import DispenserError
 from dispenser.core.peers import PeerReading
-from dispenser.messages import MSGPACK
+from dispenser.messages import MSGPACK, RateEvent
 from dispenser.service.dispatch import Answer, Dispatcher
 
-__all__ = ["NatsIdService", "collect_peer_clocks", "connect", "serve_clock"]
+__all__ = ["NatsIdService", "collect_peer_clocks", "connect", "rate_sink", "serve_clock", "subscribe_rates"]
 
 log = logging.getLogger(__name__)
 
@@ -315,3 +315,29 @@ async def collect_peer_clocks(
     finally:
         await subscription.unsubscribe()
     return readings
+
+
+_rate_events = msgspec.json.Decoder(RateEvent)
+
+
+def rate_sink(nc: Client, prefix: str) -> Callable[[RateEvent], Awaitable[None]]:
+    """Publish rate events on ``<prefix>.rate.<tag>``."""
+
+    async def publish(event: RateEvent) -> None:
+        await nc.publish(f"{prefix}.rate.{event.tag}", msgspec.json.encode(event))
+
+    return publish
+
+
+async def subscribe_rates(nc: Client, prefix: str, observe: Callable[[RateEvent], None]) -> Subscription:
+    """Hand every rate event on ``<prefix>.rate.>`` to ``observe`` (malformed ones are logged and dropped)."""
+
+    async def received(msg: Msg) -> None:
+        try:
+            event = _rate_events.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            log.warning("ignoring a malformed rate event on %s: %s", msg.subject, exc)
+            return
+        observe(event)
+
+    return await nc.subscribe(f"{prefix}.rate.>", cb=received)

@@ -38,6 +38,15 @@ RETURNING max_id, step, COALESCE($2::int, step) AS step_used
 _COLUMNS = "biz_tag, max_id, step, COALESCE(description, '') AS description, update_time::timestamptz"
 
 # COLLATE "C": code point order, the same as Python's sorted(), whatever the database's locale.
+_SAVE_PEAKS = """
+INSERT INTO dispenser_rate_peak (biz_tag, kind, peak, peak_at, update_time)
+SELECT t, $2, p, to_timestamp(a), now() FROM unnest($1::text[], $3::float8[], $4::float8[]) AS x(t, p, a)
+ON CONFLICT (biz_tag, kind) DO UPDATE SET peak = EXCLUDED.peak, peak_at = EXCLUDED.peak_at, update_time = now()
+"""
+_LOAD_PEAKS = (
+    "SELECT biz_tag, peak, extract(epoch FROM peak_at)::float8 AS at FROM dispenser_rate_peak WHERE kind = $1"
+)
+
 _LIST_TAGS = f'SELECT {_COLUMNS} FROM leaf_alloc ORDER BY biz_tag COLLATE "C"'
 
 _ADD_TAG = f"""
@@ -308,6 +317,33 @@ class PostgresSegmentStore:
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
+
+    async def save_peaks(self, kind: str, peaks: dict[str, tuple[float, float]]) -> None:
+        """Save each tag's peak rate and when it was seen (one round trip; the last writer wins).
+
+        Raises:
+            StoreUnavailable: PostgreSQL could not be reached.
+        """
+        tags = list(peaks)
+        with self._errors("saving the rate peaks"):
+            async with self._pool.acquire(timeout=self._timeout) as conn:
+                await conn.execute(
+                    _SAVE_PEAKS, tags, kind, [peaks[t][0] for t in tags], [peaks[t][1] for t in tags]
+                )
+
+    async def load_peaks(self, kind: str) -> dict[str, tuple[float, float]]:
+        """The saved ``tag → (peak IDs/s, unix seconds seen)`` (empty before schema version 2).
+
+        Raises:
+            StoreUnavailable: PostgreSQL could not be reached.
+        """
+        with self._errors("loading the rate peaks"):
+            async with self._pool.acquire(timeout=self._timeout) as conn:
+                try:
+                    rows = await conn.fetch(_LOAD_PEAKS, kind)
+                except asyncpg.UndefinedTableError:  # not migrated yet: no peaks, not an outage
+                    return {}
+        return {row["biz_tag"]: (row["peak"], row["at"]) for row in rows}
 
     async def close(self) -> None:
         """Close the pool's connections (terminating them if PostgreSQL does not answer). Idempotent."""

@@ -50,6 +50,20 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         )
         """,
     ),
+    Migration(
+        2,
+        "consumption-rate peaks, so a restarted worker sizes its first segment from the peak",
+        """
+        CREATE TABLE IF NOT EXISTS dispenser_rate_peak (
+            biz_tag     varchar(128)     NOT NULL,
+            kind        varchar(16)      NOT NULL,
+            peak        double precision NOT NULL,
+            peak_at     timestamptz      NOT NULL,
+            update_time timestamptz      NOT NULL DEFAULT now(),
+            PRIMARY KEY (biz_tag, kind)
+        )
+        """,
+    ),
 )
 """Every migration, in version order. Append new versions; never edit a released one."""
 

@@ -8,7 +8,9 @@ What it adds to the pure buffer is time and I/O:
 * a failed fetch is retried with capped exponential backoff until it succeeds, so the tag recovers by
   itself when the store is back; waiters get :class:`StoreUnavailable` only when their deadline passes;
 * tags appear and disappear as the store's table changes: a periodic refresh, and one at once when a
-  request names a tag this worker has not seen.
+  request names a tag this worker has not seen;
+* every take is counted in the tag's :class:`~dispenser.core.rate.RateMeter`, and the size of each fetch
+  comes from a :data:`Sizer` (the adaptive step, :mod:`dispenser.service.rates`) when one is given.
 """
 
 from __future__ import annotations
@@ -16,14 +18,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from dispenser.core.errors import DispenserError, StoreUnavailable, UnknownTag
+from dispenser.core.rate import RateMeter
 from dispenser.core.segment import NEED_SEGMENT, Batch, BufferStats, SegmentBuffer
 from dispenser.ports import Clock, SegmentStore
 
-__all__ = ["AllocatorSettings", "SegmentAllocator", "TagAllocator"]
+__all__ = ["AllocatorSettings", "SegmentAllocator", "Sizer", "TagAllocator"]
+
+Sizer = Callable[["TagAllocator"], int]
+"""The step of a tag's next fetch, given its allocator (configured step, last step, meter). Never below
+the configured step: the operator's floor."""
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +64,22 @@ class TagAllocator:
         *,
         step: int | None = None,
         on_unknown: Callable[[str], None] | None = None,
+        sizer: Sizer | None = None,
+        meter: RateMeter | None = None,
     ) -> None:
         self.tag = tag
         self.buffer = SegmentBuffer(settings.prefetch_threshold)
         self.step = step
         """The configured step, once known (from the tag list or the last fetch)."""
+        self.last_step: int | None = None
+        """The size asked for at the last successful fetch."""
+        self.meter = meter if meter is not None else RateMeter(clock.monotonic())
+        """IDs handed out, per second."""
+        self.fetches = 0
+        """Segments fetched (one store round trip each, failures not counted)."""
+        self.fetch_seconds = 0.0
+        """Time spent in successful fetches, in all."""
+        self._sizer = sizer
         self.last_error: DispenserError | None = None
         self._store = store
         self._clock = clock
@@ -78,7 +97,10 @@ class TagAllocator:
         batch = self.buffer.take(count)
         if self.buffer.wants_fetch:
             self._start_fetch()
-        return None if batch is NEED_SEGMENT else batch
+        if batch is NEED_SEGMENT:
+            return None
+        self.meter.record(self._clock.monotonic(), count)
+        return batch
 
     async def take(self, count: int, deadline: float) -> Batch:
         """Take ``count`` IDs, waiting for the in-flight fetch until ``deadline`` (monotonic seconds).
@@ -92,6 +114,7 @@ class TagAllocator:
             if self.buffer.wants_fetch:
                 self._start_fetch()
             if batch is not NEED_SEGMENT:
+                self.meter.record(self._clock.monotonic(), count)
                 return batch
             if self._closed:
                 raise self.last_error or StoreUnavailable("the worker is shutting down")
@@ -135,6 +158,7 @@ class TagAllocator:
         try:
             while True:
                 step = self._next_step()
+                started = time.perf_counter()
                 try:
                     allocation = await self._store.next_segment(self.tag, step)
                 except UnknownTag as exc:
@@ -162,6 +186,9 @@ class TagAllocator:
                     self.buffer.begin_fetch()
                     continue
                 self.step = allocation.configured_step
+                self.last_step = allocation.segment.size
+                self.fetches += 1
+                self.fetch_seconds += time.perf_counter() - started
                 try:
                     self.buffer.install(allocation.segment, self._clock.monotonic())
                 except ValueError:
@@ -187,11 +214,17 @@ class TagAllocator:
             self._notify()
 
     def _next_step(self) -> int | None:
-        """The size of the next segment: the configured step, or more when a waiter needs more."""
+        """The size of the next segment: the sizer's (or the configured) step, or more when a waiter needs more."""
         shortfall = self.buffer.shortfall(self._wanted)
         if self.step is None:
             return shortfall or None
-        return max(self.step, shortfall)
+        step = self.step
+        if self._sizer is not None:
+            try:
+                step = max(step, self._sizer(self))
+            except Exception:  # sizing is advice: a bug there must not stop the IDs
+                log.exception("sizing the next segment of %r failed; using the configured step", self.tag)
+        return max(step, shortfall)
 
     async def close(self, reason: DispenserError | None = None) -> None:
         """Stop fetching; later takes that find the buffer short fail with ``reason``."""
@@ -207,10 +240,29 @@ class TagAllocator:
 class SegmentAllocator:
     """All tags of one worker: finds the tag's allocator, learning new tags from the store."""
 
-    def __init__(self, store: SegmentStore, clock: Clock, settings: AllocatorSettings | None = None) -> None:
+    def __init__(
+        self,
+        store: SegmentStore,
+        clock: Clock,
+        settings: AllocatorSettings | None = None,
+        *,
+        sizer: Sizer | None = None,
+        meters: Callable[[str], RateMeter] | None = None,
+    ) -> None:
+        """Serve the store's tags.
+
+        Args:
+            store: where segments come from.
+            clock: the clock.
+            settings: tuning.
+            sizer: the step of each fetch (default: the tag's configured step).
+            meters: a tag's rate meter (default: a fresh one per tag).
+        """
         self._store = store
         self._clock = clock
         self.settings = settings or AllocatorSettings()
+        self._sizer = sizer
+        self._meters = meters
         self._tags: dict[str, TagAllocator] = {}
         self._refreshing: asyncio.Task[None] | None = None
         self._last_refresh = float("-inf")
@@ -277,7 +329,14 @@ class SegmentAllocator:
             allocator = self._tags.get(info.tag)
             if allocator is None:
                 self._tags[info.tag] = TagAllocator(
-                    info.tag, self._store, self._clock, self.settings, step=info.step, on_unknown=self._forget
+                    info.tag,
+                    self._store,
+                    self._clock,
+                    self.settings,
+                    step=info.step,
+                    on_unknown=self._forget,
+                    sizer=self._sizer,
+                    meter=self._meters(info.tag) if self._meters is not None else None,
                 )
                 log.info("tag %r appeared (step %d)", info.tag, info.step)
             else:

@@ -93,6 +93,8 @@ class SnowflakeGenerator:
         self._registry = registry
         self._clock = clock
         self._persist = persist
+        self.on_issue: Callable[[str, int], None] | None = None
+        """Told ``(tag, count)`` after each batch issued (the rate meters)."""
         self._lock = asyncio.Lock()
         self._reserve_lock = asyncio.Lock()
         self._wait_until_ms: int | None = None
@@ -169,6 +171,8 @@ class SnowflakeGenerator:
         decision = self._state.take(now, count)
         if type(decision) is Batch:
             if decision.remaining == 0:
+                if self.on_issue is not None:
+                    self.on_issue(tag, count)
                 return SnowflakeBatch(decision.ranges)
             # The millisecond ran out part-way: those IDs are dropped (a gap, never a repeat) and the
             # request goes to the slow path, which waits for the next millisecond.
@@ -206,6 +210,8 @@ class SnowflakeGenerator:
                     continue
                 ranges += decision.ranges
                 left = decision.remaining
+            if self.on_issue is not None:
+                self.on_issue(tag, count)
             return SnowflakeBatch(ranges)
 
     async def _sleep_ms(self, ms: int, deadline: float) -> None:

@@ -8,7 +8,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from dispenser.devservers.kafka import KafkaBroker
 
 from dispenser.adapters.kafka_enrich import (
     ERROR_CODE_HEADER,
@@ -19,6 +18,7 @@ from dispenser.adapters.kafka_enrich import (
     EnrichSettings,
 )
 from dispenser.app import Worker
+from dispenser.devservers.kafka import KafkaBroker
 from dispenser.service.enrichment import Placement
 
 from .kafka_support import (

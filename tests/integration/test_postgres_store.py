@@ -65,13 +65,14 @@ async def store(pg_dsn: str) -> AsyncIterator[PostgresSegmentStore]:
 
 
 async def test_migrate_is_idempotent(pg_dsn: str) -> None:
-    """The first migrate applies version 1 and records it; the second applies nothing."""
+    """The first migrate applies every version and records them; the second applies nothing."""
+    versions = [m.version for m in MIGRATIONS]
     assert await schema_version(pg_dsn) == 0
-    assert await migrate(pg_dsn) == [1]
+    assert await migrate(pg_dsn) == versions
     assert await migrate(pg_dsn) == []
-    assert await schema_version(pg_dsn) == 1
-    rows = await _fetch(pg_dsn, "SELECT version, applied_at FROM dispenser_schema_version")
-    assert [r["version"] for r in rows] == [1]
+    assert await schema_version(pg_dsn) == versions[-1]
+    rows = await _fetch(pg_dsn, "SELECT version, applied_at FROM dispenser_schema_version ORDER BY version")
+    assert [r["version"] for r in rows] == versions
     assert isinstance(rows[0]["applied_at"], datetime)
 
 
@@ -101,11 +102,12 @@ async def test_migrate_creates_leaf_compatible_table(pg_dsn: str) -> None:
 
 async def test_migrate_applies_only_new_versions(pg_dsn: str) -> None:
     """With a later version added, migrate applies just that one, and schema_version reports it."""
-    assert await migrate(pg_dsn) == [1]
-    later = (*MIGRATIONS, Migration(2, "test table", "CREATE TABLE dispenser_test_v2 (x int)"))
-    assert await migrate(pg_dsn, migrations=later) == [2]
+    assert await migrate(pg_dsn) == [m.version for m in MIGRATIONS]
+    new = MIGRATIONS[-1].version + 1
+    later = (*MIGRATIONS, Migration(new, "test table", "CREATE TABLE dispenser_test_v2 (x int)"))
+    assert await migrate(pg_dsn, migrations=later) == [new]
     assert await migrate(pg_dsn, migrations=later) == []
-    assert await schema_version(pg_dsn) == 2
+    assert await schema_version(pg_dsn) == new
     assert await _fetch(pg_dsn, "SELECT * FROM dispenser_test_v2") == []
 
 
@@ -113,7 +115,11 @@ async def test_failed_migration_applies_nothing(pg_dsn: str) -> None:
     """A migration that fails rolls back every pending version, its earlier statements included."""
     broken = (
         *MIGRATIONS,
-        Migration(2, "half", "CREATE TABLE dispenser_half (x int); SELECT no_such_function()"),
+        Migration(
+            MIGRATIONS[-1].version + 1,
+            "half",
+            "CREATE TABLE dispenser_half (x int); SELECT no_such_function()",
+        ),
     )
     with pytest.raises(StoreUnavailable, match="no_such_function"):
         await migrate(pg_dsn, migrations=broken)
@@ -134,8 +140,8 @@ async def test_migrate_on_an_open_connection(pg_dsn: str) -> None:
     """Both migrate and schema_version take an open connection, and leave it open."""
     conn = await asyncpg.connect(pg_dsn)
     try:
-        assert await migrate(conn) == [1]
-        assert await schema_version(conn) == 1
+        assert await migrate(conn) == [m.version for m in MIGRATIONS]
+        assert await schema_version(conn) == MIGRATIONS[-1].version
         assert not conn.is_closed()
     finally:
         await conn.close()
@@ -145,7 +151,7 @@ async def test_migrate_keeps_existing_leaf_table(pg_dsn: str) -> None:
     """Migrating a database that already has Leaf's table keeps the table and its rows, and serves them."""
     await _execute(pg_dsn, LEAF_TABLE)
     before = await _fetch(pg_dsn, "SELECT * FROM leaf_alloc ORDER BY biz_tag")
-    assert await migrate(pg_dsn) == [1]
+    assert await migrate(pg_dsn) == [m.version for m in MIGRATIONS]
     assert await _fetch(pg_dsn, "SELECT * FROM leaf_alloc ORDER BY biz_tag") == before
     store = await PostgresSegmentStore.connect(pg_dsn)
     try:
@@ -164,11 +170,32 @@ async def test_migrate_keeps_existing_leaf_table(pg_dsn: str) -> None:
 
 
 async def test_concurrent_migrates_are_safe(pg_dsn: str) -> None:
-    """Eight migrations racing on an empty database: one applies version 1, the rest wait and apply none."""
+    """Eight migrations racing on an empty database: one applies every version, the rest wait and apply none."""
+    versions = [m.version for m in MIGRATIONS]
     results = await asyncio.gather(*(migrate(pg_dsn) for _ in range(8)))
-    assert sorted(results) == [[]] * 7 + [[1]]
-    rows = await _fetch(pg_dsn, "SELECT version FROM dispenser_schema_version")
-    assert [r["version"] for r in rows] == [1]
+    assert sorted(results) == [[]] * 7 + [versions]
+    rows = await _fetch(pg_dsn, "SELECT version FROM dispenser_schema_version ORDER BY version")
+    assert [r["version"] for r in rows] == versions
+
+
+async def test_peaks_are_saved_and_loaded(pg_dsn: str) -> None:
+    """Version 2's table keeps each tag's peak and when it was seen; the last save wins; unmigrated: none."""
+    store = await PostgresSegmentStore.connect(pg_dsn)
+    try:
+        assert await store.load_peaks("segment") == {}  # no table yet: no peaks, no error
+        await migrate(pg_dsn)
+        await store.save_peaks(
+            "segment", {"order": (1234.5, 1_700_000_000.25), "pay": (10.0, 1_700_000_001.0)}
+        )
+        await store.save_peaks("segment", {"order": (99.0, 1_700_000_100.0)})
+        await store.save_peaks("snowflake", {"order": (5.0, 1_700_000_000.0)})
+        assert await store.load_peaks("segment") == {
+            "order": (99.0, 1_700_000_100.0),
+            "pay": (10.0, 1_700_000_001.0),
+        }
+        assert await store.load_peaks("snowflake") == {"order": (5.0, 1_700_000_000.0)}
+    finally:
+        await store.close()
 
 
 async def test_unmigrated_database_says_so(pg_dsn: str) -> None:

@@ -1,0 +1,255 @@
+"""Consumption rates across the fleet: this worker's meters, its peers' events, and the adaptive step.
+
+* :class:`RateBook` owns one :class:`~dispenser.core.rate.RateMeter` per (kind, tag), builds this worker's
+  :class:`~dispenser.messages.RateEvent` for each tag, keeps the latest event of every live peer, and is
+  the allocator's :data:`~dispenser.service.segments.Sizer`: the next segment's step comes from
+  :class:`~dispenser.core.step.StepPolicy` applied to this worker's rates and its peers'.
+* :class:`RatePublisher` is the loop: every ``interval`` seconds, publish each tag's event through the
+  sinks (NATS, Kafka) and, every ``persist_interval``, save the peaks so a restarted worker starts from
+  them.
+
+No broker here: sinks are callables, peers' events arrive through :meth:`RateBook.observe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from dispenser.core.rate import PeakSample, RateMeter, runway_seconds
+from dispenser.core.step import FleetView, StepPolicy
+from dispenser.messages import Kind, RateEvent
+from dispenser.ports import Clock, SegmentStore
+from dispenser.service.segments import SegmentAllocator, TagAllocator
+
+__all__ = ["RateBook", "RatePublisher", "RateSettings", "worker_name"]
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[RateEvent], Awaitable[None]]
+"""Publishes one event (NATS subject, Kafka topic); may raise: the publisher logs and carries on."""
+
+
+def worker_name() -> str:
+    """``<host>:<pid>:<random>``: tells workers apart in events, also across restarts of one process slot."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True, slots=True)
+class RateSettings:
+    """How rates are measured, shared and turned into steps."""
+
+    interval: float = 5.0
+    """Seconds between a worker's events for a tag."""
+    window: int = 60
+    """Seconds averaged for the current rate and for each peak candidate."""
+    retention: float = 86_400.0
+    """Seconds a peak is remembered."""
+    stale_after: float = 15.0
+    """A peer not heard from for this long no longer counts in the fleet."""
+    adaptive_step: bool = True
+    """Size segments from the rates (else: the configured step, as Leaf does)."""
+    persist_interval: float = 60.0
+    """Seconds between saves of the peaks."""
+
+
+class RateBook:
+    """This worker's meters and its peers' latest events; the adaptive step's inputs."""
+
+    def __init__(
+        self, clock: Clock, settings: RateSettings, policy: StepPolicy, worker: str | None = None
+    ) -> None:
+        self._clock = clock
+        self.settings = settings
+        self.policy = policy
+        self.worker = worker or worker_name()
+        self._meters: dict[tuple[str, str], RateMeter] = {}
+        self._restored: dict[tuple[str, str], PeakSample] = {}
+        self._peers: dict[tuple[str, str], dict[str, tuple[RateEvent, float]]] = {}
+
+    def meter(self, kind: str, tag: str) -> RateMeter:
+        """The meter of ``tag`` (created on first use, with any restored peak)."""
+        key = (kind, tag)
+        meter = self._meters.get(key)
+        if meter is None:
+            now = self._clock.monotonic()
+            meter = RateMeter(now, window=self.settings.window, retention=self.settings.retention)
+            restored = self._restored.pop(key, None)
+            if restored is not None:
+                meter.restore(restored)
+            self._meters[key] = meter
+        return meter
+
+    def known(self, kind: str, tag: str) -> bool:
+        """Whether ``tag`` has a meter."""
+        return (kind, tag) in self._meters
+
+    def count(self, kind: str) -> int:
+        """How many meters of ``kind`` there are."""
+        return sum(1 for meter_kind, _ in self._meters if meter_kind == kind)
+
+    def segment_meter(self, tag: str) -> RateMeter:
+        """The allocator's meter factory."""
+        return self.meter("segment", tag)
+
+    def restore(self, kind: str, peaks: dict[str, tuple[float, float]]) -> None:
+        """Take back saved peaks (``tag → (rate, unix seconds)``), for meters now or created later."""
+        mono, wall = self._clock.monotonic(), self._clock.wall_ms() / 1000
+        for tag, (rate, seen) in peaks.items():
+            sample = PeakSample(rate, mono - (wall - seen))  # the meters run on the monotonic clock
+            meter = self._meters.get((kind, tag))
+            if meter is not None:
+                meter.restore(sample)
+            else:
+                self._restored[(kind, tag)] = sample
+
+    def peaks(self, kind: str) -> dict[str, tuple[float, float]]:
+        """``tag → (peak, unix seconds seen)`` of every meter with a peak, to save."""
+        mono, wall = self._clock.monotonic(), self._clock.wall_ms() / 1000
+        saved = {}
+        for (meter_kind, tag), meter in self._meters.items():
+            snapshot = meter.snapshot(mono) if meter_kind == kind else None
+            if snapshot is not None and snapshot.rate > 0:
+                saved[tag] = (snapshot.rate, wall - (mono - snapshot.at))
+        return saved
+
+    # -- the fleet ---------------------------------------------------------------------------------------
+
+    def observe(self, event: RateEvent) -> None:
+        """Remember a peer's event (this worker's own are ignored)."""
+        if event.worker != self.worker:
+            self._peers.setdefault((event.kind, event.tag), {})[event.worker] = (
+                event,
+                self._clock.monotonic(),
+            )
+
+    def peers(self, kind: str, tag: str) -> list[RateEvent]:
+        """The live peers' latest events for ``tag`` (stale ones dropped)."""
+        known = self._peers.get((kind, tag))
+        if not known:
+            return []
+        oldest = self._clock.monotonic() - self.settings.stale_after
+        for worker in [w for w, (_, seen) in known.items() if seen < oldest]:
+            del known[worker]
+        return [event for event, _ in known.values()]
+
+    def view(self, kind: str, tag: str) -> FleetView:
+        """This worker's and its live peers' rates for ``tag``."""
+        now = self._clock.monotonic()
+        meter = self.meter(kind, tag)
+        own_rate, own_peak = meter.rate(now), meter.peak(now)
+        peers = self.peers(kind, tag)
+        return FleetView(
+            own_rate=own_rate,
+            own_peak=own_peak,
+            fleet_rate=own_rate + sum(e.ids_per_s for e in peers),
+            fleet_peak=own_peak + sum(e.peak_ids_per_s for e in peers),
+            workers=1 + len(peers),
+        )
+
+    def size(self, allocator: TagAllocator) -> int:
+        """The :data:`~dispenser.service.segments.Sizer`: the step of ``allocator``'s next fetch."""
+        configured = allocator.step or 1
+        if not self.settings.adaptive_step:
+            return configured
+        return self.policy.next_step(configured, allocator.last_step, self.view("segment", allocator.tag))
+
+    # -- events ------------------------------------------------------------------------------------------
+
+    def event(self, kind: Kind, tag: str, allocator: TagAllocator | None = None) -> RateEvent:
+        """This worker's event for ``tag`` now."""
+        now = self._clock.monotonic()
+        meter = self.meter(kind, tag)
+        rate, peak = meter.rate(now), meter.peak(now)
+        buffered = allocator.buffer.remaining if allocator is not None else 0
+        runway = runway_seconds(buffered, peak or rate) if allocator is not None else math.inf
+        return RateEvent(
+            tag=tag,
+            kind=kind,
+            worker=self.worker,
+            time=self._clock.wall_ms() / 1000,
+            window_s=len_window(meter),
+            ids_per_s=round(rate, 3),
+            requests_per_s=round(meter.request_rate(now), 3),
+            peak_ids_per_s=round(peak, 3),
+            step=allocator.last_step if allocator is not None else None,
+            configured_step=allocator.step if allocator is not None else None,
+            ids_buffered=buffered,
+            runway_s=None if math.isinf(runway) else round(runway, 1),
+            fetches=allocator.fetches if allocator is not None else 0,
+            ids_total=meter.total_ids,
+        )
+
+    def events(self, allocator: SegmentAllocator | None) -> Iterable[RateEvent]:
+        """One event per tag this worker serves or has served."""
+        tags = dict(allocator.tags) if allocator is not None else {}
+        for tag, tag_allocator in tags.items():
+            yield self.event("segment", tag, tag_allocator)
+        for kind, tag in list(self._meters):
+            if kind == "snowflake":
+                yield self.event("snowflake", tag)
+
+
+def len_window(meter: RateMeter) -> int:
+    """The window a meter averages over."""
+    return meter.window
+
+
+class RatePublisher:
+    """Every ``interval``: publish each tag's event to every sink; every ``persist_interval``: save peaks."""
+
+    def __init__(
+        self,
+        book: RateBook,
+        allocator: SegmentAllocator | None,
+        sinks: list[EventSink],
+        peak_store: SegmentStore | None = None,
+    ) -> None:
+        self._book = book
+        self._allocator = allocator
+        self._sinks = sinks
+        self._peak_store = peak_store
+        self.published = 0
+
+    async def publish_once(self) -> None:
+        """Publish the current events (a sink that fails is logged; the others still get them)."""
+        for event in self._book.events(self._allocator):
+            for sink in self._sinks:
+                try:
+                    await sink(event)
+                except Exception as exc:
+                    log.warning("could not publish the rate event of %r: %s", event.tag, exc)
+            self.published += 1
+
+    async def save_peaks(self) -> None:
+        """Persist the segment peaks now (failures are logged: the next save tries again)."""
+        if self._peak_store is None:
+            return
+        peaks = self._book.peaks("segment")
+        if not peaks:
+            return
+        try:
+            await self._peak_store.save_peaks("segment", peaks)
+        except Exception as exc:
+            log.warning("could not save the rate peaks: %s", exc)
+
+    async def run(self) -> None:
+        """Publish and save until cancelled (saving once more on the way out)."""
+        settings = self._book.settings
+        every = max(1, round(settings.persist_interval / settings.interval))
+        rounds = 0
+        try:
+            while True:
+                await asyncio.sleep(settings.interval)
+                await self.publish_once()
+                rounds += 1
+                if rounds % every == 0:
+                    await self.save_peaks()
+        finally:
+            await asyncio.shield(self.save_peaks())
