@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from dispenser.adapters.kafka import KafkaRateSink
 from dispenser.adapters.kafka_enrich import Enricher, EnrichSettings
 from dispenser.adapters.kafka_requests import KafkaRequestService
+from dispenser.adapters.metrics import MetricsServer
 from dispenser.adapters.nats import (
     NatsIdService,
     collect_peer_clocks,
@@ -77,6 +78,7 @@ class Worker:
         )
         """This worker's consumption rates, its peers', and the adaptive step."""
         self.rate_publisher: RatePublisher | None = None
+        self.metrics: MetricsServer | None = None
         self._rate_sinks: list[KafkaRateSink] = []
         self.store: SegmentStore | None = None
         self.allocator: SegmentAllocator | None = None
@@ -148,6 +150,9 @@ class Worker:
         self.dispatchers = dispatchers
         if config.rate.enabled:
             await self._start_rates()
+        if config.metrics.port is not None:
+            self.metrics = MetricsServer(self, config.metrics.host, config.metrics.port)
+            await self.metrics.start()
         if not self.serve:
             return
         if self.nc is not None:
@@ -248,6 +253,8 @@ class Worker:
 
     async def stop(self) -> None:
         """Stop taking requests, answer those in flight, close every connection."""
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self.kafka is not None:
             await self.kafka.stop()
         if self.service is not None:

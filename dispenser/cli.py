@@ -35,6 +35,7 @@ examples:
   dispenser tag add order --step 10000           # a new tag (picked up by running workers)
   dispenser get --kind snowflake order 3         # snowflake IDs (snowflake.enabled = true)
   dispenser decode 2124065681627414617           # time, worker and sequence of a snowflake ID
+  dispenser watch                                # every tag's rate, peak, step and runway, live
   DISPENSER_POSTGRES_DSN=postgresql://… dispenser serve
 """
 
@@ -158,6 +159,13 @@ def _parser() -> argparse.ArgumentParser:
         help="ask over NATS (default) or the Kafka request topic",
     )
 
+    watch = sub.add_parser(
+        "watch",
+        help="live view of every tag's rate, peak, step, buffers and runway (from the rate events on NATS)",
+    )
+    watch.add_argument("--once", action="store_true", help="listen for one event interval, print one table")
+    watch.add_argument("--json", action="store_true", help="print every rate event as a JSON line")
+
     sub.add_parser("check", help="check that every dependency can be reached; non-zero exit names failures")
     sub.add_parser("migrate", help="create or upgrade the tables in PostgreSQL (idempotent)")
 
@@ -213,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dev": _dev,
         "get": _get,
         "check": _check,
+        "watch": _watch,
         "migrate": _migrate,
         "tag": _tag,
         "schemas": _schemas,
@@ -337,6 +346,12 @@ def _get(args: argparse.Namespace, config: Config) -> int:
     elif reply.ids is not None:
         out.writelines(f"{i}\n" for i in reply.ids)
     return 0
+
+
+def _watch(args: argparse.Namespace, config: Config) -> int:
+    from dispenser.watch import run_watch  # noqa: PLC0415
+
+    return run_async(run_watch(config, once=args.once, as_json=args.json))
 
 
 def _check(_args: argparse.Namespace, config: Config) -> int:

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 DEMO_TAG = "demo"
 DEV_POSTGRES_PORT = 54329
 DEV_KAFKA_PORT = 9092
+DEV_METRICS_PORT = 9464
 
 
 async def _prepare(dsn: str) -> None:
@@ -58,6 +59,7 @@ Leaf dispenser is serving on {url}  (Ctrl-C stops it and the servers it started)
     nc = await nats.connect("{url}")
     msg = await nc.request("{prefix}.segment.{DEMO_TAG}", b'{{"count": 5}}')
 
+  rates:     dispenser watch            metrics: http://127.0.0.1:{config.metrics.port}/metrics
   new tags:  DISPENSER_POSTGRES_DSN={config.postgres.dsn} dispenser tag add order --step 1000
 {_kafka_banner(config) if config.kafka.enabled else ""}"""
 
@@ -117,8 +119,14 @@ def run_dev(
             snowflake = msgspec.structs.replace(
                 snowflake, enabled=True, mode="static", state_dir=str(data_dir / "state")
             )
+        metrics = config.metrics
+        if metrics.port is None:  # on in dev (off by default in serve), unless the port is taken
+            metrics = msgspec.structs.replace(
+                metrics, port=DEV_METRICS_PORT if port_is_free(DEV_METRICS_PORT) else 0
+            )
         config = msgspec.structs.replace(
             config,
+            metrics=metrics,
             nats=msgspec.structs.replace(config.nats, url=nats.url),
             postgres=msgspec.structs.replace(config.postgres, dsn=postgres.dsn),
             snowflake=snowflake,

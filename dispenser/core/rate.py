@@ -119,6 +119,16 @@ class RateMeter:
         while peaks and peaks[0].at < now - self.retention:
             peaks.popleft()
 
+    @property
+    def ids_issued(self) -> int:
+        """Every ID counted so far, the current second included (for counters such as Prometheus')."""
+        return self.total_ids + self._ids
+
+    @property
+    def requests_issued(self) -> int:
+        """Every request counted so far, the current second included."""
+        return self.total_requests + self._requests
+
     def advance(self, now: float) -> None:
         """Bring the buckets up to ``now`` without counting anything (call before reading on a timer)."""
         if now >= self._second + 1:

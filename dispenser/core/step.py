@@ -11,8 +11,9 @@ for 10 to 20 minutes at the busiest time. We size from measured demand:
 * ``share`` is this worker's part of the fleet's *current* rate (how the queue group or consumer group
   spreads the load now); with no current traffic anywhere it falls back to its part of the peaks, and
   with nothing known to ``1 / workers``. For one worker, target = segment_seconds * its own peak;
-* the demand used is at least the worker's recent rate, so a sudden rise is followed before the peak
-  (a window average) has caught up;
+* the demand used is at least the worker's current rate and the rate at which its last segment went
+  (segment size over the time between two fetches), so a sudden rise is followed at the next fetch, before
+  the peak (a window average) has caught up;
 * clamped to [the tag's configured step (the operator's floor, Leaf's ``leaf_alloc.step``), ``max_step``],
   rounded to two significant digits (steps read like 120,000, not 117,384);
 * hysteresis: while the target stays within ±``hysteresis`` of the current step, the step is kept, so
@@ -49,6 +50,8 @@ class FleetView:
     fleet_rate: float
     fleet_peak: float
     workers: int = 1
+    recent: float = 0.0
+    """IDs/s at which this worker's last segment went (a rise shows here first)."""
 
     def share(self) -> float:
         """This worker's part of the fleet's demand (0…1)."""
@@ -69,7 +72,7 @@ class StepPolicy:
 
     def target(self, fleet: FleetView) -> float:
         """The unclamped, unrounded size: ``segment_seconds`` of this worker's share of the demand."""
-        demand = max(fleet.share() * fleet.fleet_peak, fleet.own_rate)
+        demand = max(fleet.share() * fleet.fleet_peak, fleet.own_rate, fleet.recent)
         return self.segment_seconds * demand
 
     def next_step(self, configured: int, current: int | None, fleet: FleetView) -> int:

@@ -8,6 +8,7 @@ not, becomes an error reply here, and nowhere else.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,9 +30,14 @@ from dispenser.messages import ErrorBody, IdRequest, Reply, decode_request, enco
 from dispenser.ports import Clock
 from dispenser.service.dedup import ReplayCache
 
-__all__ = ["Answer", "Dispatcher", "IdSource", "Limits", "RangesBatch"]
+__all__ = ["LATENCY_BUCKETS", "Answer", "Dispatcher", "IdSource", "Limits", "RangesBatch"]
 
 log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""Upper bounds (seconds) of the request latency histogram. Requests answered inline count in the first:
+they never wait for anything (measured: ~10 µs of the worker's time), and timing each would cost the hot
+path more than the answer itself."""
 
 _REMEMBERED = 1024
 """How many request bodies and tag names the hot path remembers as valid (cleared when full)."""
@@ -87,6 +93,13 @@ class Dispatcher:
         self._replays: ReplayCache[RangesBatch] = ReplayCache(dedup_ttl, clock.monotonic)
         self._bodies: dict[bytes, IdRequest] = {}
         self._tags: set[str] = set()
+        self.inline = 0
+        """Requests answered without waiting."""
+        self.waited = [0] * (len(LATENCY_BUCKETS) + 1)
+        """Requests that waited, by latency bucket (the last one: over the largest bound)."""
+        self.waited_seconds = 0.0
+        self.errors: dict[str, int] = {}
+        """Error replies by code."""
 
     def answer_now(self, tag: str, body: bytes, msgpack: bool = False) -> bytes | Answer | None:
         """Answer without waiting if possible.
@@ -111,6 +124,7 @@ class Dispatcher:
             return self._internal(tag, exc, msgpack)
         if batch is None:
             return None
+        self.inline += 1
         return self._reply(tag, request, batch, msgpack)
 
     def _remember(self, tag: str, body: bytes, request: IdRequest, msgpack: bool) -> None:
@@ -133,7 +147,10 @@ class Dispatcher:
             return self.error(tag, exc, msgpack)
         except Exception as exc:
             return self._internal(tag, exc, msgpack)
-        return None if batch is None else Answer(self._reply(tag, request, batch, msgpack))
+        if batch is None:
+            return None
+        self.inline += 1
+        return Answer(self._reply(tag, request, batch, msgpack))
 
     async def answer(self, tag: str, body: bytes, msgpack: bool = False) -> Answer:
         """Answer, waiting for a segment or the clock where needed; never raises."""
@@ -148,9 +165,10 @@ class Dispatcher:
 
         The tag and the request's limits are checked here, as for :meth:`answer`.
         """
+        started = self._clock.monotonic()
         try:
             self._check(tag, request)
-            deadline = self._clock.monotonic() + self.limits.deadline
+            deadline = started + self.limits.deadline
             if request.request_id is None:
                 batch = await self._source.take(tag, request.count, deadline)
             else:
@@ -163,10 +181,17 @@ class Dispatcher:
             return self.error(tag, exc, msgpack)
         except Exception as exc:
             return self._internal(tag, exc, msgpack)
+        finally:
+            self._observe(self._clock.monotonic() - started)
         return Answer(self._reply(tag, request, batch, msgpack))
+
+    def _observe(self, seconds: float) -> None:
+        self.waited_seconds += seconds
+        self.waited[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
 
     def error(self, tag: str, exc: DispenserError, msgpack: bool = False) -> Answer:
         """The error reply for ``exc``."""
+        self.errors[exc.code] = self.errors.get(exc.code, 0) + 1
         body = ErrorBody(code=exc.code, message=exc.message, retryable=exc.retryable)
         return Answer(encode_reply(Reply(tag=tag, error=body), msgpack), exc)
 

@@ -86,6 +86,10 @@ class RateBook:
             self._meters[key] = meter
         return meter
 
+    def meters(self) -> list[tuple[tuple[str, str], RateMeter]]:
+        """Every meter, by (kind, tag)."""
+        return list(self._meters.items())
+
     def known(self, kind: str, tag: str) -> bool:
         """Whether ``tag`` has a meter."""
         return (kind, tag) in self._meters
@@ -139,8 +143,8 @@ class RateBook:
             del known[worker]
         return [event for event, _ in known.values()]
 
-    def view(self, kind: str, tag: str) -> FleetView:
-        """This worker's and its live peers' rates for ``tag``."""
+    def view(self, kind: str, tag: str, recent: float = 0.0) -> FleetView:
+        """This worker's and its live peers' rates for ``tag`` (``recent``: see :class:`FleetView`)."""
         now = self._clock.monotonic()
         meter = self.meter(kind, tag)
         own_rate, own_peak = meter.rate(now), meter.peak(now)
@@ -151,6 +155,7 @@ class RateBook:
             fleet_rate=own_rate + sum(e.ids_per_s for e in peers),
             fleet_peak=own_peak + sum(e.peak_ids_per_s for e in peers),
             workers=1 + len(peers),
+            recent=recent,
         )
 
     def size(self, allocator: TagAllocator) -> int:
@@ -158,7 +163,8 @@ class RateBook:
         configured = allocator.step or 1
         if not self.settings.adaptive_step:
             return configured
-        return self.policy.next_step(configured, allocator.last_step, self.view("segment", allocator.tag))
+        view = self.view("segment", allocator.tag, allocator.consumption_rate())
+        return self.policy.next_step(configured, allocator.last_step, view)
 
     # -- events ------------------------------------------------------------------------------------------
 

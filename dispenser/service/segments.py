@@ -16,6 +16,7 @@ What it adds to the pure buffer is time and I/O:
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import time
@@ -79,6 +80,9 @@ class TagAllocator:
         """Segments fetched (one store round trip each, failures not counted)."""
         self.fetch_seconds = 0.0
         """Time spent in successful fetches, in all."""
+        self.steps: collections.deque[int] = collections.deque(maxlen=64)
+        """The sizes of the last segments fetched, oldest first."""
+        self._last_fetch_at: float | None = None
         self._sizer = sizer
         self.last_error: DispenserError | None = None
         self._store = store
@@ -131,6 +135,17 @@ class TagAllocator:
             if isinstance(self.last_error, UnknownTag):
                 raise self.last_error
 
+    def consumption_rate(self) -> float:
+        """IDs/s at which the last segment went, measured from one fetch to the next (0 if unknown).
+
+        Fetches start when a segment is 10% used, so the time between two is the time one segment
+        lasted: a rise in demand shows here at the next fetch, before any per-second average moves.
+        """
+        if self._last_fetch_at is None or not self.last_step:
+            return 0.0
+        elapsed = self._clock.monotonic() - self._last_fetch_at
+        return self.last_step / elapsed if elapsed > 0 else 0.0
+
     def stats(self) -> BufferStats:
         """The buffer's snapshot."""
         return self.buffer.stats()
@@ -158,6 +173,7 @@ class TagAllocator:
         try:
             while True:
                 step = self._next_step()
+                self._last_fetch_at = self._clock.monotonic()
                 started = time.perf_counter()
                 try:
                     allocation = await self._store.next_segment(self.tag, step)
@@ -187,6 +203,7 @@ class TagAllocator:
                     continue
                 self.step = allocation.configured_step
                 self.last_step = allocation.segment.size
+                self.steps.append(self.last_step)
                 self.fetches += 1
                 self.fetch_seconds += time.perf_counter() - started
                 try:

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from dispenser.core.errors import DispenserError, LeaseLost, Unavailable
+from dispenser.core.errors import ClockMovedBackwards, DispenserError, LeaseLost, Unavailable
 from dispenser.core.snowflake import Batch, SnowflakeLayout, SnowflakeState, WaitUntil, check_startup_clock
 from dispenser.ports import Clock, WorkerLease, WorkerRegistry
 
@@ -93,6 +93,10 @@ class SnowflakeGenerator:
         self._registry = registry
         self._clock = clock
         self._persist = persist
+        self.clock_waits = 0
+        """Sleeps for the next millisecond or a small clock rollback."""
+        self.rollbacks_refused = 0
+        """Takes refused because the clock went back further than may be waited out."""
         self.on_issue: Callable[[str, int], None] | None = None
         """Told ``(tag, count)`` after each batch issued (the rate meters)."""
         self._lock = asyncio.Lock()
@@ -168,7 +172,7 @@ class SnowflakeGenerator:
         now = self._clock.wall_ms()
         if now > self._reserved_ms or (count > 1 and self._state.room(now) < count):
             return None  # the slow path collects the batch over several milliseconds, dropping nothing
-        decision = self._state.take(now, count)
+        decision = self._core_take(now, count)
         if type(decision) is Batch:
             if decision.remaining == 0:
                 if self.on_issue is not None:
@@ -204,7 +208,7 @@ class SnowflakeGenerator:
                 if now > self._reserved_ms:
                     await self._await_reservation(now, deadline)
                     continue
-                decision = self._state.take(now, left)
+                decision = self._core_take(now, left)
                 if isinstance(decision, WaitUntil):
                     await self._sleep_ms(decision.ms - now, deadline)
                     continue
@@ -214,7 +218,15 @@ class SnowflakeGenerator:
                 self.on_issue(tag, count)
             return SnowflakeBatch(ranges)
 
+    def _core_take(self, now: int, count: int) -> Batch | WaitUntil:
+        try:
+            return self._state.take(now, count)
+        except ClockMovedBackwards:
+            self.rollbacks_refused += 1
+            raise
+
     async def _sleep_ms(self, ms: int, deadline: float) -> None:
+        self.clock_waits += 1
         if self._clock.monotonic() + ms / 1000 > deadline:
             raise Unavailable(f"snowflake IDs would need a wait of {ms} ms, past the request's deadline")
         await asyncio.sleep(ms / 1000)

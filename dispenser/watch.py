@@ -1,0 +1,161 @@
+"""``dispenser watch``: every tag's consumption across the fleet, built only from the rate events on NATS.
+
+It needs nothing but NATS access (subject ``<prefix>.rate.>``): run it from any machine. The live view
+redraws in place every second (q or Ctrl-C quits); ``--once`` listens for one event interval and prints one
+table; ``--json`` prints each event as a JSON line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import termios
+import time
+import tty
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from dispenser.bench.stats import render_table
+from dispenser.config import Config
+from dispenser.messages import RateEvent
+
+__all__ = ["Fleet", "run_watch"]
+
+
+@dataclass
+class _WorkerSeen:
+    first: RateEvent
+    last: RateEvent
+    received: float
+
+
+@dataclass
+class Fleet:
+    """The latest event of every worker, per (kind, tag); workers silent for ``stale_after`` drop out."""
+
+    stale_after: float = 15.0
+    workers: dict[tuple[str, str], dict[str, _WorkerSeen]] = field(default_factory=dict)
+
+    def add(self, event: RateEvent, received: float) -> None:
+        """Take one event."""
+        seen = self.workers.setdefault((event.kind, event.tag), {})
+        previous = seen.get(event.worker)
+        seen[event.worker] = _WorkerSeen(previous.first if previous else event, event, received)
+
+    def rows(self, now: float) -> Iterator[list[str]]:
+        """One table row per (tag, kind), sorted."""
+        for (kind, tag), seen in sorted(self.workers.items(), key=lambda item: (item[0][1], item[0][0])):
+            live = [w for w in seen.values() if now - w.received <= self.stale_after]
+            if not live:
+                continue
+            last = [w.last for w in live]
+            runways = [e.runway_s for e in last if e.runway_s is not None]
+            steps = sorted({e.step for e in last if e.step})
+            fetches_per_min = 0.0
+            for w in live:
+                span = w.last.time - w.first.time
+                if span > 0:
+                    fetches_per_min += (w.last.fetches - w.first.fetches) / span * 60
+            yield [
+                tag,
+                kind,
+                str(len(live)),
+                f"{sum(e.ids_per_s for e in last):,.0f}",
+                f"{sum(e.peak_ids_per_s for e in last):,.0f}",
+                ",".join(f"{s:,}" for s in steps) or "-",
+                f"{sum(e.ids_buffered for e in last):,}" if kind == "segment" else "-",
+                f"{min(runways):,.0f}s" if runways else ("inf" if kind == "segment" else "-"),
+                f"{fetches_per_min:.1f}" if kind == "segment" else "-",
+            ]
+
+    def table(self, now: float) -> str:
+        """The table as text."""
+        headers = ["TAG", "KIND", "WORKERS", "IDS/S", "PEAK/S", "STEP", "BUFFERED", "RUNWAY", "FETCH/MIN"]
+        rows = list(self.rows(now))
+        if not rows:
+            return render_table(headers, []) + "\n(no rate events yet)"
+        return render_table(headers, rows)
+
+
+async def _subscribe(config: Config, fleet: Fleet, out: TextIO | None) -> Client:
+    from dispenser.adapters.nats import connect  # noqa: PLC0415 - keeps this module importable without NATS
+
+    nc = await connect(config.nats, name="dispenser-watch")
+    decoder = msgspec.json.Decoder(RateEvent)
+
+    async def received(msg: Msg) -> None:
+        data = msg.data
+        try:
+            event = decoder.decode(data)
+        except msgspec.DecodeError:
+            return
+        fleet.add(event, time.monotonic())
+        if out is not None:
+            out.write(data.decode() + "\n")
+            out.flush()
+
+    await nc.subscribe(f"{config.nats.subject_prefix}.rate.>", cb=received)
+    return nc
+
+
+async def run_watch(
+    config: Config, *, once: bool = False, as_json: bool = False, out: TextIO = sys.stdout
+) -> int:
+    """Watch until q, Ctrl-C or SIGTERM (``once``: one event interval, one table)."""
+    fleet = Fleet(stale_after=max(config.rate.stale_after, 3 * config.rate.interval))
+    nc = await _subscribe(config, fleet, out if as_json else None)
+    try:
+        if once:
+            await asyncio.sleep(config.rate.interval + 0.5)
+            if not as_json:
+                out.write(fleet.table(time.monotonic()) + "\n")
+            return 0
+        await _live(fleet, out, show=not as_json)
+        return 0
+    finally:
+        await nc.close()
+
+
+async def _live(fleet: Fleet, out: TextIO, *, show: bool) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    with _keys(lambda key: stop.set() if key in "qQ" else None):
+        try:
+            while not stop.is_set():
+                if show:
+                    stamp = time.strftime("%H:%M:%S")
+                    out.write(f"\x1b[H\x1b[J{fleet.table(time.monotonic())}\n\n{stamp}  q quits\n")
+                    out.flush()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+
+@contextlib.contextmanager
+def _keys(on_key: Callable[[str], None]) -> Iterator[None]:
+    """Hand single key presses to ``on_key`` while the terminal is in cbreak mode (no-op without a tty)."""
+    stdin = sys.stdin
+    if not stdin.isatty():
+        yield
+        return
+    fd = stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    loop = asyncio.get_running_loop()
+    tty.setcbreak(fd)
+    loop.add_reader(fd, lambda: on_key(stdin.read(1)))
+    try:
+        yield
+    finally:
+        loop.remove_reader(fd)
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
