@@ -30,6 +30,9 @@ from dispenser.ports import Clock, SegmentStore
 
 __all__ = ["AllocatorSettings", "SegmentAllocator", "Sizer", "TagAllocator"]
 
+_MIN_MEASURED_GAP = 0.1
+"""Seconds two fetches must be apart for their gap to measure the consumption rate."""
+
 Sizer = Callable[["TagAllocator"], int]
 """The step of a tag's next fetch, given its allocator (configured step, last step, meter). Never below
 the configured step: the operator's floor."""
@@ -83,6 +86,7 @@ class TagAllocator:
         self.steps: collections.deque[int] = collections.deque(maxlen=64)
         """The sizes of the last segments fetched, oldest first."""
         self._last_fetch_at: float | None = None
+        self._issued_at_last_fetch = 0
         self._sizer = sizer
         self.last_error: DispenserError | None = None
         self._store = store
@@ -136,15 +140,19 @@ class TagAllocator:
                 raise self.last_error
 
     def consumption_rate(self) -> float:
-        """IDs/s at which the last segment went, measured from one fetch to the next (0 if unknown).
+        """IDs/s handed out since the previous fetch started (0 if unknown).
 
-        Fetches start when a segment is 10% used, so the time between two is the time one segment
-        lasted: a rise in demand shows here at the next fetch, before any per-second average moves.
+        Fetches start when a segment is 10% used, so the time between two is about one segment's life: a
+        rise in demand shows here at the next fetch, before any per-second average moves.
         """
-        if self._last_fetch_at is None or not self.last_step:
+        if self._last_fetch_at is None:
             return 0.0
         elapsed = self._clock.monotonic() - self._last_fetch_at
-        return self.last_step / elapsed if elapsed > 0 else 0.0
+        # Fetches closer together than this were not paced by consumption (a start-up burst, a retry):
+        # dividing by their gap would invent a huge rate.
+        if elapsed < _MIN_MEASURED_GAP:
+            return 0.0
+        return (self.meter.ids_issued - self._issued_at_last_fetch) / elapsed
 
     def stats(self) -> BufferStats:
         """The buffer's snapshot."""
@@ -174,6 +182,7 @@ class TagAllocator:
             while True:
                 step = self._next_step()
                 self._last_fetch_at = self._clock.monotonic()
+                self._issued_at_last_fetch = self.meter.ids_issued
                 started = time.perf_counter()
                 try:
                     allocation = await self._store.next_segment(self.tag, step)
@@ -223,7 +232,9 @@ class TagAllocator:
                 if self.buffer.remaining >= self._wanted:
                     self._wanted = 0
                     return
-                # A waiter needs more than this segment gave (a huge batch): fetch again at once.
+                # A waiter needs more than this segment gave (a huge batch): fetch again at once (a
+                # fetch not paced by consumption, so it tells nothing of the rate).
+                self._last_fetch_at = None
                 self._notify()
                 self.buffer.begin_fetch()
         finally:

@@ -1,0 +1,211 @@
+"""Rate events and the adaptive step against real NATS and PostgreSQL, with time scaled by segment_seconds.
+
+Each test runs workers in this event loop with ``segment_seconds`` S = 2 s and 1-second rate windows, drives a
+paced load of R IDs/s, and checks the bars of the issue: the step of new segments near S x R, one database
+round trip per S seconds, a rise followed within two segments, two workers sizing to their shares, the
+runway, a restart that starts from the saved peak, the events against their schema, `watch --once` and
+`/metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import jsonschema
+import msgspec
+import pytest
+from nats.aio.client import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from dispenser.app import Worker
+from dispenser.config import Config, load_config
+from dispenser.devservers import NatsServer, PostgresServer
+from dispenser.messages import RateEvent, Reply
+from dispenser.watch import run_watch
+
+from .segment_support import client, prepare, request, running_worker
+
+pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.slow]
+
+S = 2.0
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "rate-event.schema.json").read_text())
+
+
+def rate_config(nats_url: str, dsn: str, **extra: object) -> Config:
+    """Fast rates: events every 0.5 s, 1 s windows, segments of S seconds, metrics on a free port."""
+    env = {
+        "DISPENSER_NATS_URL": nats_url,
+        "DISPENSER_POSTGRES_DSN": dsn,
+        "DISPENSER_RATE_INTERVAL": "0.5",
+        "DISPENSER_RATE_WINDOW": "1",
+        "DISPENSER_RATE_SEGMENT_SECONDS": str(S),
+        "DISPENSER_RATE_STALE_AFTER": "3",
+        "DISPENSER_RATE_PERSIST_INTERVAL": "0.5",
+        "DISPENSER_METRICS_PORT": "0",
+    }
+    env |= {f"DISPENSER_{k.upper()}": str(v) for k, v in extra.items()}
+    return load_config(environ=env)
+
+
+async def load(nc: Client, rate: float, seconds: float, per_request: int = 100) -> list[int]:
+    """Ask for ``rate`` IDs/s of tag ``order`` for ``seconds``, ``per_request`` at a time, paced; the IDs."""
+    ids: list[int] = []
+    interval = per_request / rate
+    start = time.monotonic()
+    n = 0
+    body = msgspec.json.encode({"count": per_request, "format": "ranges"})
+    while (due := start + n * interval) < start + seconds:
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        msg = await request(nc, "leaf.segment.order", body)
+        reply = msgspec.json.decode(msg.data, type=Reply)
+        assert reply.error is None, reply.error
+        assert reply.ranges is not None
+        ids += [i for first, last in reply.ranges for i in range(first, last + 1)]
+        n += 1
+    return ids
+
+
+@contextlib.asynccontextmanager
+async def events(nc: Client) -> AsyncIterator[list[RateEvent]]:
+    """Every rate event of tag ``order`` while inside, each validated against the published schema."""
+    seen: list[RateEvent] = []
+
+    async def received(msg: object) -> None:
+        raw = json.loads(msg.data)  # type: ignore[attr-defined]
+        jsonschema.validate(raw, SCHEMA)
+        seen.append(msgspec.convert(raw, RateEvent))
+
+    sub = await nc.subscribe("leaf.rate.order", cb=received)
+    try:
+        yield seen
+    finally:
+        await sub.unsubscribe()
+
+
+def scrape(port: int) -> str:
+    """GET /metrics (blocking: call it from a thread)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        text: str = page.read().decode()
+    return text
+
+
+def order(worker: Worker) -> object:
+    assert worker.allocator is not None
+    return worker.allocator.tags["order"]
+
+
+async def test_steady_load_sizes_segments_to_s_times_r(nats_server: NatsServer, pg_dsn: str) -> None:
+    """R = 2,000 IDs/s: new segments hold S x R (±25%), one fetch per S seconds; events, watch, /metrics agree."""
+    rate = 2000.0
+    await prepare(pg_dsn, [("order", 100)])
+    config = rate_config(nats_server.url, pg_dsn)
+    async with running_worker(config) as worker, client(nats_server.url) as nc, events(nc) as seen:
+        ids = await load(nc, rate, 5.0)  # warm-up: the first segments are the floor's size
+        tag = worker.allocator.tags["order"]  # type: ignore[union-attr]
+        fetches_before = tag.fetches
+        ids += await load(nc, rate, 6.0)
+        steady_fetches = tag.fetches - fetches_before
+        out = io.StringIO()
+        await run_watch(config, once=True, out=out)
+        assert worker.metrics is not None
+        # The server runs in this loop: fetch from a thread, or the blocking read would wait for ever.
+        metrics = await asyncio.to_thread(scrape, worker.metrics.port)
+    steps = list(tag.steps)[-3:]
+    assert all(0.75 * S * rate <= step <= 1.25 * S * rate for step in steps), steps
+    assert 1 <= steady_fetches <= 2 * 6.0 / S, steady_fetches  # about one round trip per S seconds
+    assert len(set(ids)) == len(ids)
+    last = seen[-1]
+    assert last.kind == "segment"
+    assert 0.75 * rate <= last.ids_per_s <= 1.25 * rate
+    assert 0.75 * rate <= last.peak_ids_per_s <= 1.25 * rate
+    assert last.runway_s is not None
+    assert last.runway_s == pytest.approx(last.ids_buffered / last.peak_ids_per_s, rel=0.05)
+    table = out.getvalue()
+    row = next(line for line in table.splitlines() if line.startswith("order"))
+    assert row.split()[1:3] == ["segment", "1"]
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    [issued] = [
+        s.value for s in families["leaf_ids"].samples if s.labels == {"kind": "segment", "tag": "order"}
+    ]
+    assert issued == len(ids)  # the counter matches the IDs handed out
+    assert any(s.value == steps[-1] for s in families["leaf_segment_step"].samples)
+    assert families["leaf_request_seconds"].type == "histogram"
+
+
+async def test_a_tenfold_rise_is_followed_within_two_segments(nats_server: NatsServer, pg_dsn: str) -> None:
+    """R to 10 R: within two fetches after the rise, segments are sized to S x 10 R (±25%)."""
+    rate = 500.0
+    await prepare(pg_dsn, [("order", 100)])
+    async with running_worker(rate_config(nats_server.url, pg_dsn)) as worker, client(nats_server.url) as nc:
+        await load(nc, rate, 5.0)
+        tag = worker.allocator.tags["order"]  # type: ignore[union-attr]
+        before = tag.fetches
+        await load(nc, 10 * rate, 3.0)
+        after = list(tag.steps)[-(tag.fetches - before) :]
+    assert len(after) >= 3, after
+    assert any(0.75 * S * 10 * rate <= step <= 1.25 * S * 10 * rate for step in after[:2]), after
+    assert all(step <= 1.25 * S * 10 * rate for step in after), after
+
+
+async def test_two_workers_size_to_their_shares(nats_server: NatsServer, pg_dsn: str) -> None:
+    """Two workers share 3,000 IDs/s: each sizes to its share; the sum of their steps is S x R (±25%)."""
+    rate = 3000.0
+    await prepare(pg_dsn, [("order", 100)])
+    config = rate_config(nats_server.url, pg_dsn)
+    async with (
+        running_worker(config) as first,
+        running_worker(config) as second,
+        client(nats_server.url) as nc,
+    ):
+        await asyncio.gather(load(nc, rate / 2, 8.0), load(nc, rate / 2, 8.0))
+        steps = [order(w).last_step for w in (first, second)]  # type: ignore[attr-defined]
+        assert first.rates.peers("segment", "order")  # each hears the other
+        assert second.rates.peers("segment", "order")
+    assert all(step is not None and step > 100 for step in steps), steps
+    assert 0.75 * S * rate <= sum(steps) <= 1.25 * S * rate, steps
+
+
+async def test_the_runway_is_what_happens_when_the_database_goes(
+    private_postgres: PostgresServer, nats_server: NatsServer
+) -> None:
+    """At steady load, stop PostgreSQL: IDs keep coming for at least S seconds, about as long as reported."""
+    rate = 2000.0
+    dsn = private_postgres.dsn
+    await prepare(dsn, [("order", 100)])
+    config = rate_config(nats_server.url, dsn, segment_fetch_deadline=0.2, postgres_command_timeout=0.5)
+    async with running_worker(config) as worker, client(nats_server.url) as nc:
+        await load(nc, rate, 6.0)
+        tag = worker.allocator.tags["order"]  # type: ignore[union-attr]
+        now = worker.clock.monotonic()
+        reported = tag.buffer.remaining / max(tag.meter.peak(now), tag.meter.rate(now))
+        private_postgres.stop()
+        stopped = time.monotonic()
+        lasted = None
+        with contextlib.suppress(AssertionError):  # the first error reply ends the load
+            await load(nc, rate, 30.0)
+        lasted = time.monotonic() - stopped - config.segment.fetch_deadline
+        private_postgres.start()
+    assert lasted is not None
+    assert lasted >= S, (lasted, reported)
+    assert abs(lasted - reported) <= 0.3 * reported, (lasted, reported)
+
+
+async def test_a_restart_at_peak_starts_from_the_saved_peak(nats_server: NatsServer, pg_dsn: str) -> None:
+    """The peak is saved in PostgreSQL: a restarted worker's first segment is already S x R (±25%)."""
+    rate = 2000.0
+    await prepare(pg_dsn, [("order", 100)])
+    config = rate_config(nats_server.url, pg_dsn)
+    async with client(nats_server.url) as nc:
+        async with running_worker(config):
+            await load(nc, rate, 4.0)
+        async with running_worker(config) as restarted:
+            await load(nc, rate, 0.2)
+            first = next(iter(order(restarted).steps))  # type: ignore[attr-defined]
+    assert 0.75 * S * rate <= first <= 1.25 * S * rate, first
