@@ -166,10 +166,15 @@ async def test_two_workers_size_to_their_shares(nats_server: NatsServer, pg_dsn:
     ):
         await asyncio.gather(load(nc, rate / 2, 8.0), load(nc, rate / 2, 8.0))
         steps = [order(w).last_step for w in (first, second)]  # type: ignore[attr-defined]
+        now = first.clock.monotonic()
+        fleet_peak = sum(w.rates.meter("segment", "order").peak(now) for w in (first, second))
         assert first.rates.peers("segment", "order")  # each hears the other
         assert second.rates.peers("segment", "order")
     assert all(step is not None and step > 100 for step in steps), steps
-    assert 0.75 * S * rate <= sum(steps) <= 1.25 * S * rate, steps
+    # The bar: the steps add up to S x the fleet's peak (the peak, a maximum of 1 s averages, runs a little
+    # above the offered rate as the queue group's split jitters).
+    assert 0.75 * S * fleet_peak <= sum(steps) <= 1.25 * S * fleet_peak, (steps, fleet_peak)
+    assert 0.75 * S * rate <= sum(steps) <= 1.5 * S * rate, steps
 
 
 async def test_the_runway_is_what_happens_when_the_database_goes(
