@@ -179,7 +179,14 @@ def plan_for_mode(options: BenchOptions, run_id: str) -> ModePlan:
             switch_tag=switch,
             switch_step=options.switch_step,
             tags=[(steady, options.step, STEADY_START), (switch, options.switch_step, SWITCH_START)],
-            worker_env={"DISPENSER_SEGMENT_ENABLED": "true", "DISPENSER_SNOWFLAKE_ENABLED": "false"},
+            worker_env={
+                "DISPENSER_SEGMENT_ENABLED": "true",
+                "DISPENSER_SNOWFLAKE_ENABLED": "false",
+                # The switch-over cases need segments of the tag's own step (1,000 IDs): the adaptive step
+                # would grow them to minutes of demand and there would be nothing left to switch. The
+                # rates are still measured and published, so their cost is in every figure.
+                "DISPENSER_RATE_ADAPTIVE_STEP": "false",
+            },
         )
     if options.mode == "snowflake":
         # One static worker ID, no segments: every request is answered from the clock.
