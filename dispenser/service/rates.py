@@ -189,7 +189,7 @@ class RateBook:
             ids_buffered=buffered,
             runway_s=None if math.isinf(runway) else round(runway, 1),
             fetches=allocator.fetches if allocator is not None else 0,
-            ids_total=meter.total_ids,
+            ids_total=meter.ids_issued,
         )
 
     def events(self, allocator: SegmentAllocator | None) -> Iterable[RateEvent]:

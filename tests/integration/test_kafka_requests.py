@@ -43,6 +43,8 @@ def topics_config(bootstrap: str, dsn: str | None, **settings: object) -> Config
         kafka_request_topic=unique("requests"),
         kafka_reply_topic=unique("replies"),
         kafka_group_id=unique("group"),
+        rate_interval=0.5,
+        rate_kafka_topic=unique("rate"),
         **settings,
     )
 
@@ -286,6 +288,21 @@ async def test_broker_down_while_serving_then_back(private_kafka: KafkaBroker, p
     everything = [i for ids in [*before, *answered, after] for i in ids]
     assert len(everything) == 14 * 3
     assert len(set(everything)) == len(everything)
+
+
+async def test_rate_events_go_to_the_kafka_topic_keyed_by_tag(worker: Worker, client: KafkaIdClient) -> None:
+    """With Kafka on, each tag's rate events also go to the rate topic, keyed by tag, in the event schema."""
+    from dispenser.messages import RateEvent  # noqa: PLC0415
+
+    await client.ids("order", 50)
+    kafka = worker.config.kafka
+    async with TopicReader(kafka.bootstrap_servers, worker.config.rate.kafka_topic) as events:
+        records = await events.wait_for(2, timeout=30)
+    order = [r for r in records if r.key == b"order"]
+    assert order
+    event = msgspec.json.decode(order[-1].value or b"", type=RateEvent)
+    assert (event.tag, event.kind) == ("order", "segment")
+    assert event.ids_total >= 50
 
 
 async def test_the_kafka_request_schema_is_what_the_client_sends() -> None:
