@@ -14,12 +14,13 @@ import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from dispenser.devservers._process import DevServerError, ServerNotFoundError
 
-__all__ = ["cache_dir", "fetch_jars", "is_complete"]
+__all__ = ["cache_dir", "fetch_command", "fetch_jars", "is_complete"]
 
 _STAMP = ".complete"
 
@@ -121,3 +122,31 @@ def fetch_jars(
         shutil.rmtree(dest, ignore_errors=True)
         scratch.rename(dest)
     return dest
+
+
+def fetch_command(
+    argv: Sequence[str],
+    *,
+    what: str,
+    default: Path,
+    pending: Callable[[Path], bool],
+    fetch: Callable[[Path], Path],
+) -> int:
+    """The body of ``python -m dispenser.devservers.<server> [DEST]``: fetch once, print where the jars are.
+
+    Args:
+        argv: the arguments (an optional destination).
+        what: the server, for the message (``Apache Kafka 4.4.0``).
+        default: where the jars go without a destination.
+        pending: whether a fetch into a directory is still to be done (then it says so on stderr).
+        fetch: does the fetch into a directory and returns it.
+    """
+    target = Path(argv[0]) if argv else default
+    if pending(target):
+        print(f"fetching {what} jars from Maven Central into {target}", file=sys.stderr)
+    try:
+        print(fetch(target))
+    except DevServerError as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0

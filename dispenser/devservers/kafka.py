@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from dispenser.devservers._maven import cache_dir, fetch_jars, is_complete
+from dispenser.devservers._maven import cache_dir, fetch_command, fetch_jars, is_complete
 from dispenser.devservers._process import LOOPBACK, DevServerError, ServerNotFoundError, free_port
 from dispenser.devservers._server import ServerProcess
 from dispenser.devservers.zookeeper import find_java
@@ -274,17 +274,13 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dispenser.devservers.kafka [DEST]``: fetch the jars (once) and print where they are."""
-    args = sys.argv[1:] if argv is None else argv
-    dest = Path(args[0]) if args else None
-    target = default_jar_dir() if dest is None else dest
-    if POM.is_file() and not is_complete(target, POM, _maven_args(KAFKA_VERSION)):
-        print(f"fetching Apache Kafka {KAFKA_VERSION} jars from Maven Central into {target}", file=sys.stderr)
-    try:
-        print(fetch_kafka_jars(dest))
-    except DevServerError as exc:
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return fetch_command(
+        sys.argv[1:] if argv is None else argv,
+        what=f"Apache Kafka {KAFKA_VERSION}",
+        default=default_jar_dir(),
+        pending=lambda target: POM.is_file() and not is_complete(target, POM, _maven_args(KAFKA_VERSION)),
+        fetch=fetch_kafka_jars,
+    )
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from dispenser.devservers._maven import cache_dir, fetch_jars, is_complete
-from dispenser.devservers._process import LOOPBACK, DevServerError, ServerNotFoundError
+from dispenser.devservers._maven import cache_dir, fetch_command, fetch_jars, is_complete
+from dispenser.devservers._process import LOOPBACK, ServerNotFoundError
 from dispenser.devservers._server import ServerProcess
 
 __all__ = [
@@ -248,20 +248,13 @@ class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dispenser.devservers.zookeeper [DEST]``: fetch the jars (once) and print where they are."""
-    args = sys.argv[1:] if argv is None else argv
-    dest = Path(args[0]) if args else None
-    target = default_jar_dir() if dest is None else dest
-    if POM.is_file() and not is_complete(target, POM):
-        print(
-            f"fetching Apache ZooKeeper {ZOOKEEPER_VERSION} jars from Maven Central into {target}",
-            file=sys.stderr,
-        )
-    try:
-        print(fetch_zookeeper_jars(dest))
-    except DevServerError as exc:
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return fetch_command(
+        sys.argv[1:] if argv is None else argv,
+        what=f"Apache ZooKeeper {ZOOKEEPER_VERSION}",
+        default=default_jar_dir(),
+        pending=lambda target: POM.is_file() and not is_complete(target, POM),
+        fetch=fetch_zookeeper_jars,
+    )
 
 
 if __name__ == "__main__":
