@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dispenser",
         description=(
-            "Leaf dispenser: unique 64-bit IDs over NATS, from PostgreSQL segments (Leaf-segment) "
+            "Leaf dispenser: unique 64-bit IDs over NATS and Kafka, from PostgreSQL segments (Leaf-segment) "
             "or snowflake generators with registered worker IDs (Leaf-snowflake)."
         ),
         epilog=EPILOG,
@@ -128,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
 
     dev = sub.add_parser(
         "dev",
-        help="start NATS and PostgreSQL locally, create tag 'demo', and serve (Ctrl-C stops everything)",
+        help="start NATS and PostgreSQL (and Kafka with --kafka) locally, create tag 'demo', and serve (Ctrl-C stops everything)",
     )
     dev.add_argument("--data-dir", type=Path, default=Path(".dispenser"), help="where server data lives")
     dev.add_argument("--nats-port", type=int, default=4222, help="NATS port (a free one if taken)")
@@ -183,7 +183,9 @@ def _parser() -> argparse.ArgumentParser:
     remove = tag_sub.add_parser("remove", help="delete a tag")
     remove.add_argument("tag")
 
-    bench = sub.add_parser("bench", help="benchmark the service (see `dispenser bench nats --help`)")
+    bench = sub.add_parser(
+        "bench", help="benchmark the service (`dispenser bench nats|kafka|snowflake --help`)"
+    )
     bench.add_argument(
         "target",
         choices=["nats", "kafka", "snowflake"],
