@@ -317,11 +317,15 @@ class SegmentAllocator:
             UnknownTag: the store has no such tag.
             StoreUnavailable: the store could not supply a segment before the deadline.
         """
-        allocator = await self.resolve(tag)
+        allocator = await self.resolve(tag, deadline)
         return await allocator.take(count, deadline)
 
-    async def resolve(self, tag: str) -> TagAllocator:
-        """The tag's allocator, refreshing the tag list once if the tag is not known yet.
+    async def resolve(self, tag: str, deadline: float | None = None) -> TagAllocator:
+        """The tag's allocator, looking the tag list up once if the tag is not known yet.
+
+        Lookups for unknown tags are at most one per ``unknown_tag_refresh_interval``. A request that finds
+        the last one too recent waits for the next (if its ``deadline``, monotonic seconds, allows) rather
+        than failing: a tag added a moment after someone else's miss is served, not answered unknown.
 
         Raises:
             UnknownTag: the store has no such tag.
@@ -330,11 +334,20 @@ class SegmentAllocator:
         allocator = self._tags.get(tag)
         if allocator is not None:
             return allocator
-        if self._clock.monotonic() - self._last_refresh >= self.settings.unknown_tag_refresh_interval:
-            await self.refresh()
-            allocator = self._tags.get(tag)
+        next_lookup = self._last_refresh + self.settings.unknown_tag_refresh_interval
+        wait = next_lookup - self._clock.monotonic()
+        if wait > 0:
+            if deadline is None or self._clock.monotonic() + wait > deadline:
+                raise UnknownTag(tag)
+            await asyncio.sleep(wait)
+            allocator = self._tags.get(tag)  # someone else's lookup may have found it meanwhile
             if allocator is not None:
                 return allocator
+        if self._clock.monotonic() - self._last_refresh >= self.settings.unknown_tag_refresh_interval:
+            await self.refresh()
+        allocator = self._tags.get(tag)
+        if allocator is not None:
+            return allocator
         raise UnknownTag(tag)
 
     async def refresh(self) -> None:

@@ -111,6 +111,23 @@ async def test_unknown_tag_and_tag_appearing_later() -> None:
     assert (await allocator.take("late", 1, deadline())).ranges == ((70, 70),)
 
 
+async def test_a_tag_added_just_after_a_miss_is_served_not_unknown() -> None:
+    """Lookups are rate-limited, but a request that finds the last one too recent waits for the next.
+
+    The tag appears a moment after another request's miss: the next requests get IDs. A request whose deadline ends before the next lookup is told
+    the tag is unknown.
+    """
+    store = MemorySegmentStore()
+    allocator = SegmentAllocator(store, CLOCK, AllocatorSettings(unknown_tag_refresh_interval=0.3))
+    with pytest.raises(UnknownTag):
+        await allocator.take("late", 1, deadline())
+    await store.add_tag("late", 5, start=70)
+    with pytest.raises(UnknownTag):
+        await allocator.take("late", 1, deadline(0.05))
+    results = await asyncio.gather(*(allocator.take("late", 1, deadline()) for _ in range(5)))
+    assert sorted(r.ranges[0][0] for r in results) == [70, 71, 72, 73, 74]
+
+
 async def test_tag_removed_from_store_becomes_unknown() -> None:
     """A tag removed from the store is dropped at the next refresh, and its requests fail as unknown."""
     store = MemorySegmentStore()
