@@ -13,10 +13,19 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
+
+Positive = Annotated[float, Meta(gt=0)]
+"""Seconds (or another quantity) that must be above zero."""
+AtLeastOne = Annotated[int, Meta(ge=1)]
+Fraction = Annotated[float, Meta(ge=0, le=1)]
+Port = Annotated[int, Meta(ge=0, le=65535)]
+LogLevel = Literal[
+    "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "debug", "info", "warning", "error", "critical"
+]
 
 __all__ = ["Config", "ConfigError", "load_config", "redact"]
 
@@ -47,7 +56,7 @@ class NatsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
-    connect_timeout: float = 5.0
+    connect_timeout: Positive = 5.0
 
 
 class PostgresConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -55,9 +64,9 @@ class PostgresConfig(Struct, forbid_unknown_fields=True, kw_only=True):
 
     dsn: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     """libpq-style DSN; ``sslmode=verify-full`` etc. work as in libpq."""
-    pool_min: int = 1
-    pool_max: int = 4
-    command_timeout: float = 2.0
+    pool_min: AtLeastOne = 1
+    pool_max: AtLeastOne = 4
+    command_timeout: Positive = 2.0
     """Seconds before a segment fetch counts as failed (and is retried)."""
 
 
@@ -65,10 +74,10 @@ class SegmentConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Segment mode (Leaf-segment)."""
 
     enabled: bool = True
-    prefetch_threshold: float = 0.1
-    fetch_deadline: float = 2.0
-    refresh_interval: float = 60.0
-    retry_max: float = 2.0
+    prefetch_threshold: Fraction = 0.1
+    fetch_deadline: Positive = 2.0
+    refresh_interval: Positive = 60.0
+    retry_max: Positive = 2.0
 
 
 class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -102,13 +111,13 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Each millisecond's sequence starts at a random value below this (0 disables)."""
     max_backward_ms: int = 5
     """A run-time clock rollback up to this is waited out (twice the offset); more is an error."""
-    report_interval: float = 3.0
+    report_interval: Positive = 3.0
     """Seconds between high-water reports to the registry and the local cache."""
     peer_threshold_ms: int = 5000
     """Refuse to start when the clock is further than this from the mean of the live peers' clocks."""
     peer_check_timeout: float = 0.3
     """Seconds to collect the live peers' clock readings at start-up."""
-    wait_deadline: float = 2.0
+    wait_deadline: Positive = 2.0
     """Seconds a request may wait (the next millisecond, a small clock rollback, a recorded mark)."""
 
 
@@ -133,9 +142,9 @@ class KafkaConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     and while its reply cannot be delivered."""
     create_topics: bool = True
     """Create the request and default reply topics at start if they are missing."""
-    topic_partitions: int = 1
+    topic_partitions: AtLeastOne = 1
     """Partitions of topics the dispenser creates (more partitions, more workers sharing the load)."""
-    replication_factor: int = 1
+    replication_factor: AtLeastOne = 1
     """Replication factor of topics the dispenser creates."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
@@ -160,11 +169,11 @@ class EnrichConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     transactional_id_prefix: str | None = None
     """Transactional IDs are ``<prefix>.<input partition>``; default: the group ID. Keep it stable:
     it is what fences a zombie enricher after a rebalance or a crash."""
-    commit_records: int = 1000
+    commit_records: AtLeastOne = 1000
     """Commit a partition's transaction after this many records…"""
-    commit_interval: float = 0.1
+    commit_interval: Positive = 0.1
     """…or this many seconds after its first record, whichever comes first."""
-    max_record_bytes: int = 1_000_000
+    max_record_bytes: AtLeastOne = 1_000_000
     """Records with a larger value go to the dead-letter topic."""
     transaction_timeout_ms: int = 60_000
     """The broker aborts a transaction left open longer than this (e.g. by a crashed enricher)."""
@@ -178,23 +187,23 @@ class RateConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     enabled: bool = True
     """Publish a rate event per tag every ``interval`` on ``<nats prefix>.rate.<tag>`` (and ``kafka_topic``
     when Kafka is enabled), and listen to the peers' events."""
-    interval: float = 5.0
-    window: int = 60
+    interval: Positive = 5.0
+    window: AtLeastOne = 60
     """Seconds averaged for the current rate and for each peak candidate (the peak is the highest
     ``window``-second average)."""
-    retention: float = 86_400.0
+    retention: Positive = 86_400.0
     """Seconds a peak is remembered (and saved in PostgreSQL, so a restart keeps it)."""
     adaptive_step: bool = True
     """Size each segment from the rates; false: the tag's configured step, as Leaf."""
-    segment_seconds: float = 600.0
+    segment_seconds: Positive = 600.0
     """A segment should last this long at this worker's share of the peak demand (Leaf's advice: 600 x peak QPS)."""
-    max_step: int = 100_000_000
+    max_step: Annotated[int, Meta(ge=1, le=2**31 - 1)] = 100_000_000
     """The largest step the adaptive rule asks for (the tag's configured step is the smallest)."""
-    hysteresis: float = 0.25
+    hysteresis: Fraction = 0.25
     """Keep the current step while the target stays within this fraction of it."""
-    stale_after: float = 15.0
+    stale_after: Positive = 15.0
     """A peer not heard from for this long no longer counts in the fleet."""
-    persist_interval: float = 60.0
+    persist_interval: Positive = 60.0
     """Seconds between saves of the peaks to PostgreSQL."""
     kafka_topic: str = "leaf.rate"
     """Kafka topic of the rate events (keyed by tag), when ``kafka.enabled``."""
@@ -203,7 +212,7 @@ class RateConfig(Struct, forbid_unknown_fields=True, kw_only=True):
 class MetricsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Prometheus metrics (``/metrics``)."""
 
-    port: int | None = None
+    port: Port | None = None
     """Serve ``/metrics`` on this port; none: off (``dispenser dev`` turns it on at 9464)."""
     host: str = "127.0.0.1"
 
@@ -211,19 +220,19 @@ class MetricsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
 class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """What a single request may ask for."""
 
-    max_ids: int = 10_000
+    max_ids: AtLeastOne = 10_000
     """Largest ``count`` in the ``ids`` format."""
-    max_ranges: int = 1_000_000
+    max_ranges: AtLeastOne = 1_000_000
     """Largest ``count`` in the ``ranges`` format."""
-    max_body_bytes: int = 4096
-    dedup_ttl: float = 60.0
+    max_body_bytes: AtLeastOne = 4096
+    dedup_ttl: Positive = 60.0
     """Seconds a ``request_id`` is remembered."""
 
 
 class LogConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Logging."""
 
-    level: str = "INFO"
+    level: LogLevel = "INFO"
     format: Literal["text", "json"] = "text"
 
 
@@ -285,11 +294,17 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
     try:
         config = msgspec.convert(raw, Config)
         # Environment values are strings: convert them leniently ("2.5" → 2.5, "true" → True).
-        for section, values in _env_overrides(environ).items():
-            merged = msgspec.to_builtins(getattr(config, section)) | values
-            setattr(config, section, msgspec.convert(merged, _SECTIONS[section], strict=False))
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
+    for section, values in _env_overrides(environ).items():
+        merged = msgspec.to_builtins(getattr(config, section)) | values
+        try:
+            setattr(config, section, msgspec.convert(merged, _SECTIONS[section], strict=False))
+        except msgspec.ValidationError as exc:
+            # msgspec names the field from the section's root ($.level): name the setting instead.
+            detail = str(exc).replace("`$.", f"`{section}.")
+            names = ", ".join(f"DISPENSER_{section}_{name}".upper() for name in values)
+            raise ConfigError(f"invalid configuration ({names}): {detail}") from exc
     return config
 
 

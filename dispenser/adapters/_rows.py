@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dispenser.core.errors import BadRequest, StoreUnavailable
+from dispenser.core.errors import BadRequest, TagExhausted
 from dispenser.core.tags import validate_tag
 
 __all__ = ["MAX_DESCRIPTION", "MAX_ID", "MAX_STEP", "check_new_tag", "check_step", "no_room"]
@@ -38,10 +38,11 @@ def check_new_tag(tag: str, step: int, start: int, description: str) -> None:
         raise BadRequest(f"description is {len(description)} characters long; the limit is {MAX_DESCRIPTION}")
 
 
-def no_room(tag: str, step: int | None) -> StoreUnavailable:
+def no_room(tag: str, step: int | None) -> TagExhausted:
     """The error for a tag whose ``max_id`` cannot grow by ``step`` without passing ``MAX_ID``."""
     size = "its configured step" if step is None else f"{step} IDs"
-    return StoreUnavailable(
+    return TagExhausted(
+        tag,
         f"tag {tag!r} has no room for a segment of {size}: max_id would pass {MAX_ID}; "
-        "a smaller step or a new tag is needed"
+        "a smaller step or a new tag is needed",
     )

@@ -130,6 +130,17 @@ class StoreUnavailable(Unavailable):
         super().__init__(f"segment store unavailable: {detail}")
 
 
+class TagExhausted(DispenserError):
+    """The tag's next segment would pass the largest 64-bit ID (2**63 - 1): no retry can help."""
+
+    code = "tag_exhausted"
+    status = 507
+
+    def __init__(self, tag: str, detail: str) -> None:
+        super().__init__(detail)
+        self.tag = tag
+
+
 class ClockMovedBackwards(DispenserError):
     """The wall clock went back further than the generator may wait out; no ID was issued."""
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dispenser.core.errors import DispenserError, StoreUnavailable, UnknownTag
+from dispenser.core.errors import DispenserError, StoreUnavailable, TagExhausted, UnknownTag
 from dispenser.core.rate import RateMeter
 from dispenser.core.segment import NEED_SEGMENT, Batch, BufferStats, SegmentBuffer
 from dispenser.ports import Clock, SegmentStore
@@ -136,7 +136,7 @@ class TagAllocator:
                 await asyncio.wait_for(changed.wait(), remaining)
             except TimeoutError:
                 raise self._timeout_error() from None
-            if isinstance(self.last_error, UnknownTag):
+            if isinstance(self.last_error, (UnknownTag, TagExhausted)):
                 raise self.last_error
 
     def consumption_rate(self) -> float:
@@ -186,6 +186,13 @@ class TagAllocator:
                 started = time.perf_counter()
                 try:
                     allocation = await self._store.next_segment(self.tag, step)
+                except TagExhausted as exc:
+                    # No retry can help: what is buffered is still served, then takes get this error.
+                    self.buffer.fetch_failed()
+                    self.last_error = exc
+                    self._closed = True
+                    log.error("%s", exc.message)
+                    return
                 except UnknownTag as exc:
                     self.buffer.fetch_failed()
                     self.last_error = exc
@@ -389,7 +396,7 @@ class SegmentAllocator:
     def _forget(self, tag: str) -> None:
         # The store said the tag is gone while we fetched: drop it now rather than at the next refresh.
         if self._tags.pop(tag, None) is not None:
-            log.info("tag %r was removed from the store", tag)
+            log.info("forgetting tag %r until its next lookup", tag)
 
     async def run_refresh_loop(self) -> None:
         """Refresh the tag list every ``refresh_interval`` seconds, until cancelled."""

@@ -12,7 +12,14 @@ import pytest
 from dispenser.adapters.memory import MemorySegmentStore
 from dispenser.adapters.postgres import PostgresSegmentStore
 from dispenser.adapters.postgres_schema import migrate
-from dispenser.core.errors import BadRequest, InvalidTag, StoreUnavailable, TagExists, UnknownTag
+from dispenser.core.errors import (
+    BadRequest,
+    InvalidTag,
+    StoreUnavailable,
+    TagExhausted,
+    TagExists,
+    UnknownTag,
+)
 from dispenser.core.segment import Segment
 from dispenser.ports import SegmentStore
 
@@ -200,11 +207,13 @@ async def test_bad_explicit_or_configured_step(store: SegmentStore) -> None:
 
 
 async def test_end_of_id_space(store: SegmentStore) -> None:
-    """A segment that would pass 2**63 - 1 is refused (StoreUnavailable) and the tag is not moved."""
+    """A segment that would pass 2**63 - 1 is refused (TagExhausted, not retryable); the tag is not moved."""
     await store.add_tag("order", step=10, start=MAX_ID - 15)
     assert (await store.next_segment("order")).segment == Segment(MAX_ID - 15, MAX_ID - 6)
-    with pytest.raises(StoreUnavailable, match="no room"):
+    with pytest.raises(TagExhausted, match="no room") as caught:
         await store.next_segment("order")
+    assert caught.value.retryable is False
+    assert caught.value.code == "tag_exhausted"
     # max_id may reach 2**63 - 1 itself, so the last ID ever granted is one below it.
     assert (await store.next_segment("order", step=5)).segment == Segment(MAX_ID - 5, MAX_ID - 1)
 

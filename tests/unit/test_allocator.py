@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from dispenser.adapters.memory import MemorySegmentStore
-from dispenser.core.errors import StoreUnavailable, UnknownTag
+from dispenser.core.errors import StoreUnavailable, TagExhausted, UnknownTag
 from dispenser.core.segment import Segment
 from dispenser.ports import Allocation, SystemClock
 from dispenser.service.dedup import ReplayCache
@@ -126,6 +126,20 @@ async def test_a_tag_added_just_after_a_miss_is_served_not_unknown() -> None:
         await allocator.take("late", 1, deadline(0.05))
     results = await asyncio.gather(*(allocator.take("late", 1, deadline()) for _ in range(5)))
     assert sorted(r.ranges[0][0] for r in results) == [70, 71, 72, 73, 74]
+
+
+async def test_a_tag_at_the_end_of_the_id_space_fails_for_good_not_for_now() -> None:
+    """Buffered IDs are still handed out; then takes fail with tag_exhausted (not retryable), not unavailable."""
+    store = MemorySegmentStore()
+    allocator = await allocator_with(store, ("end", 10))
+    await store.set_step("end", 10)
+    last_start = 2**63 - 1 - 15
+    store._rows["end"].max_id = last_start  # the tag's next segment is the last one that fits
+    taken = [(await allocator.take("end", 1, deadline())).ranges[0][0] for _ in range(10)]
+    assert taken == list(range(last_start, last_start + 10))
+    with pytest.raises(TagExhausted) as caught:
+        await allocator.take("end", 1, deadline())
+    assert (caught.value.code, caught.value.retryable) == ("tag_exhausted", False)
 
 
 async def test_tag_removed_from_store_becomes_unknown() -> None:

@@ -72,3 +72,34 @@ def test_redact_hides_passwords() -> None:
     assert redact("postgresql://leaf:s3cret@db:5432/leaf") == "postgresql://leaf:***@db:5432/leaf"
     assert "tok" not in redact("nats://u:tok@host:4222")
     assert redact("host=db password=abc") == "host=db password=***"
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"DISPENSER_LOG_LEVEL": "verbose"}, r"DISPENSER_LOG_LEVEL.*'verbose'.*log\.level"),
+        ({"DISPENSER_RATE_INTERVAL": "0"}, r"DISPENSER_RATE_INTERVAL.*> 0.*rate\.interval"),
+        ({"DISPENSER_RATE_HYSTERESIS": "2"}, r"<= 1.*rate\.hysteresis"),
+        ({"DISPENSER_METRICS_PORT": "70000"}, r"<= 65535.*metrics\.port"),
+        ({"DISPENSER_ENRICH_COMMIT_RECORDS": "0"}, r">= 1.*enrich\.commit_records"),
+        ({"DISPENSER_SEGMENT_PREFETCH_THRESHOLD": "1.5"}, r"segment\.prefetch_threshold"),
+    ],
+)
+def test_out_of_range_settings_name_the_setting(environ: dict[str, str], message: str) -> None:
+    """Settings are checked against their ranges, and the error names the variable and the setting."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(environ=environ)
+
+
+def test_a_bad_setting_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dispenser` with a bad setting prints one line naming it and exits 2, no traceback."""
+    from dispenser.cli import main  # noqa: PLC0415
+
+    monkeypatch.setenv("DISPENSER_LOG_LEVEL", "verbose")
+    assert main(["check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "DISPENSER_LOG_LEVEL" in err
+    assert "Traceback" not in err
