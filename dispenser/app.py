@@ -26,7 +26,7 @@ from dispenser.adapters.nats import (
 )
 from dispenser.adapters.postgres import PostgresSegmentStore
 from dispenser.config import Config, redact
-from dispenser.core.errors import DispenserError
+from dispenser.core.errors import DispenserError, PeerClockUnverified
 from dispenser.core.peers import check_peer_clocks
 from dispenser.core.step import StepPolicy
 from dispenser.ports import Clock, SegmentStore, SystemClock
@@ -209,12 +209,24 @@ class Worker:
         lease = registration.lease
         clock_subject = f"{config.nats.subject_prefix}.snowflake-clock"
         if self.nc is not None:
-            readings = await collect_peer_clocks(
+            heard = await collect_peer_clocks(
                 self.nc, clock_subject, self.clock.wall_ms, sf.peer_check_timeout
             )
+            readings = heard.readings
+            if not heard.answered:
+                detail = (
+                    f"the peer clock check on {clock_subject!r} got no answer at all, not even the server's "
+                    "'no responders': no permission to publish there (or to receive on _INBOX.>), or the "
+                    "server is slow; the clock is NOT checked against the peers (see docs/security.md)"
+                )
+                if sf.peer_check_failure == "refuse":
+                    raise PeerClockUnverified(detail)
+                log.warning("%s", detail)
             offset = check_peer_clocks(readings, sf.peer_threshold_ms)
             if offset is not None:
                 log.info("clock is within %.0f ms of the mean of %d live peer(s)", offset, len(readings))
+            elif heard.answered:
+                log.info("no live snowflake peers answered the clock check: this worker is the first")
         else:
             log.warning("NATS is off: the snowflake clock is not checked against live peers")
         settings = SnowflakeSettings(

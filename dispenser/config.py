@@ -117,6 +117,8 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Refuse to start when the clock is further than this from the mean of the live peers' clocks."""
     peer_check_timeout: float = 0.3
     """Seconds to collect the live peers' clock readings at start-up."""
+    peer_check_failure: Literal["warn", "refuse"] = "warn"
+    """When the clock query goes unheard (no permission, no answer): start with a warning, or refuse."""
     wait_deadline: Positive = 2.0
     """Seconds a request may wait (the next millisecond, a small clock rollback, a recorded mark)."""
 

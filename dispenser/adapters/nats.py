@@ -34,7 +34,15 @@ from dispenser.core.peers import PeerReading
 from dispenser.messages import MSGPACK, RateEvent
 from dispenser.service.dispatch import Answer, Dispatcher
 
-__all__ = ["NatsIdService", "collect_peer_clocks", "connect", "rate_sink", "serve_clock", "subscribe_rates"]
+__all__ = [
+    "NatsIdService",
+    "PeerClocks",
+    "collect_peer_clocks",
+    "connect",
+    "rate_sink",
+    "serve_clock",
+    "subscribe_rates",
+]
 
 log = logging.getLogger(__name__)
 
@@ -287,12 +295,23 @@ async def serve_clock(
     return await nc.subscribe(subject, cb=answer)
 
 
+class PeerClocks(msgspec.Struct):
+    """What the start-up clock query heard."""
+
+    readings: list[PeerReading]
+    answered: bool
+    """Whether anything answered at all: a peer's reading, or the server's "no responders" status (no
+    peer is running). False means the query went unheard: no permission to publish on the clock subject
+    (or to receive on the inbox), or the server did not answer in time; the clock is then unverified."""
+
+
 async def collect_peer_clocks(
     nc: Client, subject: str, wall_ms: Callable[[], int], window: float
-) -> list[PeerReading]:
+) -> PeerClocks:
     """Ask every live peer for its clock and collect the answers that arrive within ``window`` seconds."""
     inbox = nc.new_inbox()
     readings: list[PeerReading] = []
+    answered = False
     subscription = await nc.subscribe(inbox)
     try:
         sent = wall_ms()
@@ -304,6 +323,7 @@ async def collect_peer_clocks(
                 msg = await subscription.next_msg(timeout=left)
             except TimeoutError:
                 break
+            answered = True
             if not msg.data:
                 continue  # the server's "no responders" status: nobody else is running
             try:
@@ -314,7 +334,7 @@ async def collect_peer_clocks(
             readings.append(PeerReading(reading.wall_ms, sent, wall_ms()))
     finally:
         await subscription.unsubscribe()
-    return readings
+    return PeerClocks(readings, answered)
 
 
 _rate_events = msgspec.json.Decoder(RateEvent)

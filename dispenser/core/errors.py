@@ -308,6 +308,14 @@ class StateFileCorrupt(DispenserError):
         self.path = path
 
 
+class PeerClockUnverified(DispenserError):
+    """The start-up clock query went unheard (``snowflake.peer_check_failure = "refuse"``): no start."""
+
+    code = "peer_clock_unverified"
+    status = 503
+    retryable = True
+
+
 class ClockDisagreesWithPeers(DispenserError):
     """At start-up, the local clock is further from the mean of the live peers' clocks than allowed."""
 
