@@ -111,7 +111,10 @@ async def test_sigterm_answers_requests_in_flight(
             worker.start()
             await worker.wait_ready(nc, SUBJECT)
             requests = [asyncio.ensure_future(ask(nc, SUBJECT, b'{"count": 60}')) for _ in range(200)]
-            await asyncio.sleep(0)  # let the requests go out before the signal
+            # Let every request be published before the signal: one turn of the loop is not always enough
+            # for 200 of them on a loaded machine (the late ones then met a drained worker: no responders).
+            for _ in range(20):
+                await asyncio.sleep(0)
             await nc.flush()
             worker.signal(signal.SIGTERM)
             replies = await asyncio.gather(*requests, return_exceptions=True)
