@@ -25,11 +25,12 @@ from dispenser.adapters.nats import (
     subscribe_rates,
 )
 from dispenser.adapters.postgres import PostgresSegmentStore
+from dispenser.adapters.postgres_replay import PostgresReplayStore
 from dispenser.config import Config, redact
 from dispenser.core.errors import DispenserError, PeerClockUnverified
 from dispenser.core.peers import check_peer_clocks
 from dispenser.core.step import StepPolicy
-from dispenser.ports import Clock, SegmentStore, SystemClock
+from dispenser.ports import Clock, ReplayStore, SegmentStore, SystemClock
 from dispenser.registries import SnowflakeRegistration, open_registration
 from dispenser.service.decode import decode_handler
 from dispenser.service.dispatch import Dispatcher, Limits
@@ -81,6 +82,9 @@ class Worker:
         self.metrics: MetricsServer | None = None
         self._rate_sinks: list[KafkaRateSink] = []
         self.store: SegmentStore | None = None
+        self._pg: PostgresSegmentStore | None = None
+        """The PostgreSQL pool (the segment store's, or one opened for the replay store only)."""
+        self.replay_store: ReplayStore | None = None
         self.allocator: SegmentAllocator | None = None
         self.nc: Client | None = None
         self.service: NatsIdService | None = None
@@ -112,12 +116,8 @@ class Worker:
         )
         dispatchers: dict[str, Dispatcher] = {}
         if config.segment.enabled:
-            pg = config.postgres
-            self.store = await PostgresSegmentStore.connect(
-                pg.dsn, min_size=pg.pool_min, max_size=pg.pool_max, command_timeout=pg.command_timeout
-            )
-            log.info("connected to PostgreSQL at %s", redact(pg.dsn))
-            await self._restore_peaks(self.store)
+            self.store = self._pg = await self._connect_postgres()
+            await self._restore_peaks(self._pg)
             self.allocator = SegmentAllocator(
                 self.store,
                 self.clock,
@@ -135,7 +135,16 @@ class Worker:
             except DispenserError as exc:
                 log.warning("could not load the tag list yet (will retry): %s", exc)
             self._background.append(asyncio.create_task(self.allocator.run_refresh_loop()))
-            dispatchers["segment"] = Dispatcher(self.allocator, self.clock, limits, config.limits.dedup_ttl)
+        self.replay_store = await self._open_replay_store()
+        if self.allocator is not None:
+            dispatchers["segment"] = Dispatcher(
+                self.allocator,
+                self.clock,
+                limits,
+                config.limits.dedup_ttl,
+                kind="segment",
+                replay_store=self.replay_store,
+            )
         if config.nats.enabled and (self.serve or config.snowflake.enabled):
             self.nc = await connect(config.nats)
             log.info("connected to NATS at %s", redact(config.nats.url))
@@ -144,7 +153,12 @@ class Worker:
             self.snowflake = await self._start_snowflake()
             snowflake_limits = dataclasses.replace(limits, deadline=config.snowflake.wait_deadline)
             dispatchers["snowflake"] = Dispatcher(
-                self.snowflake, self.clock, snowflake_limits, config.limits.dedup_ttl
+                self.snowflake,
+                self.clock,
+                snowflake_limits,
+                config.limits.dedup_ttl,
+                kind="snowflake",
+                replay_store=self.replay_store,
             )
             special["snowflake"] = {"decode": decode_handler(self.snowflake.layout)}
         self.dispatchers = dispatchers
@@ -174,6 +188,49 @@ class Worker:
             await self.kafka.start()
         if self.nc is None and self.kafka is None:
             log.warning("neither NATS (nats.enabled) nor Kafka (kafka.enabled) is on: nothing to serve")
+
+    async def _connect_postgres(self) -> PostgresSegmentStore:
+        pg = self.config.postgres
+        store = await PostgresSegmentStore.connect(
+            pg.dsn, min_size=pg.pool_min, max_size=pg.pool_max, command_timeout=pg.command_timeout
+        )
+        log.info("connected to PostgreSQL at %s", redact(pg.dsn))
+        return store
+
+    async def _open_replay_store(self) -> ReplayStore | None:
+        """The fleet-wide store of answers to requests with a ``request_id`` (``limits.dedup_store``)."""
+        config = self.config
+        choice = config.limits.dedup_store
+        if choice == "auto":
+            uses_postgres = config.segment.enabled or (
+                config.snowflake.enabled and config.snowflake.mode == "postgres"
+            )
+            choice = "postgres" if uses_postgres else "local"
+        if choice == "local":
+            if config.snowflake.enabled:
+                log.info(
+                    "request_id answers are kept by this worker only (limits.dedup_store = 'local'): a retry "
+                    "that reaches another worker gets new IDs; set it to 'postgres' for fleet-wide retries"
+                )
+            return None
+        if self._pg is None:
+            self._pg = await self._connect_postgres()
+        store = PostgresReplayStore(self._pg)
+        self._background.append(asyncio.create_task(self._sweep_replays(store), name="replay-sweep"))
+        return store
+
+    async def _sweep_replays(self, store: PostgresReplayStore) -> None:
+        """Delete expired answers every TTL (any worker may; the delete is idempotent)."""
+        interval = max(self.config.limits.dedup_ttl, 1.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                swept = await store.sweep()
+            except DispenserError as exc:
+                log.debug("could not sweep expired request answers (will retry): %s", exc)
+                continue
+            if swept:
+                log.debug("swept %d expired request answers", swept)
 
     async def _restore_peaks(self, store: PostgresSegmentStore) -> None:
         """Start from the saved peaks, so a restart at peak time sizes its first segment from the peak."""
@@ -287,6 +344,8 @@ class Worker:
             await self.allocator.close()
         if self.store is not None:
             await self.store.close()
+        if self._pg is not None:
+            await self._pg.close()
 
 
 async def run_worker(config: Config, on_ready: Callable[[Worker], None] | None = None) -> int:

@@ -99,6 +99,11 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Seconds to reach ZooKeeper at start before falling back to the local cache (or refusing)."""
     zookeeper_op_timeout: float = 5.0
     """Seconds one ZooKeeper call may take (aiozk alone would retry for ever)."""
+    zookeeper_auth: Annotated[str, Meta(pattern=r"^[^:]+:.")] | None = None
+    """Digest credentials ``user:password`` (a secret: never logged). The worker presents them, and the
+    registry nodes it creates can then be changed or deleted only with them (see docs/security.md)."""
+    zookeeper_world_read: bool = True
+    """With ``zookeeper_auth``: let clients without the credentials read the registry nodes (not change them)."""
     state_dir: str | None = None
     """Where the local cache (worker ID, high-water mark) lives; default ``~/.local/state/leaf-dispenser``.
     Never a temporary directory: a reboot must not erase the high-water mark."""
@@ -229,6 +234,10 @@ class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     max_body_bytes: AtLeastOne = 4096
     dedup_ttl: Positive = 60.0
     """Seconds a ``request_id`` is remembered."""
+    dedup_store: Literal["auto", "postgres", "local"] = "auto"
+    """Where answers to requests with a ``request_id`` are kept: ``postgres`` (fleet-wide: a retry on any
+    worker gets the same IDs), ``local`` (this worker only), ``auto`` (``postgres`` when the worker uses
+    PostgreSQL anyway — segments on, or snowflake in ``postgres`` mode — else ``local``)."""
 
 
 class LogConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -312,9 +321,12 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
 
 _SECRET_IN_URL = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@]*):(?P<pw>[^@/]*)@", re.I)
 _SECRET_PARAM = re.compile(r"(password|sslpassword|token)=([^&\s]+)", re.I)
+# In a NATS URL, user info without a colon is a token (nats://TOKEN@host), not a user name as in a DSN.
+_TOKEN_IN_NATS_URL = re.compile(r"(?P<scheme>(?:nats|tls|ws|wss)://)[^:/@,\s]+@", re.I)
 
 
 def redact(url_or_dsn: str) -> str:
     """Mask passwords and tokens in a URL or DSN, for logs and error messages."""
     masked = _SECRET_IN_URL.sub(r"\g<scheme>\g<user>:***@", url_or_dsn)
+    masked = _TOKEN_IN_NATS_URL.sub(r"\g<scheme>***@", masked)
     return _SECRET_PARAM.sub(r"\1=***", masked)

@@ -35,7 +35,7 @@ async def _check_nats(config: Config) -> CheckResult:
 
 async def _check_postgres(config: Config) -> CheckResult:
     from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
-    from dispenser.adapters.postgres_schema import schema_version  # noqa: PLC0415
+    from dispenser.adapters.postgres_schema import MIGRATIONS, schema_version  # noqa: PLC0415
     from dispenser.core.errors import DispenserError  # noqa: PLC0415
 
     dsn = config.postgres.dsn
@@ -43,6 +43,13 @@ async def _check_postgres(config: Config) -> CheckResult:
         version = await schema_version(dsn)
         if version == 0:
             return CheckResult("postgres", False, f"{redact(dsn)}: no schema yet; run `dispenser migrate`")
+        latest = MIGRATIONS[-1].version
+        if version < latest:
+            return CheckResult(
+                "postgres",
+                False,
+                f"{redact(dsn)}: schema version {version}, this release needs {latest}; run `dispenser migrate`",
+            )
         async with await PostgresSegmentStore.connect(
             dsn, command_timeout=config.postgres.command_timeout
         ) as store:

@@ -13,7 +13,17 @@ from typing import Protocol
 
 from dispenser.core.segment import Segment
 
-__all__ = ["Allocation", "Clock", "SegmentStore", "SystemClock", "TagInfo", "WorkerLease", "WorkerRegistry"]
+__all__ = [
+    "Allocation",
+    "Clock",
+    "ReplayStore",
+    "SegmentStore",
+    "Settled",
+    "SystemClock",
+    "TagInfo",
+    "WorkerLease",
+    "WorkerRegistry",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +114,54 @@ class SegmentStore(Protocol):
 
     async def close(self) -> None:
         """Release connections."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The answer a ``request_id`` is bound to: the first one any worker recorded for it."""
+
+    count: int
+    format: str
+    ranges: tuple[tuple[int, int], ...]
+    """Inclusive ``(first, last)`` ranges, in increasing order."""
+
+
+class ReplayStore(Protocol):
+    """Where the fleet's answers to requests with a ``request_id`` are kept for the dedup TTL.
+
+    A retry may reach any worker of the queue group (or consumer group); the first answer recorded for a
+    key is the answer, whichever worker recorded it.
+    """
+
+    async def settle(
+        self,
+        key: tuple[str, str, str],
+        count: int,
+        format: str,
+        ranges: tuple[tuple[int, int], ...],
+        ttl: float,
+    ) -> Settled:
+        """Record ``ranges`` as the answer to ``key`` unless a live answer is already recorded.
+
+        Args:
+            key: ``(kind, tag, request_id)``.
+            count: the request's count (a retry must repeat it).
+            format: the request's format (likewise).
+            ranges: the IDs this worker drew for the request.
+            ttl: seconds the answer stays bound to the key (an expired one is replaced).
+
+        Returns:
+            The recorded answer: ours if we were first, else the earlier one (our IDs are then unused
+            gaps, never handed out).
+
+        Raises:
+            StoreUnavailable: the store could not be reached (the request fails, retryably).
+        """
+        ...
+
+    async def sweep(self) -> int:
+        """Delete expired answers; return how many."""
         ...
 
 

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from dispenser.adapters._rows import MAX_ID, check_new_tag, check_step, no_room
 from dispenser.core.errors import StoreUnavailable, TagExists, UnknownTag
 from dispenser.core.segment import Segment
-from dispenser.ports import Allocation, TagInfo
+from dispenser.ports import Allocation, Settled, TagInfo
 
-__all__ = ["MemorySegmentStore"]
+__all__ = ["MemoryReplayStore", "MemorySegmentStore"]
 
 
 def _utc_now() -> datetime:
@@ -135,3 +135,54 @@ class MemorySegmentStore:
     @staticmethod
     def _info(tag: str, row: _Row) -> TagInfo:
         return TagInfo(tag, row.max_id, row.step, row.description, row.update_time)
+
+
+class MemoryReplayStore:
+    """A :class:`~dispenser.ports.ReplayStore` in a dict: one process's fleet, for tests.
+
+    Attributes:
+        fail_with: when set, every call raises it (a database that is down).
+    """
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        """Create an empty store.
+
+        Args:
+            clock: seconds (monotonic) against which answers expire.
+        """
+        self._clock = clock
+        self._answers: dict[tuple[str, str, str], tuple[float, Settled]] = {}
+        self.fail_with: Exception | None = None
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    async def settle(
+        self,
+        key: tuple[str, str, str],
+        count: int,
+        format: str,
+        ranges: tuple[tuple[int, int], ...],
+        ttl: float,
+    ) -> Settled:
+        """Record the answer unless a live one exists; return the recorded one."""
+        await asyncio.sleep(0)  # a round trip: let concurrent callers interleave
+        if self.fail_with is not None:
+            raise self.fail_with
+        now = self._clock()
+        held = self._answers.get(key)
+        if held is not None and held[0] > now:
+            return held[1]
+        settled = Settled(count, format, tuple(ranges))
+        self._answers[key] = (now + ttl, settled)
+        return settled
+
+    async def sweep(self) -> int:
+        """Delete expired answers."""
+        if self.fail_with is not None:
+            raise self.fail_with
+        now = self._clock()
+        expired = [key for key, (until, _) in self._answers.items() if until <= now]
+        for key in expired:
+            del self._answers[key]
+        return len(expired)

@@ -6,7 +6,7 @@ buffers, the snowflake generator's waits). The endpoint is a small asyncio serve
 event loop, so a scrape reads a consistent state and needs no thread.
 
 Metrics (all prefixed ``leaf_``): ``ids_total`` and ``requests_total`` by kind and tag; ``errors_total`` and
-``request_seconds`` (histogram) by kind; ``segment_fetches_total``, ``segment_fetch_seconds_total``,
+``request_seconds`` (histogram) and ``replays_unsettled_total`` by kind; ``segment_fetches_total``, ``segment_fetch_seconds_total``,
 ``segment_step``, ``segment_configured_step``, ``ids_buffered``, ``runway_seconds``, ``rate_ids_per_second``
 and ``peak_ids_per_second`` by tag; ``snowflake_clock_waits_total`` and ``snowflake_rollbacks_refused_total``.
 """
@@ -89,8 +89,17 @@ class WorkerCollector(Collector):
                 cumulative += count
                 buckets.append(("+Inf" if math.isinf(bound) else str(bound), cumulative))
             latency.add_metric([kind], buckets, dispatcher.waited_seconds)
+        unsettled = CounterMetricFamily(
+            "leaf_replays_unsettled",
+            "Answers to a request_id given while the fleet-wide replay store was down (idempotent on this "
+            "worker only)",
+            labels=["kind"],
+        )
+        for kind, dispatcher in self._worker.dispatchers.items():
+            unsettled.add_metric([kind], dispatcher.replays_unsettled)
         yield errors
         yield latency
+        yield unsettled
 
     def _segments(self, now: float) -> Iterator[Metric]:
         allocator = self._worker.allocator

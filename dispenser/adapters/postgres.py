@@ -312,6 +312,21 @@ class PostgresSegmentStore:
         if removed is None:
             raise UnknownTag(tag)
 
+    async def fetchrow(self, action: str, query: str, *args: object) -> asyncpg.Record | None:
+        """Run one statement of another adapter over this store's pool, with the same error mapping.
+
+        Args:
+            action: what is being done, for the error message ("recording the answer to …").
+            query: the SQL, with ``$1``… placeholders.
+            *args: the placeholders' values.
+
+        Raises:
+            StoreUnavailable: PostgreSQL could not be reached or did not answer in time.
+        """
+        with self._errors(action):
+            async with self._pool.acquire(timeout=self._timeout) as conn:
+                return await conn.fetchrow(query, *args)
+
     async def __aenter__(self) -> PostgresSegmentStore:
         return self
 

@@ -64,6 +64,23 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         )
         """,
     ),
+    Migration(
+        3,
+        "answers to requests with a request_id, so that a retry on any worker gets the same IDs",
+        """
+        CREATE TABLE IF NOT EXISTS dispenser_request (
+            kind       varchar(16)  NOT NULL,
+            biz_tag    varchar(128) NOT NULL,
+            request_id varchar(128) NOT NULL,
+            count      bigint       NOT NULL,
+            format     varchar(8)   NOT NULL,
+            ranges     bigint[]     NOT NULL,
+            expires_at timestamptz  NOT NULL,
+            PRIMARY KEY (kind, biz_tag, request_id)
+        );
+        CREATE INDEX IF NOT EXISTS dispenser_request_expires_at ON dispenser_request (expires_at)
+        """,
+    ),
 )
 """Every migration, in version order. Append new versions; never edit a released one."""
 

@@ -16,9 +16,11 @@ for 10 to 20 minutes at the busiest time. We size from measured demand:
   the peak (a window average) has caught up;
 * clamped to [the tag's configured step (the operator's floor, Leaf's ``leaf_alloc.step``), ``max_step``],
   rounded to two significant digits (steps read like 120,000, not 117,384);
-* hysteresis: while the target stays within ±``hysteresis`` of the current step, the step is kept, so
-  noise in the measured rate does not make every segment a different size. A raised floor or lowered
-  ceiling applies at once.
+* hysteresis: while the current step stays within ±``hysteresis`` of the (clamped, unrounded) target, the
+  step is kept, so noise in the measured rate does not make every segment a different size. The band is
+  measured from the target, not from the step: measured from the step, a leftover step could sit up to
+  ~39% above the target under steady load (25% band, plus rounding). A raised floor or lowered ceiling
+  applies at once.
 
 The policy never touches IDs: the store still grants one ``UPDATE … RETURNING`` per segment of whatever
 size is asked, so a step change can neither lose nor repeat an ID.
@@ -84,9 +86,10 @@ class StepPolicy:
             fleet: what the rate events say.
         """
         ceiling = max(configured, self.max_step)
-        wanted = min(max(round_step(self.target(fleet)), configured), ceiling)
+        target = min(max(self.target(fleet), float(configured)), float(ceiling))
+        wanted = min(max(round_step(target), configured), ceiling)
         if current is None or not configured <= current <= ceiling:
             return wanted
-        if abs(wanted - current) <= self.hysteresis * current:
+        if abs(current - target) <= self.hysteresis * target:
             return current
         return wanted

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,10 +25,11 @@ from dispenser.core.errors import (
     InvalidRequest,
     MalformedRequest,
     MessageTooLarge,
+    StoreUnavailable,
 )
 from dispenser.core.tags import validate_tag
 from dispenser.messages import ErrorBody, IdRequest, Reply, decode_request, encode_reply
-from dispenser.ports import Clock
+from dispenser.ports import Clock, ReplayStore
 from dispenser.service.dedup import ReplayCache
 
 __all__ = ["LATENCY_BUCKETS", "Answer", "Dispatcher", "IdSource", "Limits", "RangesBatch"]
@@ -38,6 +40,9 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 """Upper bounds (seconds) of the request latency histogram. Requests answered inline count in the first:
 they never wait for anything (measured: ~10 µs of the worker's time), and timing each would cost the hot
 path more than the answer itself."""
+
+_UNSETTLED_LOG_INTERVAL = 10.0
+"""Seconds between warnings that the replay store is down (one per outage-ish, not one per request)."""
 
 _REMEMBERED = 1024
 """How many request bodies and tag names the hot path remembers as valid (cleared when full)."""
@@ -86,10 +91,33 @@ class Answer:
 class Dispatcher:
     """Request in, reply out, for one kind of generator."""
 
-    def __init__(self, source: IdSource, clock: Clock, limits: Limits, dedup_ttl: float = 60.0) -> None:
+    def __init__(
+        self,
+        source: IdSource,
+        clock: Clock,
+        limits: Limits,
+        dedup_ttl: float = 60.0,
+        *,
+        kind: str = "segment",
+        replay_store: ReplayStore | None = None,
+    ) -> None:
+        """Answer requests from ``source``.
+
+        Args:
+            source: the generator.
+            clock: the clock timing requests and expiring remembered answers.
+            limits: what one request may ask for.
+            dedup_ttl: seconds an answer to a ``request_id`` is remembered.
+            kind: the generator's kind, part of the fleet-wide key of a ``request_id``.
+            replay_store: where the fleet records answers to requests with a ``request_id``, so that a
+                retry on another worker gets the same IDs; ``None``: this worker's memory only.
+        """
         self._source = source
         self._clock = clock
         self.limits = limits
+        self.kind = kind
+        self._dedup_ttl = dedup_ttl
+        self._replay_store = replay_store
         self._replays: ReplayCache[RangesBatch] = ReplayCache(dedup_ttl, clock.monotonic)
         self._bodies: dict[bytes, IdRequest] = {}
         self._tags: set[str] = set()
@@ -100,6 +128,9 @@ class Dispatcher:
         self.waited_seconds = 0.0
         self.errors: dict[str, int] = {}
         """Error replies by code."""
+        self.replays_unsettled = 0
+        """Answers to a ``request_id`` given without the replay store (it was down): this worker's only."""
+        self._unsettled_logged_at = -math.inf
 
     def answer_now(self, tag: str, body: bytes, msgpack: bool = False) -> bytes | Answer | None:
         """Answer without waiting if possible.
@@ -175,7 +206,7 @@ class Dispatcher:
                 batch = await self._replays.get_or_compute(
                     (tag, request.request_id),
                     (request.count, request.format),
-                    lambda: self._source.take(tag, request.count, deadline),
+                    lambda: self._take_once(tag, request, deadline),
                 )
         except DispenserError as exc:
             return self.error(tag, exc, msgpack)
@@ -184,6 +215,47 @@ class Dispatcher:
         finally:
             self._observe(self._clock.monotonic() - started)
         return Answer(self._reply(tag, request, batch, msgpack))
+
+    async def _take_once(self, tag: str, request: IdRequest, deadline: float) -> RangesBatch:
+        """IDs for a request with a ``request_id``: ours, or those another worker already answered with.
+
+        This worker's :class:`ReplayCache` in front makes concurrent copies here share one call; the
+        store settles the race between workers (the first recorded answer wins, ours become gaps).
+        """
+        batch = await self._source.take(tag, request.count, deadline)
+        store = self._replay_store
+        if store is None:
+            return batch
+        assert request.request_id is not None
+        try:
+            settled = await store.settle(
+                (self.kind, tag, request.request_id),
+                request.count,
+                request.format,
+                tuple(batch.ranges),
+                self._dedup_ttl,
+            )
+        except StoreUnavailable as exc:
+            # The IDs are in hand and unique whatever happens; failing the request would make every
+            # client that sends request_ids (as retrying clients should) lose the double buffer's
+            # runway with PostgreSQL. So answer, idempotent on this worker only, and say so.
+            self.replays_unsettled += 1
+            now = self._clock.monotonic()
+            if now - self._unsettled_logged_at >= _UNSETTLED_LOG_INTERVAL:
+                self._unsettled_logged_at = now
+                log.warning(
+                    "answering request_id requests without the fleet-wide replay store (%s): a retry on "
+                    "another worker would get other IDs until it is back (%d so far)",
+                    exc.message,
+                    self.replays_unsettled,
+                )
+            return batch
+        if (settled.count, settled.format) != (request.count, request.format):
+            raise InvalidRequest(
+                f"request_id {request.request_id!r} was already used with count {settled.count} and format "
+                f"{settled.format!r}; use a new request_id for a different request"
+            )
+        return settled
 
     def _observe(self, seconds: float) -> None:
         self.waited_seconds += seconds

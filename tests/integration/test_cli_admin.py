@@ -104,3 +104,25 @@ async def test_check_reaches_kafka_when_enabled(
     monkeypatch.setenv("DISPENSER_KAFKA_REQUEST_TIMEOUT_MS", "2000")
     assert await run(["check"]) == 1
     assert "cannot reach kafka" in capsys.readouterr().err
+
+
+async def test_check_fails_on_a_schema_older_than_the_release(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A database migrated by an older release: `check` says which version it needs (not a late failure)."""
+    import asyncpg  # noqa: PLC0415
+
+    from dispenser.adapters.postgres_schema import MIGRATIONS  # noqa: PLC0415
+
+    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
+    monkeypatch.setenv("DISPENSER_NATS_ENABLED", "false")
+    assert await run(["migrate"]) == 0
+    latest = MIGRATIONS[-1].version
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute("DELETE FROM dispenser_schema_version WHERE version = $1", latest)
+    finally:
+        await conn.close()
+    capsys.readouterr()
+    assert await run(["check"]) == 1
+    assert f"this release needs {latest}; run `dispenser migrate`" in capsys.readouterr().out

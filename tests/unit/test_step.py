@@ -34,6 +34,17 @@ def test_steady_load_sizes_within_a_quarter_of_s_times_r(rate: float) -> None:
     assert 0.75 * S * rate <= step <= 1.25 * S * rate
 
 
+@given(st.floats(10.0, 1e5), st.integers(10, 10_000_000))
+def test_a_leftover_step_is_kept_only_within_a_quarter_of_the_target(rate: float, current: int) -> None:
+    """Whatever step the last fetch used, the next one is within ±25% of S x R.
+
+    The band is measured from the target (measured from the step, a leftover step 39% above it was kept).
+    """
+    step = policy.next_step(10, current, alone(rate))
+    target = max(S * rate, 10)
+    assert abs(step - target) <= 0.25 * target + 1
+
+
 @given(st.floats(10.0, 1e5), st.lists(st.floats(-0.1, 0.1), min_size=5, max_size=20))
 def test_noise_does_not_make_the_step_flap(rate: float, noise: list[float]) -> None:
     """±10% noise around a steady rate keeps the step it settled on."""

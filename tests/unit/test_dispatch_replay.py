@@ -1,0 +1,111 @@
+"""Fleet-wide request_id: two dispatchers (two workers) over one replay store give one answer per key."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+
+from dispenser.adapters.memory import MemoryReplayStore, MemorySegmentStore
+from dispenser.core.errors import StoreUnavailable
+from dispenser.messages import Reply
+from dispenser.ports import SystemClock
+from dispenser.service.dispatch import Dispatcher, Limits
+from dispenser.service.segments import AllocatorSettings, SegmentAllocator
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[tuple[list[Dispatcher], MemoryReplayStore]]:
+    """Two workers drawing disjoint segments of one tag from one store, sharing one replay store."""
+    segments = MemorySegmentStore()
+    await segments.add_tag("order", 100)
+    replays = MemoryReplayStore(time.monotonic)
+    allocators = [SegmentAllocator(segments, SystemClock(), AllocatorSettings()) for _ in range(2)]
+    for allocator in allocators:
+        await allocator.refresh()
+    dispatchers = [
+        Dispatcher(allocator, SystemClock(), Limits(), kind="segment", replay_store=replays)
+        for allocator in allocators
+    ]
+    yield dispatchers, replays
+    for allocator in allocators:
+        await allocator.close()
+
+
+def reply_of(body: bytes) -> Reply:
+    return msgspec.json.decode(body, type=Reply)
+
+
+async def test_eight_racing_copies_on_two_workers_get_one_answer(
+    fleet: tuple[list[Dispatcher], MemoryReplayStore],
+) -> None:
+    """The same request_id sent 8 times at once, 4 to each worker: 8 identical replies."""
+    dispatchers, _ = fleet
+    body = b'{"count": 5, "request_id": "pay-42"}'
+    answers = await asyncio.gather(*(dispatchers[n % 2].answer("order", body) for n in range(8)))
+    assert all(answer.error is None for answer in answers)
+    assert len({answer.body for answer in answers}) == 1
+    assert len(reply_of(answers[0].body).ids) == 5
+
+
+async def test_a_retry_on_the_other_worker_later_gets_the_same_ids(
+    fleet: tuple[list[Dispatcher], MemoryReplayStore],
+) -> None:
+    """First answered by worker 0, retried on worker 1: the same IDs; a new request_id: new ones."""
+    dispatchers, _ = fleet
+    first = await dispatchers[0].answer("order", b'{"count": 3, "request_id": "r-1"}')
+    retry = await dispatchers[1].answer("order", b'{"count": 3, "request_id": "r-1"}')
+    other = await dispatchers[1].answer("order", b'{"count": 3, "request_id": "r-2"}')
+    assert retry.body == first.body
+    assert set(reply_of(other.body).ids or []).isdisjoint(reply_of(first.body).ids or [])
+
+
+async def test_a_changed_retry_on_the_other_worker_is_refused(
+    fleet: tuple[list[Dispatcher], MemoryReplayStore],
+) -> None:
+    """The same request_id with another count, on another worker: an invalid error, not other IDs."""
+    dispatchers, _ = fleet
+    await dispatchers[0].answer("order", b'{"count": 3, "request_id": "r-1"}')
+    changed = await dispatchers[1].answer("order", b'{"count": 4, "request_id": "r-1"}')
+    assert changed.error is not None
+    assert changed.error.code == "invalid"
+    assert "count 3" in changed.error.message
+
+
+async def test_kinds_do_not_share_request_ids(fleet: tuple[list[Dispatcher], MemoryReplayStore]) -> None:
+    """The key includes the generator's kind: a snowflake request_id never replays a segment answer."""
+    dispatchers, replays = fleet
+    await dispatchers[0].answer("order", b'{"count": 3, "request_id": "r-1"}')
+    settled = await replays.settle(("snowflake", "order", "r-1"), 3, "ids", ((7, 9),), 60)
+    assert settled.ranges == ((7, 9),)
+
+
+async def test_with_the_store_down_requests_are_answered_and_counted(
+    fleet: tuple[list[Dispatcher], MemoryReplayStore],
+) -> None:
+    """The replay store is down: request_id requests still get (unique) IDs, counted as unsettled."""
+    dispatchers, replays = fleet
+    replays.fail_with = StoreUnavailable("down for the test")
+    first = await dispatchers[0].answer("order", b'{"count": 3, "request_id": "r-1"}')
+    again = await dispatchers[0].answer("order", b'{"count": 3, "request_id": "r-1"}')
+    assert first.error is None
+    assert again.body == first.body  # still idempotent on this worker
+    assert dispatchers[0].replays_unsettled == 1
+    replays.fail_with = None
+    other = await dispatchers[1].answer("order", b'{"count": 3, "request_id": "r-1"}')
+    assert set(reply_of(other.body).ids or []).isdisjoint(reply_of(first.body).ids or [])
+
+
+async def test_requests_without_request_id_never_touch_the_store(
+    fleet: tuple[list[Dispatcher], MemoryReplayStore],
+) -> None:
+    """The common path is untouched: no request_id, no record (and a dead store changes nothing)."""
+    dispatchers, replays = fleet
+    replays.fail_with = StoreUnavailable("down for the test")
+    for dispatcher in dispatchers:
+        answer = await dispatcher.answer("order", b'{"count": 2}')
+        assert answer.error is None
+    assert len(replays) == 0
