@@ -298,6 +298,7 @@ class Worker:
             self.clock,
             registration.persist,
             settings=settings,
+            persist_clean_stop=registration.persist_clean_stop,
         )
         await generator.start()
         generator.on_issue = self._snowflake_meter

@@ -15,6 +15,7 @@ from dispenser.adapters.statefile import (
     LocalState,
     LocalStateFile,
     RegistryMode,
+    WorkerIdentity,
     default_state_dir,
     state_file_path,
 )
@@ -73,6 +74,8 @@ def open_registry(
             connect_timeout=config.zookeeper_connect_timeout,
             op_timeout=config.zookeeper_op_timeout,
             clock=clock,
+            auth=config.zookeeper_auth,
+            world_read=config.zookeeper_world_read,
         )
     if config.mode == "postgres":
         from dispenser.adapters.worker_pg import PostgresWorkerRegistry  # noqa: PLC0415
@@ -96,6 +99,8 @@ class SnowflakeRegistration:
     name: str
     from_cache: bool
     """True when the registry could not be reached and the worker ID came from the local cache."""
+    identity: WorkerIdentity | None = None
+    """The stable address this worker registered under, locked until :meth:`close`."""
     registry_wait: float = 0.5
     """Seconds :meth:`persist` waits for the registry outside ``zookeeper-lease`` mode before leaving the
     report to finish in the background (the local cache already holds the mark)."""
@@ -169,6 +174,26 @@ class SnowflakeRegistration:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._reporting), self.registry_wait)
 
+    async def persist_clean_stop(self, worker_id: int, last_ms: int, reserved_ms: int) -> None:
+        """Record a clean stop: the exact last millisecond issued, and the highest mark reserved.
+
+        The registries keep only their highest mark (a late write must never lower it), so the registry
+        still holds the reservation, up to two report intervals ahead. The next start reads this record
+        and, if the registry's mark is not above ``reserved_ms`` (nobody wrote after us), starts from
+        ``last_ms`` instead of waiting the reservation out.
+
+        Raises:
+            OSError: the local cache could not be written (the reservation then stands).
+        """
+        state = LocalState(
+            worker_id=worker_id,
+            high_water_ms=last_ms,
+            mode=self.mode,
+            registry_name=self.name,
+            clean_stop_reserved_ms=reserved_ms,
+        )
+        await self.cache.asave(state)
+
     async def _report(self) -> None:
         reported = -1
         while self._to_report > reported:
@@ -191,7 +216,11 @@ class SnowflakeRegistration:
                 await asyncio.wait_for(task, timeout)
             except TimeoutError:
                 log.warning("the last high-water report to the registry did not finish in %g s", timeout)
-        await self.registry.close()
+        try:
+            await self.registry.close()
+        finally:
+            if self.identity is not None:
+                self.identity.release()
 
 
 async def open_registration(
@@ -210,15 +239,49 @@ async def open_registration(
         StateFileCorrupt: the cache file is unreadable.
     """
     layout = layout_of(config)
-    address = config.address or default_address()
-    if config.address is None and config.mode in ("zookeeper", "postgres"):
-        log.warning(
-            "snowflake.address is not set: registering as %s, which changes at every start and so takes a "
-            "new worker ID each time (%d in all); set a stable, distinct ip:port per worker",
-            address,
-            layout.max_worker_id + 1,
-        )
     directory = Path(config.state_dir) if config.state_dir else default_state_dir()
+    identity = None
+    if config.address is not None:
+        address = config.address
+    elif config.mode == "static":
+        address = default_address()  # a static worker's ID comes from config; the address is only a label
+    else:
+        try:
+            identity = WorkerIdentity.claim(directory, config.name)
+        except OSError as exc:
+            address = default_address()
+            log.warning(
+                "snowflake.address is not set and no identity could be kept in %s (%s): registering as %s, "
+                "which changes at every start and so takes a new worker ID each time (%d in all); set "
+                "snowflake.state_dir to a writable directory or a stable, distinct snowflake.address",
+                directory,
+                exc,
+                address,
+                layout.max_worker_id + 1,
+            )
+        else:
+            address = identity.address
+            log.info("registering as %s (the identity kept in %s)", address, identity.path)
+    try:
+        return await _register(
+            config, postgres, clock, layout=layout, directory=directory, address=address, identity=identity
+        )
+    except BaseException:
+        if identity is not None:
+            identity.release()
+        raise
+
+
+async def _register(
+    config: SnowflakeConfig,
+    postgres: PostgresConfig,
+    clock: Clock,
+    *,
+    layout: SnowflakeLayout,
+    directory: Path,
+    address: str,
+    identity: WorkerIdentity | None,
+) -> SnowflakeRegistration:
     # The default address holds the process ID, so it changes at every start. A static worker's record is
     # its only protection against reissuing after a crash and a clock rollback (Leaf #216): without a
     # configured address, name its file after the worker ID (which no two workers share) so it is found.
@@ -247,12 +310,7 @@ async def open_registration(
     except BaseException:
         await _close_quietly(registry)  # e.g. WorkerIdsExhausted: don't leave its session open
         raise
-    if (
-        cached is not None
-        and cached.worker_id == lease.worker_id
-        and cached.high_water_ms > lease.high_water_ms
-    ):
-        lease = dataclasses.replace(lease, high_water_ms=cached.high_water_ms)
+    lease = _merge_cached(lease, cached)
     return SnowflakeRegistration(
         layout,
         registry,
@@ -261,8 +319,30 @@ async def open_registration(
         config.mode,
         config.name,
         from_cache,
+        identity=identity,
         registry_wait=min(0.5, config.report_interval / 2),
     )
+
+
+def _merge_cached(lease: WorkerLease, cached: LocalState | None) -> WorkerLease:
+    """The high-water mark to honour: the registry's, the cache's, or a clean stop's exact last millisecond."""
+    if cached is None or cached.worker_id != lease.worker_id:
+        return lease
+    reserved = cached.clean_stop_reserved_ms
+    if reserved is not None and lease.high_water_ms <= reserved:
+        # The registry holds at most what the last run reserved, and that run stopped cleanly after
+        # issuing nothing past cached.high_water_ms: a later holder of the ID would have raised the mark
+        # past our reservation before issuing anything.
+        if cached.high_water_ms < lease.high_water_ms:
+            log.info(
+                "clean restart: the last run issued up to %d, so the reservation up to %d need not be waited out",
+                cached.high_water_ms,
+                lease.high_water_ms,
+            )
+        return dataclasses.replace(lease, high_water_ms=cached.high_water_ms)
+    if cached.high_water_ms > lease.high_water_ms:
+        return dataclasses.replace(lease, high_water_ms=cached.high_water_ms)
+    return lease
 
 
 async def _close_quietly(registry: WorkerRegistry) -> None:

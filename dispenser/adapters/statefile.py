@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import re
+import secrets
+import socket
 import tempfile
 from pathlib import Path
 from typing import Annotated, Literal
@@ -24,7 +27,14 @@ import msgspec
 
 from dispenser.core.errors import StateFileCorrupt
 
-__all__ = ["LocalState", "LocalStateFile", "RegistryMode", "default_state_dir", "state_file_path"]
+__all__ = [
+    "LocalState",
+    "LocalStateFile",
+    "RegistryMode",
+    "WorkerIdentity",
+    "default_state_dir",
+    "state_file_path",
+]
 
 RegistryMode = Literal["zookeeper", "zookeeper-lease", "postgres", "static"]
 
@@ -39,12 +49,17 @@ class LocalState(msgspec.Struct, frozen=True, kw_only=True):
         high_water_ms: The last Unix millisecond it may have issued IDs in (0 if none).
         mode: The worker-ID mode it ran in; a state from another mode is not evidence for this one.
         registry_name: The registry namespace (e.g. the ZooKeeper ``<name>``) the ID belongs to.
+        clean_stop_reserved_ms: Written only by a clean stop (every other save clears it): the highest
+            mark that run reserved, and so the highest it can have reported. A registry mark not above it
+            was written by that run, so ``high_water_ms`` (the exact last millisecond) may replace it and
+            the restart need not wait out the reservation.
     """
 
     worker_id: _NonNegative
     high_water_ms: _NonNegative
     mode: RegistryMode
     registry_name: str
+    clean_stop_reserved_ms: _NonNegative | None = None
 
     def matches(self, mode: RegistryMode, registry_name: str) -> bool:
         """Whether this state was written under the same mode and registry namespace."""
@@ -142,3 +157,77 @@ class LocalStateFile:
     async def asave(self, state: LocalState) -> None:
         """:meth:`save` in a worker thread, so the event loop does not wait for the disk."""
         await asyncio.to_thread(self.save, state)
+
+
+_IDENTITY_SLOTS = 64
+"""Workers of one registry namespace that may share a state directory (one slot each)."""
+
+
+class WorkerIdentity:
+    """A stable worker address, kept in the state directory and locked while this process runs.
+
+    Address-keyed registries (``zookeeper``, ``postgres``) give an address the same worker ID at every
+    start; an address holding the process ID would take a new one each time and exhaust the IDs. The first
+    start writes ``<host name>:<random hex>`` into a slot file; later starts read it back. Each running
+    process holds an exclusive ``flock`` on its slot (the kernel drops it when the process dies, ``kill -9``
+    included), so two workers sharing the directory never share an address: the second takes the next
+    slot. Copying a state directory to another machine copies its identities: don't (see docs/snowflake.md).
+    """
+
+    def __init__(self, address: str, path: Path, fd: int) -> None:
+        self.address = address
+        self.path = path
+        self._fd: int | None = fd
+
+    def __repr__(self) -> str:
+        return f"WorkerIdentity({self.address!r}, {str(self.path)!r})"
+
+    @classmethod
+    def claim(cls, directory: Path, registry_name: str) -> WorkerIdentity:
+        """Lock the first free slot of ``registry_name`` in ``directory`` and return its address.
+
+        Raises:
+            OSError: the directory or a slot file cannot be written, or every slot is held.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", registry_name)
+        for slot in range(_IDENTITY_SLOTS):
+            path = directory / f"identity-{safe}-{slot}"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                address = cls._read_or_create(fd, directory)
+            except BaseException:
+                os.close(fd)
+                raise
+            return cls(address, path, fd)
+        raise OSError(
+            f"all {_IDENTITY_SLOTS} worker identity slots in {directory} are held by running workers"
+        )
+
+    @staticmethod
+    def _read_or_create(fd: int, directory: Path) -> str:
+        raw = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+        host, sep, token = raw.rpartition(":")
+        if sep and host and token and "/" not in raw:
+            return raw
+        # A new slot (or a torn first write): a fresh identity. The host name is for people reading the
+        # registry; the random part is what makes it unique, even between hosts that share a name.
+        host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+        address = f"{host}:{secrets.token_hex(4)}"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, address.encode() + b"\n", 0)
+        os.fsync(fd)
+        _fsync_dir(directory)
+        return address
+
+    def release(self) -> None:
+        """Unlock the slot (the address stays in the file for the next start). Idempotent."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

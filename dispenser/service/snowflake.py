@@ -6,8 +6,9 @@ Safety rules, each for a known way Leaf can repeat an ID:
   the worker records a new mark ``now + reserve_ahead`` in the local state file (and in the registry);
   a background task renews it every ``report_interval``. After a crash, the recorded mark is therefore
   never below an issued ID, and a restart issues nothing at or below it — however far the clock went
-  back in between. A clean shutdown records the exact last millisecond in the local cache (registries keep
-  only their highest mark, so there a restart still waits out the reservation).
+  back in between. A clean shutdown records the exact last millisecond in the local cache, with the mark it
+  had reserved: the registries keep only their highest mark, and a restart that finds theirs no higher
+  than that reservation starts from the exact millisecond instead of waiting the reservation out.
 * **Start-up clock check.** Refuse when the clock is behind the recorded mark by more than the
   reservation can explain (``max_startup_wait_ms``); otherwise wait until the clock passes the mark before
   serving. (The check against the live peers' clocks, :func:`dispenser.core.peers.check_peer_clocks`, is
@@ -74,6 +75,10 @@ class SnowflakeBatch:
 Persist = Callable[[int, int], Awaitable[None]]
 """``persist(worker_id, high_water_ms)``: record the mark durably (local state file, registry)."""
 
+PersistCleanStop = Callable[[int, int, int], Awaitable[None]]
+"""``persist_clean_stop(worker_id, last_ms, reserved_ms)``: record a clean stop (see
+:meth:`dispenser.registries.SnowflakeRegistration.persist_clean_stop`)."""
+
 
 class SnowflakeGenerator:
     """An ID source for ``<prefix>.snowflake.<tag>``: any tag, one worker ID, never a repeat."""
@@ -87,8 +92,10 @@ class SnowflakeGenerator:
         persist: Persist,
         *,
         settings: SnowflakeSettings | None = None,
+        persist_clean_stop: PersistCleanStop | None = None,
     ) -> None:
         self.layout = layout
+        self._persist_clean_stop = persist_clean_stop
         self.settings = settings or SnowflakeSettings()
         self._registry = registry
         self._clock = clock
@@ -154,7 +161,12 @@ class SnowflakeGenerator:
             await asyncio.gather(self._reserving, return_exceptions=True)
         async with self._lock:
             try:
-                await self._persist(self._state.worker_id, self._state.last_ms)
+                if self._persist_clean_stop is not None and not self._paused:
+                    await self._persist_clean_stop(
+                        self._state.worker_id, self._state.last_ms, self._reserved_ms
+                    )
+                else:
+                    await self._persist(self._state.worker_id, self._state.last_ms)
             except (OSError, DispenserError) as exc:
                 log.warning("could not record the final high-water mark (the reservation stands): %s", exc)
 

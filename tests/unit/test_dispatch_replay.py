@@ -48,7 +48,7 @@ async def test_eight_racing_copies_on_two_workers_get_one_answer(
     answers = await asyncio.gather(*(dispatchers[n % 2].answer("order", body) for n in range(8)))
     assert all(answer.error is None for answer in answers)
     assert len({answer.body for answer in answers}) == 1
-    assert len(reply_of(answers[0].body).ids) == 5
+    assert len(reply_of(answers[0].body).ids or []) == 5
 
 
 async def test_a_retry_on_the_other_worker_later_gets_the_same_ids(
