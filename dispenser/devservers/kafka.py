@@ -3,8 +3,9 @@
 :func:`fetch_kafka_jars` runs ``mvn dependency:copy-dependencies`` on ``tools/kafka/pom.xml`` once into a cache
 directory; :class:`KafkaBroker` formats a storage directory and runs ``kafka.Kafka`` from those jars, with
 the settings measured to work on small machines (``../shared/KAFKA.md``): a 256 MiB heap with a 16 MiB log
-cleaner buffer, one-partition internal topics, no initial rebalance delay, no automatic topic creation, and
-short minimum consumer sessions so that tests of crashes take seconds.
+cleaner buffer, one-partition internal topics, no initial rebalance delay, no automatic topic creation,
+short minimum consumer sessions so that tests of crashes take seconds, and a 3 s broker session so that a
+start after :meth:`~KafkaBroker.kill` is ready in ~5 s rather than ~12 s.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dispenser.devservers._maven import cache_dir, fetch_command, fetch_jars, is_complete
-from dispenser.devservers._process import LOOPBACK, DevServerError, ServerNotFoundError, free_port
+from dispenser.devservers._process import LOOPBACK, ServerNotFoundError, ServerStartError, free_port
 from dispenser.devservers._server import ServerProcess
 from dispenser.devservers.zookeeper import find_java
 
@@ -202,6 +203,11 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
             "auto.create.topics.enable": "false",
             # The cleaner's buffer comes out of the heap; the default 128 MiB does not fit a small one.
             "log.cleaner.dedupe.buffer.size": "16777216",
+            # A killed broker's registration stays live in the controller's metadata until its session
+            # times out, and until then the restarted broker cannot register: 9 s by default made a start
+            # after kill() take ~12 s instead of ~2 s. The heartbeat stays well inside the shorter session.
+            "broker.session.timeout.ms": "3000",
+            "broker.heartbeat.interval.ms": "500",
         }
         if not self.version.startswith("3."):
             settings["share.coordinator.state.topic.replication.factor"] = "1"
@@ -221,7 +227,8 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
             return [f"-Dlog4j.configuration=file:{path.resolve()}"]
         path = self.workdir / "log4j2.properties"
         path.write_text(
-            "status = warn\n"
+            # Status "error": at each stop log4j2 warns that it cannot register its shutdown hook (harmless).
+            "status = error\n"
             "appender.out.type = Console\n"
             "appender.out.name = OUT\n"
             "appender.out.layout.type = PatternLayout\n"
@@ -258,9 +265,14 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
             "-c",
             str(self._properties.resolve()),
         ]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=self.workdir, check=False)
+        try:
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=self.start_timeout, cwd=self.workdir, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ServerStartError(f"formatting Kafka's storage took over {self.start_timeout:g} s") from exc
         if done.returncode != 0:
-            raise DevServerError(
+            raise ServerStartError(
                 f"formatting Kafka's storage failed (exit status {done.returncode}): {(done.stdout + done.stderr)[-3000:]}"
             )
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dispenser.devservers._process import port_is_free
 from dispenser.devservers.kafka import KafkaBroker, default_jar_dir, fetch_kafka_jars, metadata_brokers
@@ -14,46 +16,102 @@ from .kafka_support import TopicReader, create_topics, produce, unique
 
 pytestmark = pytest.mark.kafka
 
+# A fresh JVM is slow for its first seconds (KAFKA.md §6); real times are well under a second.
+_TIMEOUT = 60.0
 
-def test_jar_fetch_is_done_once() -> None:
-    """A second fetch finds the stamp and returns at once, without Maven."""
+
+def test_jar_fetch_is_done_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second fetch finds the stamp and returns at once, without looking for Maven."""
     jars = fetch_kafka_jars()
     assert jars == default_jar_dir()
     assert any(jars.glob("kafka_2.13-*.jar"))
+    monkeypatch.setenv("PATH", "")  # no mvn to be found
     started = time.monotonic()
     assert fetch_kafka_jars() == jars
     assert time.monotonic() - started < 0.5
 
 
-async def test_the_shared_broker_serves_produce_and_consume(kafka_broker: KafkaBroker) -> None:
-    """The session broker lists itself in its metadata and keeps records with keys and headers."""
+async def test_the_shared_broker_serves_admin_produce_and_consume(kafka_broker: KafkaBroker) -> None:
+    """The session broker lists itself, creates topics, keeps keys and headers, and allows short sessions."""
     assert metadata_brokers(kafka_broker.port) == 1
     topic = unique("server-check")
-    await create_topics(kafka_broker.bootstrap, {topic: 2})
-    await produce(kafka_broker.bootstrap, topic, [(1, b"k", b"v", [("h", b"1")])])
-    async with TopicReader(kafka_broker.bootstrap, topic) as reader:
-        (record,) = await reader.wait_for(1, timeout=30)
-    assert (record.partition, record.key, record.value, record.headers) == (1, b"k", b"v", [("h", b"1")])
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
+    async with asyncio.timeout(_TIMEOUT):
+        await admin.start()
+        try:
+            response = await admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
+            assert [(name, code) for name, code, *_ in response.topic_errors] == [(topic, 0)]
+            assert topic in await admin.list_topics()
+        finally:
+            await admin.close()
+        await produce(kafka_broker.bootstrap, topic, [(1, b"k", b"v", [("h", b"1")])])
+        # A 1 s session is below Kafka's default minimum (6 s): the broker's group.min.session.timeout.ms allows it.
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=kafka_broker.bootstrap,
+            group_id=unique("server-check"),
+            auto_offset_reset="earliest",
+            session_timeout_ms=1000,
+            heartbeat_interval_ms=300,
+        )
+        await consumer.start()
+        try:
+            record = await consumer.getone()
+        finally:
+            await consumer.stop()
+    assert (record.partition, record.key, record.value, list(record.headers)) == (
+        1,
+        b"k",
+        b"v",
+        [("h", b"1")],
+    )
 
 
-async def test_restart_keeps_ports_and_data_and_kill_is_survived(tmp_path: Path) -> None:
+async def test_read_committed_sees_committed_transactions_only(kafka_broker: KafkaBroker) -> None:
+    """Records of a committed transaction are visible under read_committed; those of an aborted one are not."""
+    bootstrap = kafka_broker.bootstrap
+    topic = unique("txn")
+    await create_topics(bootstrap, {topic: 1})
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("txn-id"))
+    async with asyncio.timeout(_TIMEOUT):
+        await producer.start()
+        try:
+            async with producer.transaction():
+                await producer.send_and_wait(topic, b"committed", partition=0)
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, b"aborted", partition=0)
+            await producer.abort_transaction()
+            # Committed after the aborted one, so a reader that got this far has passed the aborted record.
+            async with producer.transaction():
+                await producer.send_and_wait(topic, b"after", partition=0)
+        finally:
+            await producer.stop()
+    async with TopicReader(bootstrap, topic) as committed:
+        records = await committed.wait_for(2, timeout=_TIMEOUT)
+    assert [r.value for r in records] == [b"committed", b"after"]
+    async with TopicReader(bootstrap, topic, committed=False) as uncommitted:
+        records = await uncommitted.wait_for(3, timeout=_TIMEOUT)
+    assert [r.value for r in records] == [b"committed", b"aborted", b"after"]
+
+
+async def test_restart_keeps_ports_and_data_and_kill_is_survived(private_kafka: KafkaBroker) -> None:
     """Stop/start and kill/start keep the ports, the topics and the records; stop frees the port."""
-    broker = KafkaBroker(tmp_path / "kafka")
-    broker.start()
-    try:
-        port, controller = broker.port, broker.controller_port
-        topic = unique("kept")
-        await create_topics(broker.bootstrap, {topic: 1})
-        await produce(broker.bootstrap, topic, [(0, None, b"before", [])])
-        broker.stop()
-        assert port_is_free(port)
-        broker.start()
-        assert (broker.port, broker.controller_port) == (port, controller)
-        broker.kill()
-        broker.start()
-        async with TopicReader(broker.bootstrap, topic) as reader:
-            (record,) = await reader.wait_for(1, timeout=30)
-        assert record.value == b"before"
-    finally:
-        broker.stop()
+    broker = private_kafka
+    port, controller = broker.port, broker.controller_port
+    topic = unique("kept")
+    await create_topics(broker.bootstrap, {topic: 1})
+    await produce(broker.bootstrap, topic, [(0, None, b"before", [])])
+    broker.stop()
     assert broker.pid is None
+    assert port_is_free(port)
+    broker.start()
+    assert (broker.port, broker.controller_port) == (port, controller)
+    broker.kill()
+    assert broker.pid is None
+    broker.start()
+    assert (broker.port, broker.controller_port) == (port, controller)
+    assert metadata_brokers(port) == 1
+    async with TopicReader(broker.bootstrap, topic) as reader:
+        (record,) = await reader.wait_for(1, timeout=_TIMEOUT)
+    assert record.value == b"before"
+    assert (broker.data_dir / "meta.properties").is_file()  # formatted once, kept
