@@ -1,4 +1,8 @@
-"""Suite-wide test setup: Hypothesis profiles and real NATS and PostgreSQL servers on 127.0.0.1.
+"""Suite-wide test setup: Hypothesis profiles, real NATS and PostgreSQL servers, and the secret check.
+
+The secret check: every log record of the session (root logger at DEBUG) and every ``*.log`` file under
+the session's temporary directory is searched for the values in ``tests/secret_values.py``; a secret
+found anywhere fails the run, with the secret's name and the logger or file (see ``tests/secret_scan.py``).
 
 Servers are real processes (see :mod:`dispenser.devservers`). A server that cannot start fails the tests
 that need it, with the reason and the server's log; nothing is skipped for want of a server.
@@ -13,9 +17,11 @@ Fixtures:
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,8 +29,12 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import settings
 
+import dispenser.cli
+from dispenser.config import Config
 from dispenser.devservers import DevServerError, NatsServer, PostgresServer
 from dispenser.devservers._server import ServerProcess
+from tests.secret_scan import Leak, SecretScanHandler, scan_log_files
+from tests.secret_values import SECRETS
 
 settings.register_profile("ci", deadline=None, max_examples=200)
 settings.register_profile("dev", max_examples=50)
@@ -103,3 +113,65 @@ def private_postgres(tmp_path: Path, _postgres_template: Path) -> Iterator[Postg
     # PostgresServer gives the copy (made by us, possibly as root) to the server's user when it starts.
     shutil.copytree(_postgres_template, datadir, symlinks=True, ignore=shutil.ignore_patterns("postgres.log"))
     yield from _running(PostgresServer(datadir))
+
+
+# The secret check ---------------------------------------------------------------------------------------
+
+_secret_scan = SecretScanHandler(SECRETS)
+_BASETEMP = pytest.StashKey[Path]()
+_LEAKS = pytest.StashKey[list[Leak]]()
+_cli_setup_logging = dispenser.cli._setup_logging
+
+
+def _setup_logging_and_keep_scanning(config: Config, verbose: bool) -> None:
+    # `dispenser.cli.main` (called in-process by tests) replaces the root logger's handlers, as a program
+    # should; put the scanner back so that what the command logs is scanned too.
+    _cli_setup_logging(config, verbose)
+    logging.getLogger().addHandler(_secret_scan)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Scan every log record of the session, at every level (a DEBUG line must not leak a secret either)."""
+    root = logging.getLogger()
+    root.addHandler(_secret_scan)
+    root.setLevel(logging.DEBUG)
+    dispenser.cli._setup_logging = _setup_logging_and_keep_scanning
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _secret_scan_basetemp(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> None:
+    """Remember the session's temporary directory: its ``*.log`` files are scanned at the end."""
+    pytestconfig.stash[_BASETEMP] = tmp_path_factory.getbasetemp()
+
+
+@pytest.fixture(autouse=True)
+def _secret_scan_stays_on() -> None:
+    """Undo what an earlier test did to the root logger (``main()`` sets its level, a test may remove handlers)."""
+    root = logging.getLogger()
+    if _secret_scan not in root.handlers:
+        root.addHandler(_secret_scan)
+    root.setLevel(logging.DEBUG)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run if a secret reached a log record or a log file (the servers have stopped by now)."""
+    dispenser.cli._setup_logging = _cli_setup_logging
+    logging.getLogger().removeHandler(_secret_scan)
+    leaks = _secret_scan.leaks
+    basetemp = session.config.stash.get(_BASETEMP, None)
+    if basetemp is not None:
+        leaks += scan_log_files(basetemp, SECRETS)
+    session.config.stash[_LEAKS] = leaks
+    if leaks:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if session.config.pluginmanager.get_plugin("terminalreporter") is None:
+            print("\n".join(f"SECRET LEAKED: {leak}" for leak in leaks), file=sys.stderr)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Name every leaked secret (never its value) and where it was found."""
+    leaks = config.stash.get(_LEAKS, [])
+    if leaks:
+        terminalreporter.section("secrets leaked into logs: the run fails", red=True, bold=True)
+        for leak in leaks:
+            terminalreporter.write_line(f"SECRET LEAKED: {leak}", red=True)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dispenser.devservers._process import LOOPBACK, ServerNotFoundError, read_since
@@ -48,11 +49,24 @@ class NatsServer(ServerProcess[Path]):
         with NatsServer(tmp_path) as server:
             nc = await nats.connect(server.url)
 
+    With a configuration file (authorization, TLS; the address and port still come from here, since
+    command-line flags override the file)::
+
+        conf = "authorization { user: app, password: $APP_PASS }"
+        with NatsServer(tmp_path, config=conf, env={"APP_PASS": secret}) as server:
+            nc = await nats.connect(server.url, user="app", password=secret)
+
     Args:
-        workdir: Directory for the log file (``nats-server.log``, appended to across restarts).
+        workdir: Directory for the log file (``nats-server.log``, appended to across restarts) and the
+            configuration file (``nats-server.conf``).
         port: Client port; a free one is picked when omitted (and re-picked if another process takes it
             before the first start).
         args: Extra command-line arguments for ``nats-server`` (e.g. ``["--user", "u", "--pass", "p"]``).
+        config: Text of a ``nats-server`` configuration file, written to ``workdir`` and passed with ``-c``.
+            It must not set ``log_file`` (readiness is read from the server's output).
+        env: Environment variables added to ours for the server: what the configuration's ``$NAME``
+            references resolve to, so that secrets need not be written into the file.
+        tls: The configuration has a ``tls`` block: :attr:`url` then says ``tls://``.
         binary: The executable to run; found with :func:`find_nats_server` when omitted.
         start_timeout: Seconds to wait for "Server is ready".
         stop_timeout: Seconds to wait after SIGTERM before SIGKILL.
@@ -64,6 +78,9 @@ class NatsServer(ServerProcess[Path]):
         port: int | None = None,
         *,
         args: Sequence[str] = (),
+        config: str | None = None,
+        env: Mapping[str, str] | None = None,
+        tls: bool = False,
         binary: Path | None = None,
         start_timeout: float = 10.0,
         stop_timeout: float = 5.0,
@@ -71,12 +88,20 @@ class NatsServer(ServerProcess[Path]):
         self.workdir = Path(workdir)
         super().__init__(port, start_timeout=start_timeout, stop_timeout=stop_timeout)
         self.args = list(args)
+        self.config = config
+        self.env = dict(env or {})
+        self.tls = tls
         self._binary = binary
 
     @property
     def url(self) -> str:
-        """The client URL, ``nats://127.0.0.1:PORT``."""
-        return f"nats://{LOOPBACK}:{self._port}"
+        """The client URL, ``nats://127.0.0.1:PORT`` (``tls://`` when started with ``tls=True``)."""
+        return f"{'tls' if self.tls else 'nats'}://{LOOPBACK}:{self._port}"
+
+    @property
+    def config_path(self) -> Path:
+        """Where the ``config`` text is written (only when one was given)."""
+        return self.workdir / "nats-server.conf"
 
     @property
     def log_path(self) -> Path:
@@ -87,14 +112,18 @@ class NatsServer(ServerProcess[Path]):
         """Find the executable (raises :class:`ServerNotFoundError` if it is not installed)."""
         binary = self._binary if self._binary is not None else find_nats_server()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.config is not None:
+            self.config_path.write_text(self.config)
         return binary
 
     def _launch(self, binary: Path, offset: int) -> None:
+        config = ["-c", str(self.config_path)] if self.config is not None else []
         self._spawn(
-            [str(binary), "--addr", LOOPBACK, "--port", str(self._port), *self.args],
+            [str(binary), *config, "--addr", LOOPBACK, "--port", str(self._port), *self.args],
             offset=offset,
             cwd=self.workdir,
             what=f"nats-server on {self.url}",
+            env=os.environ | self.env if self.env else None,
         )
 
     def _ready(self, proc: subprocess.Popen[bytes], offset: int) -> bool:

@@ -74,6 +74,12 @@ def test_redact_hides_passwords() -> None:
     assert redact("host=db password=abc") == "host=db password=***"
 
 
+def test_redact_hides_nats_tokens_but_not_dsn_users() -> None:
+    """`nats://TOKEN@host` is a token (masked); `postgresql://user@host` is a user name (kept)."""
+    assert redact("nats://s3cret@h:4222,tls://u:pw@h2:4222") == "nats://***@h:4222,tls://u:***@h2:4222"
+    assert redact("postgresql://postgres@db:5432/leaf") == "postgresql://postgres@db:5432/leaf"
+
+
 @pytest.mark.parametrize(
     ("environ", "message"),
     [
