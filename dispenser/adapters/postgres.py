@@ -16,10 +16,10 @@ from typing import Any
 import asyncpg
 
 from dispenser.adapters._rows import check_new_tag, check_step, no_room
-from dispenser.config import redact
 from dispenser.core.errors import DispenserError, StoreUnavailable, TagExists, UnknownTag
 from dispenser.core.segment import Segment
 from dispenser.ports import Allocation, TagInfo
+from dispenser.redaction import redact
 
 __all__ = ["PostgresSegmentStore", "dsn_secrets", "invalid_settings", "map_store_errors", "scrub"]
 
@@ -124,7 +124,7 @@ def map_store_errors(
 
     Args:
         action: what was being done, for the message ("fetching the next segment of 'order'").
-        where: the redacted DSN (see :func:`dispenser.config.redact`).
+        where: the redacted DSN (see :func:`dispenser.redaction.redact`).
         secrets: strings to blank out of the driver's message (see :func:`dsn_secrets`).
         timeout: the timeout in force, to say how long we waited when one fires.
         unavailable: the error to raise, built from the message (the worker registry raises
@@ -220,6 +220,8 @@ class PostgresSegmentStore:
                     server_settings={"application_name": application_name},
                 )
             except ValueError as exc:
+                if isinstance(exc, OSError):
+                    raise  # a TLS failure (e.g. certificate verify failed): unavailable, as at run time
                 raise invalid_settings(exc, where, secrets) from None
         return cls(pool, where=where, secrets=secrets, timeout=connect_timeout + command_timeout)
 

@@ -21,7 +21,7 @@ from typing import Any, Final, TypeAlias
 import asyncpg
 
 from dispenser.adapters.postgres import dsn_secrets, invalid_settings, map_store_errors
-from dispenser.config import redact
+from dispenser.redaction import redact
 
 __all__ = ["MIGRATIONS", "Migration", "migrate", "schema_version"]
 
@@ -105,6 +105,8 @@ async def _connection(target: _Target, command_timeout: float) -> AsyncIterator[
     try:
         conn = await asyncpg.connect(target, timeout=command_timeout, command_timeout=command_timeout)
     except ValueError as exc:
+        if isinstance(exc, OSError):
+            raise  # a TLS failure (ssl's errors are both): the database is unavailable
         raise invalid_settings(exc, *_where(target)) from None
     try:
         yield conn

