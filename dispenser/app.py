@@ -26,11 +26,12 @@ from dispenser.adapters.nats import (
 )
 from dispenser.adapters.postgres import PostgresSegmentStore
 from dispenser.adapters.postgres_replay import PostgresReplayStore
-from dispenser.config import Config, redact
+from dispenser.config import Config
 from dispenser.core.errors import DispenserError, PeerClockUnverified
 from dispenser.core.peers import check_peer_clocks
 from dispenser.core.step import StepPolicy
 from dispenser.ports import Clock, ReplayStore, SegmentStore, SystemClock
+from dispenser.redaction import redact
 from dispenser.registries import SnowflakeRegistration, open_registration
 from dispenser.service.decode import decode_handler
 from dispenser.service.dispatch import Dispatcher, Limits

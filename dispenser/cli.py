@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +15,7 @@ import msgspec
 from dispenser import __version__
 from dispenser.config import Config, ConfigError, load_config, redact
 from dispenser.core.errors import DispenserError
+from dispenser.runner import run_async
 
 __all__ = ["main"]
 
@@ -38,15 +38,6 @@ examples:
   dispenser watch                                # every tag's rate, peak, step and runway, live
   DISPENSER_POSTGRES_DSN=postgresql://… dispenser serve
 """
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to completion on uvloop (asyncio's own loop where uvloop is missing)."""
-    try:
-        import uvloop  # noqa: PLC0415 - optional speed-up, imported only when running
-    except ImportError:  # pragma: no cover - uvloop is a dependency on every platform we run on
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 class _JsonFormatter(logging.Formatter):

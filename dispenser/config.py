@@ -9,7 +9,6 @@ Secrets (passwords, tokens, DSNs) never appear in logs: :func:`redact` masks the
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
+
+from dispenser.redaction import redact
 
 Positive = Annotated[float, Meta(gt=0)]
 """Seconds (or another quantity) that must be above zero."""
@@ -318,16 +319,3 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
             names = ", ".join(f"DISPENSER_{section}_{name}".upper() for name in values)
             raise ConfigError(f"invalid configuration ({names}): {detail}") from exc
     return config
-
-
-_SECRET_IN_URL = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@]*):(?P<pw>[^@/]*)@", re.I)
-_SECRET_PARAM = re.compile(r"(password|sslpassword|token)=([^&\s]+)", re.I)
-# In a NATS URL, user info without a colon is a token (nats://TOKEN@host), not a user name as in a DSN.
-_TOKEN_IN_NATS_URL = re.compile(r"(?P<scheme>(?:nats|tls|ws|wss)://)[^:/@,\s]+@", re.I)
-
-
-def redact(url_or_dsn: str) -> str:
-    """Mask passwords and tokens in a URL or DSN, for logs and error messages."""
-    masked = _SECRET_IN_URL.sub(r"\g<scheme>\g<user>:***@", url_or_dsn)
-    masked = _TOKEN_IN_NATS_URL.sub(r"\g<scheme>***@", masked)
-    return _SECRET_PARAM.sub(r"\1=***", masked)

@@ -88,7 +88,7 @@ def run_dev(
         DevServerError: a server could not start (for Kafka: Java or Maven missing, says which).
     """
     from dispenser.app import run_worker  # noqa: PLC0415
-    from dispenser.cli import run_async  # noqa: PLC0415
+    from dispenser.runner import run_async  # noqa: PLC0415
 
     data_dir = data_dir.absolute()
     data_dir.mkdir(parents=True, exist_ok=True)

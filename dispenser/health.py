@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from dispenser.config import Config, redact
+from dispenser.config import Config
+from dispenser.redaction import redact
 
 __all__ = ["CheckResult", "check_all"]
 

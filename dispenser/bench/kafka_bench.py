@@ -536,8 +536,8 @@ def render(report: Report) -> str:
 
 def run(options: KafkaBenchOptions) -> Report:
     """Start what is missing (broker, PostgreSQL), measure, stop what was started."""
-    from dispenser.cli import run_async  # noqa: PLC0415
     from dispenser.devservers import KafkaBroker, PostgresServer  # noqa: PLC0415
+    from dispenser.runner import run_async  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="dispenser-bench-kafka-") as tmp:
         workdir = Path(tmp)

@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--topic", required=True)
     parser.add_argument("--group", required=True)
     args = parser.parse_args(argv)
-    from dispenser.cli import run_async  # noqa: PLC0415 - uvloop when present
+    from dispenser.runner import run_async  # noqa: PLC0415 - uvloop when present
 
     run_async(serve(args.bootstrap, args.topic, args.group))
     return 0

@@ -66,9 +66,9 @@ from dispenser.bench.stats import (
     summarize,
     write_json,
 )
-from dispenser.cli import run_async
 from dispenser.devservers._process import log_tail, stop_process
 from dispenser.messages import Reply
+from dispenser.runner import run_async
 
 __all__ = ["BenchError", "BenchOptions", "main", "parse_options", "run"]
 
