@@ -10,7 +10,6 @@ import signal
 from collections.abc import Callable
 
 import msgspec
-from nats.aio.client import Client
 
 from dispenser.adapters.kafka import KafkaRateSink
 from dispenser.adapters.kafka_enrich import Enricher, EnrichSettings
@@ -24,6 +23,7 @@ from dispenser.adapters.nats import (
     serve_clock,
     subscribe_rates,
 )
+from dispenser.adapters.nats_client import Connection
 from dispenser.adapters.postgres import PostgresSegmentStore
 from dispenser.adapters.postgres_replay import PostgresReplayStore
 from dispenser.config import Config
@@ -87,7 +87,7 @@ class Worker:
         """The PostgreSQL pool (the segment store's, or one opened for the replay store only)."""
         self.replay_store: ReplayStore | None = None
         self.allocator: SegmentAllocator | None = None
-        self.nc: Client | None = None
+        self.nc: Connection | None = None
         self.service: NatsIdService | None = None
         self.snowflake: SnowflakeGenerator | None = None
         self.registration: SnowflakeRegistration | None = None

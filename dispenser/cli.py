@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from dispenser import __version__
-from dispenser.config import Config, ConfigError, load_config, redact
+from dispenser.config import Config, ConfigError, load_config
 from dispenser.core.errors import DispenserError
 from dispenser.runner import run_async
 
@@ -285,10 +285,7 @@ def _dev(args: argparse.Namespace, config: Config) -> int:
 
 
 def _get(args: argparse.Namespace, config: Config) -> int:
-    from nats.errors import NoRespondersError  # noqa: PLC0415
-    from nats.errors import TimeoutError as NatsTimeout  # noqa: PLC0415
-
-    from dispenser.adapters.nats import connect  # noqa: PLC0415
+    from dispenser.adapters.nats_client import request_once  # noqa: PLC0415
     from dispenser.messages import Reply  # noqa: PLC0415
 
     body: dict[str, Any] = {"count": args.count}
@@ -317,16 +314,10 @@ def _get(args: argparse.Namespace, config: Config) -> int:
                 ) from None
 
     async def ask() -> Reply:
-        nc = await connect(config.nats, name="dispenser-get")
-        try:
-            msg = await nc.request(subject, msgspec.json.encode(body), timeout=args.timeout)
-        except NoRespondersError:
-            raise OSError(f"no dispenser is serving {subject} on {redact(config.nats.url)}") from None
-        except NatsTimeout:
-            raise OSError(f"no reply on {subject} within {args.timeout}s") from None
-        finally:
-            await nc.close()
-        return msgspec.json.decode(msg.data, type=Reply)
+        data = await request_once(
+            config.nats, subject, msgspec.json.encode(body), args.timeout, "dispenser-get"
+        )
+        return msgspec.json.decode(data, type=Reply)
 
     reply = run_async(ask_kafka() if args.via == "kafka" else ask())
     if reply.error is not None:

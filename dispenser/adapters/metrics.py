@@ -17,22 +17,52 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from dispenser.core.rate import runway_seconds
-from dispenser.service.dispatch import LATENCY_BUCKETS
-
-if TYPE_CHECKING:
-    from dispenser.app import Worker
+from dispenser.ports import Clock
+from dispenser.service.dispatch import LATENCY_BUCKETS, Dispatcher
+from dispenser.service.rates import RateBook
+from dispenser.service.segments import SegmentAllocator
+from dispenser.service.snowflake import SnowflakeGenerator
 
 __all__ = ["MetricsServer", "WorkerCollector"]
 
 log = logging.getLogger(__name__)
+
+
+class Worker(Protocol):
+    """What the metrics read of a worker (:class:`dispenser.app.Worker` has it all)."""
+
+    @property
+    def clock(self) -> Clock:
+        """The worker's clock."""
+        ...
+
+    @property
+    def rates(self) -> RateBook:
+        """Its rate meters."""
+        ...
+
+    @property
+    def dispatchers(self) -> Mapping[str, Dispatcher]:
+        """Its dispatchers by kind."""
+        ...
+
+    @property
+    def allocator(self) -> SegmentAllocator | None:
+        """Its segment allocator, if segments are on."""
+        ...
+
+    @property
+    def snowflake(self) -> SnowflakeGenerator | None:
+        """Its snowflake generator, if snowflake is on."""
+        ...
 
 
 class WorkerCollector(Collector):

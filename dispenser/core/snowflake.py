@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-import msgspec
-
 from dispenser.core.errors import (
     ClockBehindRecorded,
     ClockMovedBackwards,
@@ -188,7 +186,8 @@ class Decoded:
         return _ms_to_datetime(self.timestamp_ms)
 
 
-class Batch(msgspec.Struct, frozen=True, gc=False):
+@dataclass(frozen=True, slots=True)
+class Batch:
     """IDs issued by one :meth:`SnowflakeState.take`, as inclusive ``(first, last)`` ranges.
 
     A batch comes from one millisecond, so it holds one range; ``ranges`` is a list so that the shell can
@@ -213,7 +212,8 @@ class Batch(msgspec.Struct, frozen=True, gc=False):
 WaitReason = Literal["sequence_exhausted", "clock_back", "high_water"]
 
 
-class WaitUntil(msgspec.Struct, frozen=True, gc=False):
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
     """No ID now: call ``take`` again once the clock reads ``ms`` (always later than the reading passed in).
 
     ``reason`` is ``"sequence_exhausted"`` (this millisecond's sequence space is used up), ``"clock_back"``
