@@ -6,6 +6,7 @@ fakes that pass the same contract tests, for fast unit tests.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -221,6 +222,10 @@ class Clock(Protocol):
         """Unix time in milliseconds (may go back: that is what snowflake must survive)."""
         ...
 
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of this clock's monotonic time (a manual clock wakes the sleeper when moved)."""
+        ...
+
 
 class SystemClock:
     """The real clock."""
@@ -232,3 +237,7 @@ class SystemClock:
     def wall_ms(self) -> int:
         """``time.time_ns() // 1_000_000``."""
         return time.time_ns() // 1_000_000
+
+    async def sleep(self, seconds: float) -> None:
+        """``asyncio.sleep(seconds)``."""
+        await asyncio.sleep(seconds)

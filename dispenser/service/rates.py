@@ -66,6 +66,8 @@ class RateBook:
         self, clock: Clock, settings: RateSettings, policy: StepPolicy, worker: str | None = None
     ) -> None:
         self._clock = clock
+        self.clock = clock
+        """The clock rates are measured on (the publisher sleeps on it too)."""
         self.settings = settings
         self.policy = policy
         self.worker = worker or worker_name()
@@ -252,7 +254,7 @@ class RatePublisher:
         rounds = 0
         try:
             while True:
-                await asyncio.sleep(settings.interval)
+                await self._book.clock.sleep(settings.interval)
                 await self.publish_once()
                 rounds += 1
                 if rounds % every == 0:

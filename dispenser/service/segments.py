@@ -27,6 +27,7 @@ from dispenser.core.errors import DispenserError, StoreUnavailable, TagExhausted
 from dispenser.core.rate import RateMeter
 from dispenser.core.segment import NEED_SEGMENT, Batch, BufferStats, SegmentBuffer
 from dispenser.ports import Clock, SegmentStore
+from dispenser.service.timing import wait_event
 
 __all__ = ["AllocatorSettings", "SegmentAllocator", "Sizer", "TagAllocator"]
 
@@ -132,10 +133,8 @@ class TagAllocator:
             if remaining <= 0:
                 raise self._timeout_error()
             changed = self._changed
-            try:
-                await asyncio.wait_for(changed.wait(), remaining)
-            except TimeoutError:
-                raise self._timeout_error() from None
+            if not await wait_event(self._clock, changed, remaining):
+                raise self._timeout_error()
             if isinstance(self.last_error, (UnknownTag, TagExhausted)):
                 raise self.last_error
 
@@ -213,7 +212,7 @@ class TagAllocator:
                             "segment fetch for %r failed unexpectedly; retrying in %.2fs", self.tag, delay
                         )
                     self._notify()
-                    await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                    await self._clock.sleep(delay * random.uniform(0.8, 1.2))
                     delay = min(delay * 2, self._settings.retry_max)
                     self.buffer.begin_fetch()
                     continue
@@ -346,11 +345,14 @@ class SegmentAllocator:
         if wait > 0:
             if deadline is None or self._clock.monotonic() + wait > deadline:
                 raise UnknownTag(tag)
-            await asyncio.sleep(wait)
+            await self._clock.sleep(wait)
             allocator = self._tags.get(tag)  # someone else's lookup may have found it meanwhile
             if allocator is not None:
                 return allocator
-        if self._clock.monotonic() - self._last_refresh >= self.settings.unknown_tag_refresh_interval:
+            # Our turn, even if a timer fired a hair early (asyncio allows its clock's resolution): the
+            # waiters that woke together share this one query.
+            await self.refresh()
+        elif self._clock.monotonic() - self._last_refresh >= self.settings.unknown_tag_refresh_interval:
             await self.refresh()
         allocator = self._tags.get(tag)
         if allocator is not None:
@@ -401,7 +403,7 @@ class SegmentAllocator:
     async def run_refresh_loop(self) -> None:
         """Refresh the tag list every ``refresh_interval`` seconds, until cancelled."""
         while True:
-            await asyncio.sleep(self.settings.refresh_interval)
+            await self._clock.sleep(self.settings.refresh_interval)
             try:
                 await self.refresh()
             except DispenserError as exc:

@@ -146,7 +146,7 @@ class SnowflakeGenerator:
         )
         if wait_ms:
             log.info("clock is %d ms behind the recorded high-water mark; waiting it out", wait_ms)
-            await asyncio.sleep(wait_ms / 1000)
+            await self._clock.sleep(wait_ms / 1000)
         await self._reserve(self._clock.wall_ms())
         self._tasks.append(asyncio.create_task(self._renew_loop(), name="snowflake-renew"))
 
@@ -241,7 +241,7 @@ class SnowflakeGenerator:
         self.clock_waits += 1
         if self._clock.monotonic() + ms / 1000 > deadline:
             raise Unavailable(f"snowflake IDs would need a wait of {ms} ms, past the request's deadline")
-        await asyncio.sleep(ms / 1000)
+        await self._clock.sleep(ms / 1000)
 
     def _check_lease(self) -> None:
         if self._paused or not self._registry.can_issue():
@@ -291,7 +291,7 @@ class SnowflakeGenerator:
 
     async def _renew_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.report_interval)
+            await self._clock.sleep(self.settings.report_interval)
             try:
                 await asyncio.shield(self._reservation(self._clock.wall_ms()))
             except LeaseLost:
@@ -322,7 +322,7 @@ class SnowflakeGenerator:
                 lease = await self._registry.register()
             except DispenserError as exc:  # unreachable, or no ID free yet: both may pass
                 log.warning("re-registering the snowflake worker failed, retrying in %.1fs: %s", delay, exc)
-                await asyncio.sleep(delay)
+                await self._clock.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
             async with self._lock:

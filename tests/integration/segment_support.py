@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 import msgspec
@@ -80,6 +80,19 @@ async def request(nc: Client, subject: str, body: bytes = b"", timeout: float = 
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.01)
+
+
+async def wait_until(condition: Callable[[], bool], *, what: str, timeout: float = 10.0) -> None:
+    """Poll ``condition`` (every 10 ms) until it holds: a test waits for a state, never for a guessed time.
+
+    Raises:
+        AssertionError: it did not hold within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:g} s")
+        await asyncio.sleep(0.01)
 
 
 async def ask(nc: Client, subject: str, body: bytes = b"", timeout: float = 5.0) -> Reply:

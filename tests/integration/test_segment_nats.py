@@ -12,7 +12,7 @@ from dispenser.cli import main
 from dispenser.devservers import NatsServer, PostgresServer
 from dispenser.messages import MSGPACK, Reply
 
-from .segment_support import ask, client, ids_of, prepare, request, running_worker, worker_config
+from .segment_support import ask, client, ids_of, prepare, request, running_worker, wait_until, worker_config
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
@@ -163,9 +163,11 @@ async def test_postgres_outage_is_survived(nats_server: NatsServer, private_post
     await prepare(dsn, [("demo", 50)])
     config = worker_config(nats_server.url, dsn, fetch_deadline=0.5, retry_max=0.2)
     issued: list[int] = []
-    async with running_worker(config), client(nats_server.url) as nc:
+    async with running_worker(config) as worker, client(nats_server.url) as nc:
         issued += ids_of(await ask(nc, "leaf.segment.demo", b'{"count": 10}'))
-        await asyncio.sleep(0.2)  # the prefetch of the second segment lands
+        assert worker.allocator is not None
+        demo = worker.allocator.tags["demo"]
+        await wait_until(lambda: bool(demo.stats().next), what="the prefetch of the second segment")
         await asyncio.to_thread(private_postgres.stop)
         served_while_down = 0
         while True:
@@ -197,11 +199,8 @@ async def test_periodic_refresh_drops_removed_tags(nats_server: NatsServer, pg_d
         assert worker.allocator is not None
         await worker.store.remove_tag("gone")
         await worker.store.set_step("demo", 25)
-        for _ in range(50):
-            await asyncio.sleep(0.1)
-            if worker.allocator.get("gone") is None:
-                break
-        assert worker.allocator.get("gone") is None
+        allocator = worker.allocator
+        await wait_until(lambda: allocator.get("gone") is None, what="the refresh dropping the removed tag")
         assert worker.allocator.tags["demo"].step == 25
         reply = await ask(nc, "leaf.segment.gone")
         assert reply.error is not None

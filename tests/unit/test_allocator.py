@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import pytest
 
-from dispenser.adapters.memory import MemorySegmentStore
+from dispenser.adapters.memory import ManualClock, MemorySegmentStore, settle
 from dispenser.core.errors import StoreUnavailable, TagExhausted, UnknownTag
 from dispenser.core.segment import Segment
-from dispenser.ports import Allocation, SystemClock
-from dispenser.service.dedup import ReplayCache
+from dispenser.ports import Allocation
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 
-CLOCK = SystemClock()
+T = TypeVar("T")
 FAST = AllocatorSettings(retry_initial=0.01, retry_max=0.02, unknown_tag_refresh_interval=0.0)
 
 
@@ -29,24 +30,39 @@ class GatedStore(MemorySegmentStore):
         return await super().next_segment(tag, step)
 
 
-def deadline(seconds: float = 1.0) -> float:
-    return CLOCK.monotonic() + seconds
+@pytest.fixture
+def clock() -> ManualClock:
+    """Virtual time: deadlines and retry backoffs pass only when the test advances it."""
+    return ManualClock()
 
 
-async def allocator_with(store: MemorySegmentStore, *tags: tuple[str, int]) -> SegmentAllocator:
+def deadline(clock: ManualClock, seconds: float = 1.0) -> float:
+    return clock.monotonic() + seconds
+
+
+async def finish(clock: ManualClock, awaitable: Awaitable[T], limit: float = 30.0) -> T:
+    """Await ``awaitable`` while advancing ``clock`` (in 10 ms steps) until it is done."""
+    task = asyncio.ensure_future(awaitable)
+    await clock.run_until(task.done, limit=limit)
+    return await task
+
+
+async def allocator_with(
+    clock: ManualClock, store: MemorySegmentStore, *tags: tuple[str, int], settings: AllocatorSettings = FAST
+) -> SegmentAllocator:
     for tag, step in tags:
         await store.add_tag(tag, step)
-    allocator = SegmentAllocator(store, CLOCK, FAST)
+    allocator = SegmentAllocator(store, clock, settings)
     await allocator.refresh()
     return allocator
 
 
-async def test_waiters_share_one_fetch_and_get_distinct_ids() -> None:
+async def test_waiters_share_one_fetch_and_get_distinct_ids(clock: ManualClock) -> None:
     """Fifty requests on an empty buffer wait on a single fetch, then each gets its own IDs."""
     store = GatedStore()
-    allocator = await allocator_with(store, ("t", 1000))
-    takes = [asyncio.ensure_future(allocator.take("t", 3, deadline())) for _ in range(50)]
-    await asyncio.sleep(0.01)
+    allocator = await allocator_with(clock, store, ("t", 1000))
+    takes = [asyncio.ensure_future(allocator.take("t", 3, deadline(clock))) for _ in range(50)]
+    await settle()
     assert not any(t.done() for t in takes)
     store.gate.set()
     batches = await asyncio.gather(*takes)
@@ -55,171 +71,115 @@ async def test_waiters_share_one_fetch_and_get_distinct_ids() -> None:
     assert store.calls <= 2  # the first segment, maybe the prefetch of the next: never one per waiter
 
 
-async def test_prefetch_makes_the_switch_over_wait_free() -> None:
+async def test_prefetch_makes_the_switch_over_wait_free(clock: ManualClock) -> None:
     """Past 10% of a segment the next is fetched in the background; crossing over needs no wait."""
     store = MemorySegmentStore()
-    allocator = await allocator_with(store, ("t", 100))
-    await allocator.take("t", 11, deadline())
-    for _ in range(100):  # let the background prefetch run
-        if allocator.get("t").stats().next:  # type: ignore[union-attr]
-            break
-        await asyncio.sleep(0)
+    allocator = await allocator_with(clock, store, ("t", 100))
+    await finish(clock, allocator.take("t", 11, deadline(clock)))
+    await settle()  # the background prefetch runs
+    assert allocator.get("t").stats().next  # type: ignore[union-attr]
     assert store.calls == 2
     batch = allocator.try_take("t", 100)  # crosses from the first segment into the second
     assert batch is not None
     assert batch.ranges == ((12, 100), (101, 111))
 
 
-async def test_store_down_waiters_fail_at_deadline_then_recover() -> None:
+async def test_store_down_waiters_fail_at_deadline_then_recover(clock: ManualClock) -> None:
     """With the store down a dry tag answers StoreUnavailable at the deadline; once up, it serves again."""
     store = MemorySegmentStore()
-    allocator = await allocator_with(store, ("t", 10))
-    await allocator.take("t", 10, deadline())
-    await asyncio.sleep(0.01)
+    allocator = await allocator_with(clock, store, ("t", 10))
+    await finish(clock, allocator.take("t", 10, deadline(clock)))
+    await settle()  # the prefetch of the second segment lands
     store.set_unavailable()
-    await allocator.take("t", 10, deadline())  # the prefetched segment still serves
-    started = CLOCK.monotonic()
+    await finish(clock, allocator.take("t", 10, deadline(clock)))  # the prefetched segment still serves
+    waiting = asyncio.ensure_future(allocator.take("t", 1, deadline(clock, 0.2)))
+    await clock.advance(0.199)
+    assert not waiting.done()  # not a moment before its deadline
+    await clock.advance(0.002)
+    assert waiting.done()
     with pytest.raises(StoreUnavailable) as failure:
-        await allocator.take("t", 1, deadline(0.2))
+        await waiting
     assert failure.value.retryable
-    assert 0.15 < CLOCK.monotonic() - started < 1.0
     calls_while_down = store.calls
-    await asyncio.sleep(0.1)
+    await clock.advance(0.1)
     assert store.calls > calls_while_down  # the fetch keeps being retried in the background
     store.set_unavailable(False)
-    batch = await allocator.take("t", 1, deadline())
+    batch = await finish(clock, allocator.take("t", 1, deadline(clock)))
     assert batch.ranges[0][0] > 20
 
 
-async def test_batch_larger_than_step_fetches_enough() -> None:
+async def test_batch_larger_than_step_fetches_enough(clock: ManualClock) -> None:
     """A request for more IDs than a segment holds is served from a larger explicit segment."""
     store = MemorySegmentStore()
-    allocator = await allocator_with(store, ("t", 10))
-    batch = await allocator.take("t", 95, deadline())
+    allocator = await allocator_with(clock, store, ("t", 10))
+    batch = await finish(clock, allocator.take("t", 95, deadline(clock)))
     ids = [i for first, last in batch.ranges for i in range(first, last + 1)]
     assert ids == list(range(1, 96))
     assert store.calls <= 3
 
 
-async def test_unknown_tag_and_tag_appearing_later() -> None:
+async def test_unknown_tag_and_tag_appearing_later(clock: ManualClock) -> None:
     """An unknown tag raises UnknownTag; once added to the store, the next request finds it."""
     store = MemorySegmentStore()
-    allocator = await allocator_with(store)
+    allocator = await allocator_with(clock, store)
     with pytest.raises(UnknownTag):
-        await allocator.take("late", 1, deadline())
+        await finish(clock, allocator.take("late", 1, deadline(clock)))
     await store.add_tag("late", 5, start=70)
-    assert (await allocator.take("late", 1, deadline())).ranges == ((70, 70),)
+    assert (await finish(clock, allocator.take("late", 1, deadline(clock)))).ranges == ((70, 70),)
 
 
-async def test_a_tag_added_just_after_a_miss_is_served_not_unknown() -> None:
+async def test_a_tag_added_just_after_a_miss_is_served_not_unknown(clock: ManualClock) -> None:
     """Lookups are rate-limited, but a request that finds the last one too recent waits for the next.
 
-    The tag appears a moment after another request's miss: the next requests get IDs. A request whose deadline ends before the next lookup is told
-    the tag is unknown.
+    The tag appears a moment after another request's miss: the next requests get IDs. A request whose
+    deadline ends before the next lookup is told the tag is unknown.
     """
     store = MemorySegmentStore()
-    allocator = SegmentAllocator(store, CLOCK, AllocatorSettings(unknown_tag_refresh_interval=0.3))
+    allocator = SegmentAllocator(store, clock, AllocatorSettings(unknown_tag_refresh_interval=0.3))
     with pytest.raises(UnknownTag):
-        await allocator.take("late", 1, deadline())
+        await finish(clock, allocator.take("late", 1, deadline(clock)))
     await store.add_tag("late", 5, start=70)
     with pytest.raises(UnknownTag):
-        await allocator.take("late", 1, deadline(0.05))
-    results = await asyncio.gather(*(allocator.take("late", 1, deadline()) for _ in range(5)))
+        await allocator.take("late", 1, deadline(clock, 0.05))  # at once: the next lookup is too far
+    results = await finish(
+        clock, asyncio.gather(*(allocator.take("late", 1, deadline(clock)) for _ in range(5)))
+    )
     assert sorted(r.ranges[0][0] for r in results) == [70, 71, 72, 73, 74]
 
 
-async def test_a_tag_at_the_end_of_the_id_space_fails_for_good_not_for_now() -> None:
+async def test_a_tag_at_the_end_of_the_id_space_fails_for_good_not_for_now(clock: ManualClock) -> None:
     """Buffered IDs are still handed out; then takes fail with tag_exhausted (not retryable), not unavailable."""
     store = MemorySegmentStore()
-    allocator = await allocator_with(store, ("end", 10))
+    allocator = await allocator_with(clock, store, ("end", 10))
     await store.set_step("end", 10)
     last_start = 2**63 - 1 - 15
     store._rows["end"].max_id = last_start  # the tag's next segment is the last one that fits
-    taken = [(await allocator.take("end", 1, deadline())).ranges[0][0] for _ in range(10)]
+    taken = [(await finish(clock, allocator.take("end", 1, deadline(clock)))).ranges[0][0] for _ in range(10)]
     assert taken == list(range(last_start, last_start + 10))
     with pytest.raises(TagExhausted) as caught:
-        await allocator.take("end", 1, deadline())
+        await finish(clock, allocator.take("end", 1, deadline(clock)))
     assert (caught.value.code, caught.value.retryable) == ("tag_exhausted", False)
 
 
-async def test_tag_removed_from_store_becomes_unknown() -> None:
+async def test_tag_removed_from_store_becomes_unknown(clock: ManualClock) -> None:
     """A tag removed from the store is dropped at the next refresh, and its requests fail as unknown."""
     store = MemorySegmentStore()
-    allocator = await allocator_with(store, ("t", 5))
+    allocator = await allocator_with(clock, store, ("t", 5))
     await store.remove_tag("t")
     await allocator.refresh()
     assert allocator.get("t") is None
     with pytest.raises(UnknownTag):
-        await allocator.take("t", 1, deadline())
+        await finish(clock, allocator.take("t", 1, deadline(clock)))
 
 
-async def test_tag_removed_while_fetching_fails_waiters_as_unknown() -> None:
+async def test_tag_removed_while_fetching_fails_waiters_as_unknown(clock: ManualClock) -> None:
     """If the store says the tag is gone during a fetch, the waiters get UnknownTag at once."""
     store = MemorySegmentStore()
-    allocator = await allocator_with(store, ("t", 5))
+    allocator = await allocator_with(clock, store, ("t", 5))
     await store.remove_tag("t")
     with pytest.raises(UnknownTag):
-        await allocator.take("t", 1, deadline())
+        await finish(clock, allocator.take("t", 1, deadline(clock)))
     assert allocator.get("t") is None
-
-
-class Ticker:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def test_replay_cache_returns_the_same_result_within_ttl() -> None:
-    """A key seen within the TTL returns the stored result; after the TTL it is computed afresh."""
-    clock = Ticker()
-    cache: ReplayCache[int] = ReplayCache(ttl=60.0, clock=clock)
-    results = iter(range(100))
-
-    async def compute() -> int:
-        return next(results)
-
-    assert await cache.get_or_compute(("t", "a"), (1, "ids"), compute) == 0
-    clock.now = 59.0
-    assert await cache.get_or_compute(("t", "a"), (1, "ids"), compute) == 0
-    clock.now = 61.0
-    assert await cache.get_or_compute(("t", "a"), (1, "ids"), compute) == 1
-
-
-async def test_replay_cache_shares_a_computation_in_flight() -> None:
-    """Two requests with one key at the same time share one computation."""
-    cache: ReplayCache[int] = ReplayCache(ttl=60.0, clock=Ticker())
-    gate = asyncio.Event()
-    calls = 0
-
-    async def compute() -> int:
-        nonlocal calls
-        calls += 1
-        await gate.wait()
-        return 7
-
-    first = asyncio.ensure_future(cache.get_or_compute(("t", "a"), (1, "ids"), compute))
-    second = asyncio.ensure_future(cache.get_or_compute(("t", "a"), (1, "ids"), compute))
-    await asyncio.sleep(0)
-    gate.set()
-    assert list(await asyncio.gather(first, second)) == [7, 7]
-    assert calls == 1
-
-
-async def test_replay_cache_forgets_failures() -> None:
-    """A failed computation is not remembered: the retry computes again."""
-    cache: ReplayCache[int] = ReplayCache(ttl=60.0, clock=Ticker())
-
-    async def fail() -> int:
-        raise StoreUnavailable("down")
-
-    async def succeed() -> int:
-        return 3
-
-    with pytest.raises(StoreUnavailable):
-        await cache.get_or_compute(("t", "a"), (1, "ids"), fail)
-    assert await cache.get_or_compute(("t", "a"), (1, "ids"), succeed) == 3
 
 
 class OverlappingStore(MemorySegmentStore):
@@ -244,19 +204,21 @@ class FlakyStore(MemorySegmentStore):
         return await super().next_segment(tag, step)
 
 
-async def test_overlapping_segment_stops_the_tag_instead_of_repeating_ids() -> None:
+async def test_overlapping_segment_stops_the_tag_instead_of_repeating_ids(clock: ManualClock) -> None:
     """A store that grants an overlapping segment is refused: requests fail, no ID is handed out twice."""
     store = OverlappingStore()
-    allocator = await allocator_with(store, ("t", 10))
-    batch = await allocator.take("t", 10, deadline())
+    allocator = await allocator_with(clock, store, ("t", 10))
+    batch = await finish(clock, allocator.take("t", 10, deadline(clock)))
     assert batch.ranges == ((1, 10),)
     with pytest.raises(StoreUnavailable, match="overlapping"):
-        await allocator.take("t", 1, deadline(0.3))
+        await finish(clock, allocator.take("t", 1, deadline(clock, 0.3)))
 
 
-async def test_unexpected_fetch_failure_is_retried(caplog: pytest.LogCaptureFixture) -> None:
+async def test_unexpected_fetch_failure_is_retried(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
     """A fetch that fails with a bug is logged with its traceback and retried; the request succeeds."""
     store = FlakyStore()
-    allocator = await allocator_with(store, ("t", 10))
-    assert (await allocator.take("t", 1, deadline())).ranges == ((1, 1),)
+    allocator = await allocator_with(clock, store, ("t", 10))
+    assert (await finish(clock, allocator.take("t", 1, deadline(clock)))).ranges == ((1, 1),)
     assert "failed unexpectedly" in caplog.text

@@ -6,9 +6,10 @@ import asyncio
 
 import pytest
 
+from dispenser.adapters.memory import ManualClock, settle
 from dispenser.core.errors import LeaseLost
 from dispenser.core.snowflake import SnowflakeLayout
-from dispenser.ports import SystemClock, WorkerLease
+from dispenser.ports import WorkerLease
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 
 LAYOUT = SnowflakeLayout()
@@ -45,11 +46,12 @@ async def no_persist(_worker_id: int, _high_water_ms: int) -> None:
 async def test_nothing_is_issued_under_the_old_id_while_a_new_one_is_being_registered() -> None:
     """After a lost lease, no ID comes out until the new worker ID replaced the old one in the generator."""
     registry = SwitchingRegistry()
+    clock = ManualClock()
     generator = SnowflakeGenerator(
         LAYOUT,
         WorkerLease(0, 0),
         registry,
-        SystemClock(),
+        clock,
         no_persist,
         settings=SnowflakeSettings(report_interval=3600.0),
     )
@@ -65,12 +67,92 @@ async def test_nothing_is_issued_under_the_old_id_while_a_new_one_is_being_regis
     with pytest.raises(LeaseLost):
         generator.try_take("t", 1)
     with pytest.raises(LeaseLost):
-        await generator.take("t", 1, asyncio.get_running_loop().time() + 1)
+        await generator.take("t", 1, clock.monotonic() + 1)
     registry.release.set()
-    for _ in range(100):
-        if generator.worker_id == 1:
-            break
-        await asyncio.sleep(0.01)
-    batch = generator.try_take("t", 1) or await generator.take("t", 1, asyncio.get_running_loop().time() + 1)
+    await clock.run_until(lambda: generator.worker_id == 1)
+    batch = generator.try_take("t", 1)
+    assert batch is not None
     assert LAYOUT.decompose(batch.ranges[0][0]).worker_id == 1
     await generator.stop()
+
+
+class PlainRegistry:
+    """Always holds worker ID 5."""
+
+    async def register(self) -> WorkerLease:
+        return WorkerLease(5, 0)
+
+    async def report(self, high_water_ms: int) -> None:
+        return None
+
+    def can_issue(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_start_below_the_recorded_mark_waits_it_out_on_the_clock() -> None:
+    """Recorded mark 3 s ahead (a crash's reservation): start() returns only once the clock has passed it."""
+    clock = ManualClock()
+    mark = clock.wall_ms() + 3_000
+    generator = SnowflakeGenerator(LAYOUT, WorkerLease(5, mark), PlainRegistry(), clock, no_persist)
+    starting = asyncio.ensure_future(generator.start())
+    await clock.advance(2.9)
+    assert not starting.done()
+    await clock.advance(0.2)
+    await starting
+    batch = generator.try_take("t", 1)
+    assert batch is not None
+    assert LAYOUT.decompose(batch.ranges[0][0]).timestamp_ms > mark
+    await generator.stop()
+
+
+async def test_an_exhausted_millisecond_waits_for_the_next_one() -> None:
+    """More IDs than one millisecond holds: the rest come from the next one, once the clock gets there."""
+    clock = ManualClock()
+    generator = SnowflakeGenerator(
+        LAYOUT,
+        WorkerLease(5, 0),
+        PlainRegistry(),
+        clock,
+        no_persist,
+        settings=SnowflakeSettings(random_start=0),
+    )
+    await generator.start()
+    per_ms = 1 << LAYOUT.sequence_bits
+    taking = asyncio.ensure_future(generator.take("t", per_ms + 10, clock.monotonic() + 1))
+    await settle()
+    assert not taking.done()
+    await clock.advance(0.001)
+    await settle()
+    batch = await taking
+    stamps = {LAYOUT.decompose(first).timestamp_ms for first, _ in batch.ranges}
+    assert len(stamps) == 2
+    assert sum(last - first + 1 for first, last in batch.ranges) == per_ms + 10
+    await generator.stop()
+
+
+async def test_a_clean_stop_records_the_last_millisecond_and_the_reservation() -> None:
+    """stop() hands the exact last millisecond and the reserved mark to persist_clean_stop."""
+    clock = ManualClock()
+    recorded: list[tuple[int, int, int]] = []
+
+    async def clean(worker_id: int, last_ms: int, reserved_ms: int) -> None:
+        recorded.append((worker_id, last_ms, reserved_ms))
+
+    generator = SnowflakeGenerator(
+        LAYOUT,
+        WorkerLease(5, 0),
+        PlainRegistry(),
+        clock,
+        no_persist,
+        settings=SnowflakeSettings(report_interval=3.0),
+        persist_clean_stop=clean,
+    )
+    await generator.start()
+    batch = generator.try_take("t", 1)
+    assert batch is not None
+    issued_ms = LAYOUT.decompose(batch.ranges[0][0]).timestamp_ms
+    await generator.stop()
+    assert recorded == [(5, issued_ms, clock.wall_ms() + 6_000)]

@@ -1,0 +1,30 @@
+"""Waiting on the shell's :class:`~dispenser.ports.Clock`, so that tests can run it on virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dispenser.ports import Clock
+
+__all__ = ["wait_event"]
+
+
+async def wait_event(clock: Clock, event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set or ``timeout`` seconds of ``clock`` time have passed.
+
+    Returns:
+        Whether the event is set. (``asyncio.wait_for`` would time out on the event loop's clock, which a
+        manual clock does not move.)
+    """
+    if event.is_set():
+        return True
+    if timeout <= 0:
+        return False
+    waiter = asyncio.ensure_future(event.wait())
+    timer = asyncio.ensure_future(clock.sleep(timeout))
+    try:
+        await asyncio.wait((waiter, timer), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        timer.cancel()
+    return event.is_set()
