@@ -9,11 +9,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dispenser.adapters._rows import MAX_ID, check_new_tag, check_step, no_room
-from dispenser.core.errors import StoreUnavailable, TagExists, UnknownTag
+from dispenser.core.errors import LeaseLost, StoreUnavailable, TagExists, UnknownTag, WorkerIdsExhausted
 from dispenser.core.segment import Segment
-from dispenser.ports import Allocation, Settled, TagInfo
+from dispenser.ports import Allocation, Settled, TagInfo, WorkerLease
 
-__all__ = ["ManualClock", "MemoryReplayStore", "MemorySegmentStore", "settle"]
+__all__ = [
+    "ManualClock",
+    "MemoryReplayStore",
+    "MemorySegmentStore",
+    "MemoryWorkerRegistry",
+    "MemoryWorkerTable",
+    "settle",
+]
 
 
 def _utc_now() -> datetime:
@@ -266,3 +273,68 @@ async def settle(turns: int = 20) -> None:
     """Let the event loop run what is ready (woken sleepers, the tasks they start) for ``turns`` turns."""
     for _ in range(turns):
         await asyncio.sleep(0)
+
+
+class MemoryWorkerTable:
+    """The shared record of a fleet of :class:`MemoryWorkerRegistry` (what the database or ZooKeeper is)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[int]] = {}
+        """Address → ``[worker ID, high-water ms]``; delete one to take a worker's ID away."""
+
+
+class MemoryWorkerRegistry:
+    """A :class:`~dispenser.ports.WorkerRegistry` keyed by address, like ``postgres`` and ``zookeeper`` modes.
+
+    Held to the same contract tests as the real registries: an address keeps its worker ID and its highest
+    reported mark, new addresses get the smallest free ID, exhaustion names the limit, and a removed record
+    means :class:`LeaseLost`.
+
+    Attributes:
+        fail_with: when set, every call raises it (a registry that is down).
+    """
+
+    def __init__(self, table: MemoryWorkerTable, address: str, *, max_worker_id: int = 1023) -> None:
+        """Register ``address`` in ``table`` (on :meth:`register`), with IDs up to ``max_worker_id``."""
+        self._table = table
+        self._address = address
+        self._max = max_worker_id
+        self._registered = False
+        self._worker_id = -1
+        self.fail_with: Exception | None = None
+
+    async def register(self) -> WorkerLease:
+        """This address's worker ID and recorded mark (a new address: the smallest free ID, mark 0)."""
+        await asyncio.sleep(0)
+        if self.fail_with is not None:
+            raise self.fail_with
+        rows = self._table.rows
+        row = rows.get(self._address)
+        if row is None:
+            taken = {worker_id for worker_id, _ in rows.values()}
+            free = next((i for i in range(self._max + 1) if i not in taken), None)
+            if free is None:
+                raise WorkerIdsExhausted(self._max + 1, "the memory registry")
+            row = rows[self._address] = [free, 0]
+        self._registered = True
+        self._worker_id = row[0]
+        return WorkerLease(row[0], row[1])
+
+    async def report(self, high_water_ms: int) -> None:
+        """Raise the recorded mark (never lower it)."""
+        await asyncio.sleep(0)
+        if self.fail_with is not None:
+            raise self.fail_with
+        row = self._table.rows.get(self._address)
+        if row is None:
+            self._registered = False
+            raise LeaseLost(self._worker_id, f"the record of {self._address} was removed")
+        row[1] = max(row[1], high_water_ms)
+
+    def can_issue(self) -> bool:
+        """Registered, and the record is still there as far as this worker knows."""
+        return self._registered
+
+    async def close(self) -> None:
+        """Nothing to release (the record stays, as a persistent node or row does)."""
+        self._registered = False
