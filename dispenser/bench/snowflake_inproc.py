@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dispenser.core.snowflake import Batch, SnowflakeLayout, SnowflakeState
+from dispenser.core.snowflake import Issued, SnowflakeLayout, SnowflakeState
 from dispenser.ports import SystemClock, WorkerLease
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 
@@ -65,7 +65,7 @@ def _core_case(
         for _ in range(1000):
             decision = state.take(clock() // 1_000_000, batch)
             calls += 1
-            if type(decision) is Batch:
+            if type(decision) is Issued:
                 ids += batch - decision.remaining
     return ids, calls, time.perf_counter() - start
 

@@ -5,7 +5,7 @@ Rules of this module (everything that decides an ID lives here, nothing else doe
 * A :class:`Segment` is an inclusive range ``[first, last]`` granted by the store in one round trip.
   Every ID handed out lies inside a segment that was installed, and each is handed out once: the
   position only moves forward, and segments are consumed in the order they were installed.
-* :meth:`SegmentBuffer.take` is all-or-nothing. It returns a :class:`Batch` of ranges (a batch spans
+* :meth:`SegmentBuffer.take` is all-or-nothing. It returns a :class:`IdBatch` of ranges (a batch spans
   segments when the current one runs out), or :data:`NEED_SEGMENT` without consuming anything when the
   buffered IDs are not enough: the shell then waits on the one in-flight fetch and asks again.
 * Prefetch (Leaf's double buffer): once more than ``prefetch_threshold`` of the current segment is
@@ -21,9 +21,10 @@ import enum
 from collections import deque
 from dataclasses import dataclass
 
+from dispenser.core.ids import IdBatch, Range
+
 __all__ = [
     "NEED_SEGMENT",
-    "Batch",
     "BufferStats",
     "NeedSegment",
     "Segment",
@@ -31,7 +32,6 @@ __all__ = [
     "SegmentStats",
 ]
 
-Range = tuple[int, int]
 """An inclusive range of IDs, ``(first, last)``."""
 
 
@@ -57,18 +57,6 @@ class Segment:
     def from_max_id(cls, max_id: int, step: int) -> Segment:
         """The segment Leaf's ``UPDATE … SET max_id = max_id + step RETURNING max_id`` grants."""
         return cls(max_id - step, max_id - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """IDs handed out by one take, as inclusive ranges in increasing order."""
-
-    ranges: tuple[Range, ...]
-
-    @property
-    def count(self) -> int:
-        """How many IDs the batch holds."""
-        return sum(last - first + 1 for first, last in self.ranges)
 
 
 class NeedSegment(enum.Enum):
@@ -179,7 +167,7 @@ class SegmentBuffer:
 
     # -- deciding --------------------------------------------------------------------------------
 
-    def take(self, count: int) -> Batch | NeedSegment:
+    def take(self, count: int) -> IdBatch | NeedSegment:
         """Hand out ``count`` IDs, or :data:`NEED_SEGMENT` (consuming nothing) if too few are buffered."""
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
@@ -193,7 +181,7 @@ class SegmentBuffer:
         if end <= current.last:
             self._position = end + 1
             self._available -= count
-            return Batch(((position, end),))
+            return IdBatch(((position, end),))
         ranges: list[Range] = []
         left = count
         while left:
@@ -207,7 +195,7 @@ class SegmentBuffer:
         self._current = current
         self._position = position
         self._available -= count
-        return Batch(tuple(ranges))
+        return IdBatch(tuple(ranges))
 
     def begin_fetch(self) -> None:
         """Record that a fetch is now in flight."""

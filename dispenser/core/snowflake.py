@@ -4,7 +4,7 @@ An ID is ``0 | timestamp | worker | sequence``: the sign bit is always 0, so IDs
 timestamp field counts milliseconds since the layout's epoch (Twitter's and Leaf's 2010-11-04 by default).
 
 :class:`SnowflakeState` is Leaf's ``SnowflakeIDGenImpl.get`` turned inside out: the caller passes the
-wall-clock reading ``now_ms`` to :meth:`SnowflakeState.take` and gets back either a :class:`Batch` of ID
+wall-clock reading ``now_ms`` to :meth:`SnowflakeState.take` and gets back either a :class:`Issued` of ID
 ranges or a :class:`WaitUntil` telling it when to come back; only the async shell reads clocks and sleeps.
 The shell's loop for ``n`` IDs is::
 
@@ -40,8 +40,8 @@ from dispenser.core.errors import (
 
 __all__ = [
     "LEAF_EPOCH_MS",
-    "Batch",
     "Decoded",
+    "Issued",
     "SnowflakeLayout",
     "SnowflakeState",
     "WaitReason",
@@ -187,7 +187,7 @@ class Decoded:
 
 
 @dataclass(frozen=True, slots=True)
-class Batch:
+class Issued:
     """IDs issued by one :meth:`SnowflakeState.take`, as inclusive ``(first, last)`` ranges.
 
     A batch comes from one millisecond, so it holds one range; ``ranges`` is a list so that the shell can
@@ -352,11 +352,11 @@ class SnowflakeState:
             return max(0, self._max_sequence + 1 - self._next_sequence)
         return 0
 
-    def take(self, now_ms: int, count: int) -> Batch | WaitUntil:
+    def take(self, now_ms: int, count: int) -> Issued | WaitUntil:
         """Issue up to ``count`` IDs stamped ``now_ms`` (unix ms, read by the caller), or say when to retry.
 
         Contract:
-            * A :class:`Batch` holds IDs stamped ``now_ms``, all greater than every ID issued before by this
+            * A :class:`Issued` holds IDs stamped ``now_ms``, all greater than every ID issued before by this
               state. If the millisecond's sequence space ran out first, ``batch.remaining > 0``: call again
               (the next call answers ``WaitUntil(now_ms + 1)`` if the clock has not moved on).
             * A :class:`WaitUntil` issues nothing and changes nothing but the clock-back bookkeeping; its
@@ -399,7 +399,7 @@ class SnowflakeState:
             issued = count
         first = ((now_ms - self._epoch_ms) << self._timestamp_shift) | self._worker_part | sequence
         self._next_sequence = sequence + issued
-        return Batch([(first, first + issued - 1)], count - issued)
+        return Issued([(first, first + issued - 1)], count - issued)
 
     def _behind(self, now_ms: int) -> WaitUntil:
         """The clock reads before the last issued millisecond: wait once for a small offset, else fail."""

@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dispenser.core.errors import DispenserError, StoreUnavailable, TagExhausted, UnknownTag
+from dispenser.core.ids import IdBatch
 from dispenser.core.rate import RateMeter
-from dispenser.core.segment import NEED_SEGMENT, Batch, BufferStats, SegmentBuffer
+from dispenser.core.segment import NEED_SEGMENT, BufferStats, SegmentBuffer
 from dispenser.ports import Clock, SegmentStore
 from dispenser.service.timing import wait_event
 
@@ -101,7 +102,7 @@ class TagAllocator:
 
     # -- the hot path ------------------------------------------------------------------------------
 
-    def try_take(self, count: int) -> Batch | None:
+    def try_take(self, count: int) -> IdBatch | None:
         """Take from the buffer without waiting; ``None`` when it is short (then await :meth:`take`)."""
         batch = self.buffer.take(count)
         if self.buffer.wants_fetch:
@@ -111,7 +112,7 @@ class TagAllocator:
         self.meter.record(self._clock.monotonic(), count)
         return batch
 
-    async def take(self, count: int, deadline: float) -> Batch:
+    async def take(self, count: int, deadline: float) -> IdBatch:
         """Take ``count`` IDs, waiting for the in-flight fetch until ``deadline`` (monotonic seconds).
 
         Raises:
@@ -311,12 +312,12 @@ class SegmentAllocator:
         """The tag's allocator if the tag is known (the hot path: no I/O)."""
         return self._tags.get(tag)
 
-    def try_take(self, tag: str, count: int) -> Batch | None:
+    def try_take(self, tag: str, count: int) -> IdBatch | None:
         """IDs from a known tag's buffer at once, or ``None`` (unknown tag, or the buffer is short)."""
         allocator = self._tags.get(tag)
         return None if allocator is None else allocator.try_take(count)
 
-    async def take(self, tag: str, count: int, deadline: float) -> Batch:
+    async def take(self, tag: str, count: int, deadline: float) -> IdBatch:
         """IDs of ``tag``, learning the tag and waiting for a segment as needed (until ``deadline``).
 
         Raises:

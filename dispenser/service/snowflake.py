@@ -28,10 +28,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from dispenser.core.errors import ClockMovedBackwards, DispenserError, LeaseLost, Unavailable
-from dispenser.core.snowflake import Batch, SnowflakeLayout, SnowflakeState, WaitUntil, check_startup_clock
+from dispenser.core.ids import IdBatch
+from dispenser.core.snowflake import Issued, SnowflakeLayout, SnowflakeState, WaitUntil, check_startup_clock
 from dispenser.ports import Clock, WorkerLease, WorkerRegistry
 
-__all__ = ["SnowflakeBatch", "SnowflakeGenerator", "SnowflakeSettings"]
+__all__ = ["SnowflakeGenerator", "SnowflakeSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,6 @@ class SnowflakeSettings:
     def max_startup_wait_ms(self) -> int:
         """A restart after a crash may find the clock up to ``reserve_ahead_ms`` behind the mark: wait that out."""
         return self.reserve_ahead_ms + 1000
-
-
-@dataclass(frozen=True, slots=True)
-class SnowflakeBatch:
-    """Snowflake IDs for one request, as inclusive ranges (one per millisecond used)."""
-
-    ranges: list[tuple[int, int]]
 
 
 Persist = Callable[[int, int], Awaitable[None]]
@@ -172,7 +166,7 @@ class SnowflakeGenerator:
 
     # -- IdSource ----------------------------------------------------------------------------------
 
-    def try_take(self, tag: str, count: int) -> SnowflakeBatch | None:
+    def try_take(self, tag: str, count: int) -> IdBatch | None:
         """IDs at once when nothing needs waiting for; ``None`` sends the request to :meth:`take`.
 
         Raises:
@@ -185,11 +179,11 @@ class SnowflakeGenerator:
         if now > self._reserved_ms or (count > 1 and self._state.room(now) < count):
             return None  # the slow path collects the batch over several milliseconds, dropping nothing
         decision = self._core_take(now, count)
-        if type(decision) is Batch:
+        if type(decision) is Issued:
             if decision.remaining == 0:
                 if self.on_issue is not None:
                     self.on_issue(tag, count)
-                return SnowflakeBatch(decision.ranges)
+                return IdBatch(tuple(decision.ranges))
             # The millisecond ran out part-way: those IDs are dropped (a gap, never a repeat) and the
             # request goes to the slow path, which waits for the next millisecond.
             return None
@@ -197,7 +191,7 @@ class SnowflakeGenerator:
         self._wait_until_ms = decision.ms  # a clock-back wait granted now must be honoured by take()
         return None
 
-    async def take(self, tag: str, count: int, deadline: float) -> SnowflakeBatch:
+    async def take(self, tag: str, count: int, deadline: float) -> IdBatch:
         """IDs, sleeping for the next millisecond or a small clock rollback as the core decides.
 
         Raises:
@@ -228,9 +222,9 @@ class SnowflakeGenerator:
                 left = decision.remaining
             if self.on_issue is not None:
                 self.on_issue(tag, count)
-            return SnowflakeBatch(ranges)
+            return IdBatch(tuple(ranges))
 
-    def _core_take(self, now: int, count: int) -> Batch | WaitUntil:
+    def _core_take(self, now: int, count: int) -> Issued | WaitUntil:
         try:
             return self._state.take(now, count)
         except ClockMovedBackwards:

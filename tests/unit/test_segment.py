@@ -7,10 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from dispenser.core.segment import NEED_SEGMENT, Batch, Segment, SegmentBuffer
+from dispenser.core.ids import IdBatch
+from dispenser.core.segment import NEED_SEGMENT, Segment, SegmentBuffer
 
 
-def ids_of(batch: Batch) -> list[int]:
+def ids_of(batch: IdBatch) -> list[int]:
     """The batch's IDs one by one."""
     return [i for first, last in batch.ranges for i in range(first, last + 1)]
 
@@ -31,8 +32,8 @@ def test_take_within_segment_returns_one_range() -> None:
     """A take that fits in the current segment is one range, and the position moves on."""
     buf = SegmentBuffer()
     buf.install(Segment(1, 100), now=0.0)
-    assert buf.take(5) == Batch(((1, 5),))
-    assert buf.take(1) == Batch(((6, 6),))
+    assert buf.take(5) == IdBatch(((1, 5),))
+    assert buf.take(1) == IdBatch(((6, 6),))
     assert buf.remaining == 94
 
 
@@ -62,7 +63,7 @@ def test_take_across_boundary_returns_ranges() -> None:
     buf.take(8)
     buf.begin_fetch()
     buf.install(Segment(101, 110), now=1.0)
-    assert buf.take(5) == Batch(((9, 10), (101, 103)))
+    assert buf.take(5) == IdBatch(((9, 10), (101, 103)))
     assert buf.stats().current is not None
     assert buf.stats().current.first == 101  # type: ignore[union-attr]
 
@@ -72,7 +73,7 @@ def test_short_buffer_consumes_nothing() -> None:
     buf = SegmentBuffer()
     buf.install(Segment(1, 10), now=0.0)
     assert buf.take(11) is NEED_SEGMENT
-    assert buf.take(10) == Batch(((1, 10),))
+    assert buf.take(10) == IdBatch(((1, 10),))
 
 
 def test_install_below_previous_is_refused() -> None:
@@ -93,7 +94,7 @@ def test_install_after_exhaustion_switches_at_once() -> None:
     assert buf.wants_fetch
     buf.begin_fetch()
     buf.install(Segment(11, 20), now=1.0)
-    assert buf.take(1) == Batch(((11, 11),))
+    assert buf.take(1) == IdBatch(((11, 11),))
 
 
 def test_stats_report_bounds_position_and_fetch_state() -> None:

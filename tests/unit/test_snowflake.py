@@ -23,7 +23,7 @@ from dispenser.core.errors import (
 )
 from dispenser.core.snowflake import (
     LEAF_EPOCH_MS,
-    Batch,
+    Issued,
     SnowflakeLayout,
     SnowflakeState,
     WaitUntil,
@@ -43,12 +43,12 @@ def state(
     return SnowflakeState(layout, worker_id, rng=random.Random(seed), **kwargs)
 
 
-def batch(decision: Batch | WaitUntil) -> Batch:
-    assert isinstance(decision, Batch), decision
+def batch(decision: Issued | WaitUntil) -> Issued:
+    assert isinstance(decision, Issued), decision
     return decision
 
 
-def first_sequence(layout: SnowflakeLayout, decision: Batch | WaitUntil) -> int:
+def first_sequence(layout: SnowflakeLayout, decision: Issued | WaitUntil) -> int:
     return layout.decompose(batch(decision).ranges[0][0]).sequence
 
 
@@ -337,7 +337,7 @@ def test_each_rollback_after_the_clock_caught_up_gets_its_own_wait() -> None:
         gen = state()
         gen.take(NOW, 1)
         assert gen.take(NOW - 2, 1) == WaitUntil(NOW + 2, "clock_back")
-        assert isinstance(gen.take(caught_up, 1), Batch)
+        assert isinstance(gen.take(caught_up, 1), Issued)
         assert gen.take(caught_up - 1, 1) == WaitUntil(caught_up + 1, "clock_back")
 
 
@@ -392,7 +392,7 @@ def test_high_water_wait_is_not_limited_to_one_check() -> None:
     gen = state(high_water_ms=mark)
     assert gen.take(NOW, 1) == WaitUntil(mark + 1, "high_water")
     assert gen.take(mark, 1) == WaitUntil(mark + 1, "high_water")
-    assert isinstance(gen.take(mark + 1, 1), Batch)
+    assert isinstance(gen.take(mark + 1, 1), Issued)
 
 
 def test_restart_with_the_last_ms_as_high_water_never_reissues() -> None:
@@ -423,7 +423,7 @@ def test_startup_check_waits_out_a_short_lag_and_refuses_a_long_one() -> None:
 class ShellRun:
     """What a simulated shell saw: every batch, the clock reading it was issued at, and the errors."""
 
-    batches: list[tuple[int, Batch]] = field(default_factory=list)
+    batches: list[tuple[int, Issued]] = field(default_factory=list)
     errors: list[DispenserError] = field(default_factory=list)
     waits: list[tuple[int, WaitUntil]] = field(default_factory=list)
 
@@ -534,7 +534,7 @@ def test_every_issued_id_is_counted(steps: list[tuple[int | None, int]]) -> None
         except ClockMovedBackwards:
             left = 0
             continue
-        if isinstance(decision, Batch):
+        if isinstance(decision, Issued):
             assert decision.count == left - decision.remaining > 0
             left = decision.remaining
 
@@ -631,9 +631,9 @@ def test_room_tells_how_many_ids_fit_without_waiting() -> None:
     now = layout.epoch_ms + 1000
     assert state.room(now) == 16 - 4
     batch = state.take(now, 3)
-    assert isinstance(batch, Batch)
+    assert isinstance(batch, Issued)
     first_sequence = layout.decompose(batch.ranges[0][0]).sequence
     assert state.room(now) == 16 - (first_sequence + 3)
     assert state.room(now - 1) == 0
     rest = state.take(now, state.room(now))
-    assert rest == Batch([(batch.ranges[0][1] + 1, layout.compose(now, 1, 15))], 0)
+    assert rest == Issued([(batch.ranges[0][1] + 1, layout.compose(now, 1, 15))], 0)

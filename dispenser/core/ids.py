@@ -1,0 +1,25 @@
+"""What a generator hands out for one request: IDs as inclusive ranges (the one batch type)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["IdBatch", "Range"]
+
+Range = tuple[int, int]
+"""Inclusive ``(first, last)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdBatch:
+    """The IDs of one request, as inclusive ranges in increasing order.
+
+    A segment take spans two segments at most; a snowflake take holds one range per millisecond used.
+    """
+
+    ranges: tuple[Range, ...]
+
+    @property
+    def count(self) -> int:
+        """How many IDs the batch holds."""
+        return sum(last - first + 1 for first, last in self.ranges)
