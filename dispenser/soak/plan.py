@@ -1,0 +1,221 @@
+"""The soak profiles: which faults, in which order, for how long, and how much load (pure data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+__all__ = [
+    "PROFILES",
+    "ClockStep",
+    "Fault",
+    "KillWorker",
+    "Phase",
+    "Profile",
+    "RestartServer",
+    "ServerName",
+    "StartServer",
+    "StopServer",
+    "WorkerName",
+    "scaled",
+]
+
+ServerName = Literal["nats", "postgres", "zookeeper"]
+WorkerName = Literal["segment-1", "segment-2", "snowflake"]
+"""The three worker processes: two serve segments and snowflake IDs, one only snowflake IDs (under
+libfaketime, so its clock can be stepped)."""
+
+WORKERS: tuple[WorkerName, ...] = ("segment-1", "segment-2", "snowflake")
+CLOCK_WORKER: WorkerName = "snowflake"
+"""The worker that runs under libfaketime."""
+
+
+@dataclass(frozen=True, slots=True)
+class KillWorker:
+    """SIGKILL a worker process, wait ``down_s``, start it again (same address, so the same worker ID)."""
+
+    worker: WorkerName
+    down_s: float = 1.0
+
+    @property
+    def label(self) -> str:
+        """What the table shows."""
+        return f"kill -9 {self.worker}"
+
+
+@dataclass(frozen=True, slots=True)
+class StopServer:
+    """Stop a server (``kill=True``: SIGKILL, a crash) and leave it down."""
+
+    server: ServerName
+    kill: bool = False
+
+    @property
+    def label(self) -> str:
+        """What the table shows."""
+        return f"{'kill -9' if self.kill else 'stop'} {self.server}"
+
+
+@dataclass(frozen=True, slots=True)
+class StartServer:
+    """Start a stopped server again, on the same port and data."""
+
+    server: ServerName
+
+    @property
+    def label(self) -> str:
+        """What the table shows."""
+        return f"start {self.server}"
+
+
+@dataclass(frozen=True, slots=True)
+class RestartServer:
+    """Stop a server, wait ``down_s``, start it again on the same port (clients must reconnect)."""
+
+    server: ServerName
+    down_s: float = 1.0
+
+    @property
+    def label(self) -> str:
+        """What the table shows."""
+        return f"restart {self.server}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClockStep:
+    """Step the wall clock of :data:`CLOCK_WORKER` by ``delta_ms`` (libfaketime; monotonic untouched)."""
+
+    delta_ms: int
+
+    @property
+    def label(self) -> str:
+        """What the table shows."""
+        sign = "+" if self.delta_ms >= 0 else "-"
+        size = abs(self.delta_ms)
+        amount = f"{size / 1000:g} s" if size >= 1000 else f"{size} ms"
+        return f"clock {sign}{amount}"
+
+
+Fault = KillWorker | StopServer | StartServer | RestartServer | ClockStep
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """A stretch of the run: its fault is injected when it begins, then the load goes on for ``duration_s``.
+
+    Attributes:
+        name: Unique within the profile (the table's first column).
+        duration_s: Seconds from the phase's start (the fault's own time included) to the next phase.
+        fault: What to do at the start; ``None`` for steady and recovery phases.
+        must_be_clean: No timeouts, no error replies and no transport errors allowed (the run has
+            recovered by then).
+    """
+
+    name: str
+    duration_s: float
+    fault: Fault | None = None
+    must_be_clean: bool = False
+
+    @property
+    def fault_label(self) -> str:
+        """The fault as the table shows it."""
+        return "-" if self.fault is None else self.fault.label
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A whole soak run.
+
+    Attributes:
+        name: ``short`` or ``long``.
+        phases: In order.
+        min_ids: The run fails if the clients received fewer IDs (both kinds together).
+        max_extra_s: When the phases are over before ``min_ids``, a last steady phase runs at most this long.
+        clients: NATS connections (each its own asyncio client).
+        inflight: Requests outstanding per client.
+        count_range: IDs per request, drawn uniformly from this inclusive range.
+        ranges_share: Share of requests that ask for ``ranges`` (the rest ask for a list of ``ids``).
+        snowflake_share: Share of requests for snowflake IDs (the rest ask for segment IDs).
+        request_id_share: Share of requests that carry a ``request_id`` (retried with it after a timeout).
+        request_timeout_s: Seconds a client waits for one reply.
+        tag_step: ``leaf_alloc.step`` of the soak's segment tags (the floor of the adaptive step).
+        segment_seconds: ``rate.segment_seconds`` of the workers: kept short, so that a PostgreSQL outage
+            of a few seconds drains the buffers and the ``unavailable`` path is exercised too.
+    """
+
+    name: str
+    phases: tuple[Phase, ...]
+    min_ids: int
+    max_extra_s: float
+    clients: int = 4
+    inflight: int = 16
+    count_range: tuple[int, int] = (1_000, 10_000)
+    ranges_share: float = 0.7
+    snowflake_share: float = 0.5
+    request_id_share: float = 0.2
+    request_timeout_s: float = 3.0
+    tag_step: int = 50_000
+    segment_seconds: float = 2.0
+    segment_tags: tuple[str, ...] = ("soak-a", "soak-b")
+    snowflake_tags: tuple[str, ...] = ("soak",)
+
+    @property
+    def planned_s(self) -> float:
+        """Seconds of load the phases take (without a top-up phase)."""
+        return sum(phase.duration_s for phase in self.phases)
+
+
+def _fault_cycle(scale: float, round_no: int, killed: WorkerName, *, crash: bool) -> list[Phase]:
+    """One pass over every fault, each followed by time to recover."""
+    suffix = "" if round_no == 1 else f" #{round_no}"
+
+    def s(seconds: float) -> float:
+        return round(seconds * scale, 1)
+
+    return [
+        Phase(f"kill-worker{suffix}", s(8), KillWorker(killed, down_s=1.0)),
+        Phase(f"postgres-down{suffix}", s(8), StopServer("postgres", kill=crash)),
+        Phase(f"postgres-up{suffix}", s(6), StartServer("postgres")),
+        Phase(f"zookeeper-down{suffix}", s(6), StopServer("zookeeper", kill=crash)),
+        Phase(f"zookeeper-up{suffix}", s(6), StartServer("zookeeper")),
+        Phase(f"nats-restart{suffix}", s(8), RestartServer("nats", down_s=1.0)),
+        Phase(f"clock+1s{suffix}", s(6), ClockStep(1000)),
+        Phase(f"clock-10ms{suffix}", s(6), ClockStep(-10)),
+    ]
+
+
+def _short() -> Profile:
+    phases = [
+        Phase("steady", 8),
+        *_fault_cycle(1.0, 1, "segment-1", crash=False),
+        Phase("recovered", 8, must_be_clean=True),
+    ]
+    return Profile(name="short", phases=tuple(phases), min_ids=10_000_000, max_extra_s=60)
+
+
+def _long() -> Profile:
+    # Four rounds, three times as long each, killing each worker in turn (the snowflake one, whose clock
+    # is stepped, included), with SIGKILL instead of a clean stop for the servers every other round, and a
+    # ZooKeeper outage during which a worker is killed (it must start from its local cache).
+    phases = [Phase("steady", 20)]
+    victims: tuple[WorkerName, ...] = ("segment-1", "snowflake", "segment-2", "segment-1")
+    for round_no, victim in enumerate(victims, start=1):
+        phases += _fault_cycle(3.0, round_no, victim, crash=round_no % 2 == 0)
+        phases.append(Phase(f"settle #{round_no}", 15))
+    phases += [
+        Phase("zookeeper-down, kill", 10, StopServer("zookeeper")),
+        Phase("worker restarts from its cache", 15, KillWorker("segment-2", down_s=1.0)),
+        Phase("zookeeper-up, late", 20, StartServer("zookeeper")),
+        Phase("recovered", 30, must_be_clean=True),
+    ]
+    return Profile(name="long", phases=tuple(phases), min_ids=200_000_000, max_extra_s=300)
+
+
+PROFILES: dict[str, Profile] = {"short": _short(), "long": _long()}
+"""``short``: about 70 s of load (CI); ``long``: about 14 minutes (by hand)."""
+
+
+def scaled(profile: Profile, factor: float) -> Profile:
+    """The profile with every phase ``factor`` times as long and ``factor`` times the IDs (for trying out)."""
+    phases = tuple(replace(phase, duration_s=round(phase.duration_s * factor, 1)) for phase in profile.phases)
+    return replace(profile, phases=phases, min_ids=int(profile.min_ids * factor))
