@@ -100,7 +100,7 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     zookeeper_connect_timeout: float = 5.0
     """Seconds to reach ZooKeeper at start before falling back to the local cache (or refusing)."""
     zookeeper_op_timeout: float = 5.0
-    """Seconds one ZooKeeper call may take (aiozk alone would retry for ever)."""
+    """Seconds one ZooKeeper call may take, waiting for a connection included (a client alone waits for ever)."""
     zookeeper_auth: Annotated[str, Meta(pattern=r"^[^:]+:.")] | None = None
     """Digest credentials ``user:password`` (a secret: never logged). The worker presents them, and the
     registry nodes it creates can then be changed or deleted only with them (see docs/security.md)."""

@@ -60,7 +60,7 @@ def open_registry(
     """The registry of the configured mode (not yet registered)."""
     max_worker_id = layout.max_worker_id
     if config.mode in ("zookeeper", "zookeeper-lease"):
-        # aiozk only when used
+        # kazoo only when used
         from dispenser.adapters.zookeeper import ZooKeeperRegistry  # noqa: PLC0415
         from dispenser.adapters.zookeeper_lease import ZooKeeperLeaseRegistry  # noqa: PLC0415
 

@@ -13,7 +13,7 @@ Layout under ``<root>/<name>/``:
 heard nothing on it for the negotiated session timeout ``T``: every request it receives resets the
 session's deadline to at least its arrival time plus ``T`` (expiry is checked in whole ticks, rounded
 *up*). The holder's keepalive sends a read of its lease node every ``T/6`` and, when the answer says the
-node is still owned by the claiming session (and aiozk is still on that session), records the monotonic
+node is still owned by the claiming session (and the client is still on that session), records the monotonic
 time taken *before* sending as ``confirmed``. That request reached the server no earlier than
 ``confirmed``, so the session, and with it the lease node, lives until at least ``confirmed + T``; no one
 else can create the node before then. :meth:`ZooKeeperLeaseRegistry.can_issue` is false from
@@ -40,12 +40,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
 
-import aiozk.exc
 import msgspec
 
+from dispenser.adapters.zk_session import NodeExists
 from dispenser.adapters.zookeeper import _SYSTEM_CLOCK, DEFAULT_ROOT, ZkRegistryBase, decode_node
 from dispenser.core.errors import CoordinatorUnavailable, LeaseLost, WorkerIdsExhausted
 from dispenser.ports import Clock, WorkerLease
@@ -68,10 +66,6 @@ class _Claim(msgspec.Struct, kw_only=True):
 
 
 _claim_encoder = msgspec.json.Encoder()
-
-
-def _ephemeral_creator(path: str, data: bytes) -> Callable[[Any], Awaitable[Any]]:
-    return lambda zk: zk.create(path, data=data, ephemeral=True)
 
 
 class ZooKeeperLeaseRegistry(ZkRegistryBase):
@@ -188,13 +182,13 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
             path = f"{self.lease_path}/{worker_id}"
             sent = self._clock.monotonic()
             try:
-                await self._zk.call(f"claiming {path}", _ephemeral_creator(path, claim))
-            except aiozk.exc.NodeExists:
+                await self._zk.create(path, claim, ephemeral=True)
+            except NodeExists:
                 continue
-            # Whose is it? aiozk may have replaced the session while the create was on its way.
+            # Whose is it? The client may have replaced the session while the create was on its way.
             found = await self._zk.get(path)
             session = self._zk.session_id
-            if found is None or session is None or int(found[1].ephemeral_owner) != session:
+            if found is None or session is None or found[1].ephemeral_owner != session:
                 continue
             self._worker_id = worker_id
             self._claim_session = session
@@ -239,7 +233,7 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
             raise LeaseLost(worker_id, "its ZooKeeper session expired")
         if found is None:
             raise LeaseLost(worker_id, f"its lease node {path} is gone")
-        if int(found[1].ephemeral_owner) != claim_session:
+        if found[1].ephemeral_owner != claim_session:
             raise LeaseLost(worker_id, f"its lease node {path} belongs to another session")
         self._confirmed_at = max(self._confirmed_at, sent)
 
@@ -279,9 +273,7 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
         if worker_id is None:
             raise CoordinatorUnavailable(f"{self}: no worker ID leased (register() has not succeeded yet)")
         self._reported = max(self._reported, high_water_ms)
-        await self._zk.raise_timestamp(
-            f"{self.high_water_path}/{worker_id}", self.address, self._reported, create=True
-        )
+        await self._raise_timestamp(f"{self.high_water_path}/{worker_id}", self._reported, create=True)
         if self._lost is None and self._zk.session_id != self._claim_session:
             self._lost = "its ZooKeeper session expired"
         if self._lost is not None:

@@ -3,7 +3,7 @@
 A client sees ``code`` (stable, machine-readable), ``message`` (for a person) and ``retryable`` (whether the
 same request may succeed later). ``status`` is the HTTP-like number sent in the ``Nats-Service-Error-Code``
 header, as the NATS services convention (ADR-32) expects. Errors caused by the request itself also subclass
-:class:`ValueError`. Foreign exceptions (asyncpg, aiozk, nats) are converted into these only in the
+:class:`ValueError`. Foreign exceptions (asyncpg, kazoo, nats) are converted into these only in the
 adapters; one handler in the service turns them into replies.
 """
 

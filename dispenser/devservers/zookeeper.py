@@ -108,9 +108,9 @@ def srvr(port: int, timeout: float = 1.0) -> str | None:
     """Send the four-letter word ``srvr`` to ``127.0.0.1:port`` and return the answer, or None if no answer.
 
     ZooKeeper answers ``This ZooKeeper instance is not currently serving requests`` while it loads its
-    database, and ``Zookeeper version: …`` once it serves (aiozk sends the same word before every
-    connection). ``ruok`` is no readiness check: it says ``imok`` as soon as the port is open, even when
-    loading the database failed and the server will never serve.
+    database, and ``Zookeeper version: …`` once it serves. ``ruok`` is no readiness check: it says
+    ``imok`` as soon as the port is open, even when loading the database failed and the server will never
+    serve.
     """
     try:
         with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
@@ -129,10 +129,10 @@ class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
     Example::
 
         with ZooKeeperServer(tmp_path) as server:
-            client = aiozk.ZKClient(server.hosts)
+            client = kazoo.client.KazooClient(server.hosts)
 
     The configuration (``zoo.cfg`` in ``workdir``, rewritten at each start) allows the four-letter words
-    ``srvr`` (aiozk's handshake and our readiness check), ``ruok`` and ``stat``, disables the admin HTTP
+    ``srvr`` (our readiness check and ``dispenser check``'s), ``ruok`` and ``stat``, disables the admin HTTP
     server, and negotiates session timeouts between ``min_session_timeout_ms`` and
     ``max_session_timeout_ms``; ZooKeeper expires sessions in steps of ``tick_time_ms``.
 

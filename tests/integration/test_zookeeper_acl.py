@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any
 
-import aiozk
-import aiozk.exc
 import pytest
+from kazoo.exceptions import NoAuthError  # type: ignore[import-untyped]  # kazoo has no type hints
+from kazoo.security import OPEN_ACL_UNSAFE, Permissions  # type: ignore[import-untyped]
 
 from dispenser.adapters.zookeeper import ZkSession, ZooKeeperRegistry, digest_id
 from dispenser.adapters.zookeeper_lease import ZooKeeperLeaseRegistry
@@ -19,7 +19,7 @@ from dispenser.core.errors import CoordinatorUnavailable
 from dispenser.devservers.zookeeper import ZooKeeperServer
 from dispenser.ports import SystemClock
 from dispenser.registries import layout_of, open_registry
-from tests.integration.zk_support import eventually
+from tests.integration.zk_support import eventually, off_loop, plain_client
 from tests.secret_values import SECRETS
 
 pytestmark = pytest.mark.zookeeper
@@ -30,32 +30,36 @@ WRONG_AUTH = f"leaf-dispenser:{SECRETS['zookeeper_wrong_password']}"
 PASSWORDS = (SECRETS["zookeeper_password"], SECRETS["zookeeper_wrong_password"])
 
 
+KAZOO_LOG = "dispenser.adapters.zk_session.kazoo"
+"""The logger the session gives kazoo (kazoo prints every request sent at DEBUG, the credentials included)."""
+
+
 class _Records(logging.Handler):
     def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[tuple[str, str]] = []
+        super().__init__(1)
+        self.lines: list[tuple[int, str]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         # The whole line: message, arguments and traceback.
-        self.lines.append((record.name, logging.Formatter().format(record)))
+        self.lines.append((record.levelno, logging.Formatter().format(record)))
 
 
 @contextmanager
-def every_log_line() -> Iterator[list[tuple[str, str]]]:
-    """Collect every log line at DEBUG, aiozk's payload log included (it prints each request sent)."""
+def every_log_line() -> Iterator[list[tuple[int, str]]]:
+    """Collect every log line at DEBUG, and kazoo's down to its BLATHER level (5: every packet read)."""
     handler = _Records()
     root = logging.getLogger()
-    payload = logging.getLogger("aiozk.connection.payload")
-    saved = root.level, payload.level
+    kazoo_log = logging.getLogger(KAZOO_LOG)
+    saved = root.level, kazoo_log.level
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
-    payload.setLevel(logging.DEBUG)
+    kazoo_log.setLevel(1)
     try:
         yield handler.lines
     finally:
         root.removeHandler(handler)
         root.setLevel(saved[0])
-        payload.setLevel(saved[1])
+        kazoo_log.setLevel(saved[1])
 
 
 @pytest.fixture
@@ -65,12 +69,9 @@ async def stack() -> AsyncIterator[AsyncExitStack]:
         yield s
 
 
-async def plain_client(hosts: str, stack: AsyncExitStack) -> Any:
-    """A bare aiozk client with no credentials (as any other program on the network could be)."""
-    client = aiozk.ZKClient(hosts, retry_policy=aiozk.RetryPolicy.once())
-    await asyncio.wait_for(client.start(), 5)
-    stack.push_async_callback(lambda: asyncio.wait_for(client.close(), 5))
-    return client
+async def bare_client(hosts: str, stack: AsyncExitStack) -> Any:
+    """A bare kazoo client with no credentials (as any other program on the network could be)."""
+    return await stack.enter_async_context(plain_client(hosts))
 
 
 async def session(hosts: str, auth: str | None, stack: AsyncExitStack) -> ZkSession:
@@ -93,8 +94,8 @@ def leased(hosts: str, name: str, address: str, stack: AsyncExitStack, **kw: Any
 
 
 async def refused(attempt: Any) -> None:
-    """The call fails with ZooKeeper's NoAuth (raw aiozk) or our CoordinatorUnavailable saying NoAuth."""
-    with pytest.raises((aiozk.exc.NoAuth, CoordinatorUnavailable)) as caught:
+    """The call fails with ZooKeeper's NoAuth (raw kazoo) or our CoordinatorUnavailable saying NoAuth."""
+    with pytest.raises((NoAuthError, CoordinatorUnavailable)) as caught:
         await asyncio.wait_for(attempt, 5)
     if isinstance(caught.value, CoordinatorUnavailable):
         assert "NoAuth" in caught.value.message
@@ -113,38 +114,40 @@ async def test_worker_nodes_refuse_writes_without_the_credentials(
     node = f"{worker.forever_path}/10.0.0.1:8080-{lease.worker_id:010d}"
     temporary = f"{worker.temporary_path}/10.0.0.1:8080"
 
-    anyone = await plain_client(hosts, stack)
-    data, _ = await anyone.get(node)  # world READ (the default)
+    anyone = await bare_client(hosts, stack)
+    data, _ = await off_loop(anyone.get, node)  # world READ (the default)
     assert b"1900000000000" in data
     owner = await session(hosts, AUTH, stack)
-    acl = await owner.call("reading the ACL", lambda zk: zk.get_acl(node))
+    acl = await owner.get_acl(node)
     assert {(a.id.scheme, a.id.id, a.perms) for a in acl} == {
         ("digest", digest_id(AUTH), 31),  # all five permissions
-        ("world", "anyone", aiozk.ACL.READ_PERM),
+        ("world", "anyone", Permissions.READ),
     }
     # ZooKeeper shows the digest only to those who may change the ACL.
-    assert {a.id.id for a in await anyone.get_acl(node)} == {"leaf-dispenser:x", "anyone"}
+    assert {a.id.id for a in (await off_loop(anyone.get_acls, node))[0]} == {"leaf-dispenser:x", "anyone"}
     for path in (worker.base_path, worker.forever_path, worker.temporary_path, node, temporary):
-        await refused(anyone.set_data(path, b"{}", force=True))
-        await refused(anyone.set_acl(path, [aiozk.protocol.UNRESTRICTED_ACCESS], force=True))
-    await refused(anyone.delete(node, force=True))
-    await refused(anyone.delete(temporary, force=True))
-    await refused(anyone.create(f"{worker.forever_path}/10.0.0.9:1-", sequential=True))
-    await refused(anyone.create(f"{worker.base_path}/lease"))
+        await refused(off_loop(anyone.set, path, b"{}"))
+        await refused(off_loop(anyone.set_acls, path, OPEN_ACL_UNSAFE))
+    await refused(off_loop(anyone.delete, node))
+    await refused(off_loop(anyone.delete, temporary))
+    await refused(off_loop(anyone.create, f"{worker.forever_path}/10.0.0.9:1-", sequence=True))
+    await refused(off_loop(anyone.create, f"{worker.base_path}/lease"))
 
     wrong = await session(hosts, WRONG_AUTH, stack)
-    await refused(wrong.call("overwriting", lambda zk: zk.set_data(node, b"{}", force=True)))
-    await refused(wrong.call("deleting", lambda zk: zk.delete(temporary, force=True)))
+    await refused(wrong.call("overwriting", lambda zk: zk.set_async(node, b"{}")))
+    await refused(wrong.call("deleting", lambda zk: zk.delete_async(temporary)))
 
-    data, _ = await anyone.get(node)
+    data, _ = await off_loop(anyone.get, node)
     assert b"1900000000000" in data  # untouched
-    assert await anyone.exists(temporary)
+    assert await off_loop(anyone.exists, temporary)
     assert lines
     assert not any(p in line for _, line in lines for p in PASSWORDS)
     server_log = zookeeper_server.log_path.read_text(errors="replace")
     assert not any(p in server_log for p in PASSWORDS)
-    # The digest (a hash of the password) only in aiozk's request dump, which is off unless asked for.
-    assert not any(digest_id(AUTH) in line for name, line in lines if name != "aiozk.connection.payload")
+    # The digest (a hash of the password) only in kazoo's packet dump below DEBUG (ACLs read back), which
+    # is off unless asked for; its DEBUG request lines print requests by type and path.
+    assert any("Sending request" in line for _, line in lines)
+    assert not any(digest_id(AUTH) in line for level, line in lines if level >= logging.DEBUG)
 
 
 async def test_second_worker_with_the_credentials_works_normally(
@@ -189,11 +192,11 @@ async def test_lease_nodes_refuse_writes_without_the_credentials(
     lease_node = f"{holder.lease_path}/{lease.worker_id}"
     high_water = f"{holder.high_water_path}/{lease.worker_id}"
 
-    anyone = await plain_client(hosts, stack)
-    await refused(anyone.delete(lease_node, force=True))
-    await refused(anyone.set_data(high_water, b'{"timestamp": 0}', force=True))
-    await refused(anyone.delete(high_water, force=True))
-    await refused(anyone.create(f"{holder.lease_path}/{lease.worker_id + 1}", ephemeral=True))
+    anyone = await bare_client(hosts, stack)
+    await refused(off_loop(anyone.delete, lease_node))
+    await refused(off_loop(anyone.set, high_water, b'{"timestamp": 0}'))
+    await refused(off_loop(anyone.delete, high_water))
+    await refused(off_loop(anyone.create, f"{holder.lease_path}/{lease.worker_id + 1}", ephemeral=True))
     assert holder.can_issue()
 
     peer = leased(hosts, zk_namespace, "10.0.0.2:8080", stack, auth=AUTH)
@@ -222,11 +225,11 @@ async def test_credentials_added_later_restrict_the_existing_nodes(
     new_lease = leased(hosts, f"{zk_namespace}-lease", "10.0.0.1:8080", stack, auth=AUTH)
     assert (await new_lease.register()).worker_id == taken.worker_id
 
-    anyone = await plain_client(hosts, stack)
-    await refused(anyone.delete(f"{worker.forever_path}/10.0.0.1:8080-{first.worker_id:010d}", force=True))
-    await refused(anyone.create(f"{worker.temporary_path}/10.0.0.9:1"))
-    await refused(anyone.set_data(f"{new_lease.high_water_path}/{taken.worker_id}", b"{}", force=True))
-    await refused(anyone.create(f"{new_lease.lease_path}/{taken.worker_id + 1}", ephemeral=True))
+    anyone = await bare_client(hosts, stack)
+    await refused(off_loop(anyone.delete, f"{worker.forever_path}/10.0.0.1:8080-{first.worker_id:010d}"))
+    await refused(off_loop(anyone.create, f"{worker.temporary_path}/10.0.0.9:1"))
+    await refused(off_loop(anyone.set, f"{new_lease.high_water_path}/{taken.worker_id}", b"{}"))
+    await refused(off_loop(anyone.create, f"{new_lease.lease_path}/{taken.worker_id + 1}", ephemeral=True))
 
 
 async def test_world_read_off_hides_the_nodes(
@@ -236,9 +239,9 @@ async def test_world_read_off_hides_the_nodes(
     hosts = zookeeper_server.hosts
     worker = forever(hosts, zk_namespace, "10.0.0.1:8080", stack, auth=AUTH, world_read=False)
     lease = await worker.register()
-    anyone = await plain_client(hosts, stack)
-    await refused(anyone.get(f"{worker.forever_path}/10.0.0.1:8080-{lease.worker_id:010d}"))
-    await refused(anyone.get_children(worker.forever_path))
+    anyone = await bare_client(hosts, stack)
+    await refused(off_loop(anyone.get, f"{worker.forever_path}/10.0.0.1:8080-{lease.worker_id:010d}"))
+    await refused(off_loop(anyone.get_children, worker.forever_path))
 
 
 async def test_credentials_are_presented_again_after_a_reconnect(
@@ -253,8 +256,8 @@ async def test_credentials_are_presented_again_after_a_reconnect(
     private_zookeeper.start()
     await eventually(lambda: worker.report(1_900_000_000_000), timeout=15, what="a report after the restart")
     assert worker.session.session_id == session_id  # same session, new connection
-    anyone = await plain_client(hosts, stack)
-    data, _ = await anyone.get(f"{worker.forever_path}/10.0.0.1:8080-{lease.worker_id:010d}")
+    anyone = await bare_client(hosts, stack)
+    data, _ = await off_loop(anyone.get, f"{worker.forever_path}/10.0.0.1:8080-{lease.worker_id:010d}")
     assert b"1900000000000" in data
 
 

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
-import aiozk
 import pytest
 
 from dispenser.adapters.zookeeper import ZooKeeperRegistry
@@ -22,7 +21,7 @@ from dispenser.core.errors import (
 )
 from dispenser.devservers import free_port
 from dispenser.devservers.zookeeper import ZooKeeperServer
-from tests.integration.zk_support import PartitionProxy, eventually, expire_session
+from tests.integration.zk_support import PartitionProxy, eventually, expire_session, off_loop, plain_client
 
 pytestmark = pytest.mark.zookeeper
 
@@ -56,22 +55,14 @@ def lease(hosts: str, name: str, address: str, stack: AsyncExitStack, **kw: Any)
 
 
 async def read_json(hosts: str, path: str) -> tuple[dict[str, Any], Any]:
-    client = aiozk.ZKClient(hosts)
-    await asyncio.wait_for(client.start(), 5)
-    try:
-        data, stat = await asyncio.wait_for(client.get(path), 5)
-    finally:
-        await asyncio.wait_for(client.close(), 5)
+    async with plain_client(hosts) as client:
+        data, stat = await off_loop(client.get, path)
     return json.loads(data), stat
 
 
 async def node_exists(hosts: str, path: str) -> bool:
-    client = aiozk.ZKClient(hosts)
-    await asyncio.wait_for(client.start(), 5)
-    try:
-        return bool(await asyncio.wait_for(client.exists(path), 5))
-    finally:
-        await asyncio.wait_for(client.close(), 5)
+    async with plain_client(hosts) as client:
+        return await off_loop(client.exists, path) is not None
 
 
 # --- Leaf's mode ------------------------------------------------------------------------------------------
@@ -106,7 +97,7 @@ async def test_worker_node_is_leafs_sequential_node_with_json(
     _, stat = await read_json(
         zookeeper_server.hosts, f"/leaf/snowflake/{zk_namespace}/temporary/10.0.0.7:9000"
     )
-    assert stat.ephemeral_owner == registry.session.session_id
+    assert stat.ephemeralOwner == registry.session.session_id
 
 
 async def test_two_addresses_get_different_ids(
@@ -182,7 +173,28 @@ async def test_keeps_issuing_while_zookeeper_is_down_and_reports_when_back(
     data, _ = await read_json(hosts, node)
     assert data["timestamp"] == AHEAD + 6_000
     _, stat = await read_json(hosts, f"/leaf/snowflake/{zk_namespace}/temporary/10.0.0.1:8080")
-    assert stat.ephemeral_owner == registry.session.session_id
+    assert stat.ephemeralOwner == registry.session.session_id
+
+
+@pytest.mark.slow
+async def test_a_reconnect_that_gets_no_handshake_answer_is_retried(
+    zookeeper_server: ZooKeeperServer, zk_namespace: str, stack: AsyncExitStack
+) -> None:
+    """A handshake never answered (as while ZooKeeper starts) is retried after op_timeout; the session lives."""
+    proxy = PartitionProxy(zookeeper_server.port)
+    await proxy.start()
+    stack.push_async_callback(proxy.close)
+    registry = forever(proxy.hosts, zk_namespace, "10.0.0.1:8080", stack, session_timeout=10.0)
+    await registry.register()
+    session = registry.session.session_id
+    proxy.partition()
+    await poll_until(lambda: not registry.session.connected, 8.0)  # kazoo alone: a missed ping, ~T/3 later
+    await asyncio.sleep(0.5)  # reconnect attempts meanwhile: their connect requests are swallowed
+    proxy.partitioned = False  # bytes pass again, but no connection is closed: an attempt may be waiting
+    started = time.monotonic()
+    await eventually(lambda: registry.report(AHEAD + 8_000), timeout=6, what="a report after the silence")
+    assert time.monotonic() - started < 4.0  # kazoo alone would wait for the handshake for 10 s
+    assert registry.session.session_id == session
 
 
 async def test_expired_session_is_registered_again(
@@ -206,7 +218,7 @@ async def test_expired_session_is_registered_again(
 
     await eventually(reported_in_new_session, timeout=15, what="a report in a new session")
     _, stat = await read_json(hosts, temporary)
-    assert stat.ephemeral_owner == registry.session.session_id
+    assert stat.ephemeralOwner == registry.session.session_id
     assert registry.can_issue()
 
 
@@ -215,9 +227,12 @@ async def test_restart_after_crash_waits_for_the_old_session(
 ) -> None:
     """A worker restarted right after a crash waits for its old ephemeral node to expire, then gets its ID."""
     hosts = zookeeper_server.hosts
-    crashed = forever(hosts, zk_namespace, "10.0.0.1:8080", stack, session_timeout=1.0)
+    proxy = PartitionProxy(zookeeper_server.port)
+    await proxy.start()
+    stack.push_async_callback(proxy.close)
+    crashed = forever(proxy.hosts, zk_namespace, "10.0.0.1:8080", stack, session_timeout=1.0)
     got = await crashed.register()
-    await crashed.session.abandon()  # no close: the server keeps the session until it expires
+    proxy.partition()  # as a crash looks to the server: silence, no close; it keeps the session until expiry
 
     restarted = forever(hosts, zk_namespace, "10.0.0.1:8080", stack, session_timeout=1.0)
     started = time.monotonic()
@@ -296,6 +311,20 @@ async def test_lease_down_at_start_fails_quickly(zk_namespace: str, stack: Async
         await registry.register()
     assert time.monotonic() - started < 2.0
     assert not registry.can_issue()
+
+
+async def test_lease_is_timed_by_the_granted_session_timeout(
+    zookeeper_server: ZooKeeperServer, zk_namespace: str, stack: AsyncExitStack
+) -> None:
+    """The server clamps the session timeout asked for; the lease is timed by its grant, either way."""
+    hosts = zookeeper_server.hosts
+    longer = lease(hosts, zk_namespace, "10.0.0.1:1", stack, session_timeout=60.0)
+    await longer.register()
+    assert longer.session_timeout == zookeeper_server.max_session_timeout_ms / 1000
+    assert longer.issue_deadline() <= time.monotonic() + longer.session_timeout * 2 / 3
+    shorter = lease(hosts, zk_namespace, "10.0.0.2:1", stack, session_timeout=0.2)
+    await shorter.register()
+    assert shorter.session_timeout == zookeeper_server.min_session_timeout_ms / 1000
 
 
 async def report_fails_with_lease_lost(registry: ZooKeeperLeaseRegistry, high_water_ms: int) -> None:

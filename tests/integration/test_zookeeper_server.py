@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
-import aiozk
 import pytest
 
 from dispenser.devservers import ServerStartError
 from dispenser.devservers.zookeeper import ZooKeeperServer, default_jar_dir, fetch_zookeeper_jars, srvr
+from tests.integration.zk_support import off_loop, plain_client
 
 pytestmark = pytest.mark.zookeeper
 
@@ -28,20 +27,14 @@ def test_fetch_is_skipped_when_the_jars_are_there(monkeypatch: pytest.MonkeyPatc
 
 
 async def _write_then_read(hosts: str, restart: ZooKeeperServer) -> bytes:
-    client = aiozk.ZKClient(hosts)
-    await asyncio.wait_for(client.start(), 5)
-    await client.create("/kept", data=b"across restarts")
-    await asyncio.wait_for(client.close(), 5)
+    async with plain_client(hosts) as client:
+        await off_loop(client.create, "/kept", b"across restarts")
     restart.kill()
     assert restart.pid is None
     restart.start()
-    client = aiozk.ZKClient(hosts)
-    await asyncio.wait_for(client.start(), 5)
-    try:
-        data: bytes = await client.get_data("/kept")
-    finally:
-        await asyncio.wait_for(client.close(), 5)
-    return data
+    async with plain_client(hosts) as client:
+        data, _ = await off_loop(client.get, "/kept")
+    return bytes(data)
 
 
 async def test_restart_keeps_port_and_data(private_zookeeper: ZooKeeperServer) -> None:

@@ -1,14 +1,15 @@
-"""Helpers for the ZooKeeper tests: a proxy that can partition a client, and expiring a session at will."""
+"""Helpers for the ZooKeeper tests: a plain client, a proxy that can partition a client, expiring a session."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
-from aiozk import protocol
+from kazoo.client import KazooClient  # type: ignore[import-untyped]  # kazoo has no type hints
 
 _SIZE = struct.Struct("!i")
 
@@ -100,15 +101,9 @@ async def expire_session(hosts: str, session_id: int, password: bytes) -> None:
     session back in between; if it does anyway, the close is not acknowledged and we try again.
     """
     host, _, port = hosts.split(",", maxsplit=1)[0].rpartition(":")
-    connect = protocol.ConnectRequest(
-        protocol_version=0,
-        last_seen_zxid=0,
-        timeout=10_000,
-        session_id=session_id,
-        password=password,
-        read_only=False,
-    ).serialize()
-    close = protocol.CloseRequest().serialize(1)
+    # ConnectRequest: protocol version, last zxid seen, timeout (ms), session id, password; read-only flag.
+    connect = struct.pack("!iqiqi", 0, 0, 10_000, session_id, len(password)) + password + b"\x00"
+    close = struct.pack("!ii", 1, -11)  # request header: xid 1, closeSession
     frames = b"".join(_SIZE.pack(len(p)) + p for p in (connect, close))
     for _ in range(5):
         reader, writer = await asyncio.open_connection(host, int(port))
@@ -152,3 +147,28 @@ async def eventually(
             if time.monotonic() >= deadline:
                 raise AssertionError(f"{what} not reached within {timeout:g} s; last: {exc!r}") from exc
         await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def plain_client(hosts: str, **options: Any) -> AsyncIterator[Any]:
+    """A bare kazoo client (no credentials unless given in ``options``), as any other program could be.
+
+    Its calls block: run them with ``asyncio.to_thread`` (see :func:`off_loop`).
+    """
+    client = KazooClient(hosts, timeout=5.0, command_retry=None, **options)
+    await asyncio.to_thread(client.start, 5)
+    try:
+        yield client
+    finally:
+        await asyncio.to_thread(stop_client, client)
+
+
+def stop_client(client: Any) -> None:
+    """Stop and close a kazoo client."""
+    client.stop()
+    client.close()
+
+
+async def off_loop(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking (kazoo) call in a thread."""
+    return await asyncio.to_thread(call, *args, **kwargs)
