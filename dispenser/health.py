@@ -21,15 +21,14 @@ class CheckResult:
 
 
 async def _check_nats(config: Config) -> CheckResult:
-    from dispenser.adapters.nats import connect  # noqa: PLC0415
+    from dispenser.adapters.nats import connect, server_version  # noqa: PLC0415
 
     try:
         nc = await asyncio.wait_for(connect(config.nats, name="dispenser-check"), config.nats.connect_timeout)
     except (OSError, TimeoutError) as exc:
         return CheckResult("nats", False, str(exc) or f"no answer from {redact(config.nats.url)}")
     try:
-        version = nc._server_info.get("version", "?")
-        return CheckResult("nats", True, f"{redact(config.nats.url)} (nats-server {version})")
+        return CheckResult("nats", True, f"{redact(config.nats.url)} (nats-server {server_version(nc)})")
     finally:
         await nc.close()
 
@@ -84,8 +83,8 @@ async def _check_zookeeper(config: Config) -> CheckResult:
     for host in hosts.split(","):
         address, _, port = host.strip().rpartition(":")
         try:
-            # `srvr` is the four-letter word aiozk itself sends, so it must be allowed anyway; unlike
-            # `ruok`, it is answered only by a server that serves.
+            # `srvr` is the one four-letter word ZooKeeper allows by default; unlike `ruok`, it is
+            # answered only by a server that serves.
             reader, writer = await asyncio.wait_for(asyncio.open_connection(address, int(port)), 3.0)
             try:
                 writer.write(b"srvr")

@@ -18,6 +18,7 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -43,7 +44,7 @@ from dispenser.core.errors import (
     MessageTooLarge,
 )
 from dispenser.messages import MSGPACK, decode_kafka_request
-from dispenser.service.dispatch import Answer, Dispatcher
+from dispenser.service.answering import Answer, Answerer
 
 __all__ = ["KafkaRequestService", "RequestStats"]
 
@@ -99,7 +100,7 @@ class KafkaRequestService:
     def __init__(
         self,
         config: KafkaConfig,
-        dispatchers: dict[str, Dispatcher],
+        dispatchers: Mapping[str, Answerer],
         *,
         max_body_bytes: int = 4096,
         request_max_age: float = 60.0,

@@ -5,6 +5,7 @@ so any number of workers share the load. Discovery works through ``$SRV.PING``, 
 ``$SRV.STATS``; error replies carry ``Nats-Service-Error`` and ``Nats-Service-Error-Code`` headers as
 well as the JSON body.
 
+The micro protocol itself lives in :mod:`dispenser.adapters.nats_micro`, on public nats-py API only.
 nats-py runs one subscription's callbacks one after another. The handler therefore answers the common
 case inline (no await but the publish) and moves only requests that must wait — for a segment, for the
 clock — into tasks of their own, so one slow tag never holds up the others.
@@ -13,26 +14,24 @@ clock — into tasks of their own, so one slow tag never holds up the others.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import msgspec
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.micro import add_service
-from nats.micro.request import ERROR_CODE_HEADER, ERROR_HEADER, Request
-from nats.micro.service import Endpoint, EndpointConfig, Service
 
 from dispenser import __version__
+from dispenser.adapters.nats_micro import ERROR_CODE_HEADER, ERROR_HEADER, Endpoint, MicroService
 from dispenser.config import NatsConfig, redact
-from dispenser.core.errors import DispenserError
 from dispenser.core.peers import PeerReading
 from dispenser.messages import MSGPACK, RateEvent
-from dispenser.service.dispatch import Answer, Dispatcher
+from dispenser.service.answering import Answer, Answerer
 
 __all__ = [
     "NatsIdService",
@@ -41,10 +40,14 @@ __all__ = [
     "connect",
     "rate_sink",
     "serve_clock",
+    "server_version",
     "subscribe_rates",
 ]
 
 log = logging.getLogger(__name__)
+
+SpecialHandler = Callable[[bytes, bool], Awaitable[Answer]]
+"""A tag with a handler of its own (``leaf.snowflake.decode``): body and msgpack flag in, answer out."""
 
 _CONTENT_TYPE = "Content-Type"
 _MSGPACK_HEADERS = {_CONTENT_TYPE: MSGPACK}
@@ -99,47 +102,32 @@ async def connect(config: NatsConfig, name: str = "leaf-dispenser") -> Client:
     return nc
 
 
-async def _unused_handler(_request: Request) -> None:  # pragma: no cover - _IdEndpoint answers itself
-    raise RuntimeError("unreachable")
-
-
-class _IdEndpoint(Endpoint):
-    """A nats.micro endpoint that hands the raw message to :attr:`answer`.
-
-    nats.micro wraps each message in a ``Request`` and the handler in a try/except; at tens of thousands of
-    requests a second that is a measurable share of the worker's time. Discovery and STATS work as for any
-    endpoint: requests, error replies (with the last error) and processing time are counted here.
-    """
-
-    answer: Callable[[Msg], Awaitable[None]]
-
-    async def _handle_request(self, msg: Msg) -> None:
-        started = time.perf_counter_ns()
-        self._num_requests += 1
-        try:
-            await self.answer(msg)
-        except Exception as exc:  # never expected: every failure is already an error reply
-            log.exception("unexpected failure in the %s endpoint", self._name)
-            self._num_errors += 1
-            self._last_error = repr(exc)  # type: ignore[assignment]  # nats.micro declares it None only
-        self._processing_time += time.perf_counter_ns() - started
-        self._average_processing_time = self._processing_time // self._num_requests
-
-    def count_error(self, error: DispenserError) -> None:
-        """Count an error reply in the endpoint's STATS."""
-        self._num_errors += 1
-        self._last_error = f"{error.code}: {error.message}"  # type: ignore[assignment]  # as above
+def server_version(nc: Client) -> str:
+    """The version the connected server announced (``2.10.22``), or ``?`` if it sent none or an odd one."""
+    # nats-py's public ServerVersion has no string accessor (its repr is "<nats server v…>"): rebuild it.
+    version = nc.connected_server_version
+    try:
+        text = f"{version.major}.{version.minor}.{version.patch}"
+    except ValueError:  # not semantic versioning: nats-py refuses to parse it
+        return "?"
+    if text == "0.0.0":  # nats-py's "0.0.0-unknown": no server, or it sent no version
+        return "?"
+    if version.prerelease:
+        text += f"-{version.prerelease}"
+    if version.build:
+        text += f"+{version.build}"
+    return text
 
 
 class NatsIdService:
-    """The dispenser's NATS face: one micro service, one endpoint per generator."""
+    """The dispenser's NATS face: one micro service (ADR-32), one endpoint per generator."""
 
     def __init__(
         self,
         nc: Client,
         config: NatsConfig,
-        dispatchers: dict[str, Dispatcher],
-        special_tags: dict[str, dict[str, Callable[[bytes], Awaitable[Answer]]]] | None = None,
+        dispatchers: Mapping[str, Answerer],
+        special_tags: Mapping[str, Mapping[str, SpecialHandler]] | None = None,
     ) -> None:
         """Prepare the service.
 
@@ -149,82 +137,89 @@ class NatsIdService:
             dispatchers: by generator kind (``segment``, ``snowflake``): served on
                 ``<prefix>.<kind>.<tag>``.
             special_tags: by kind, tags answered by their own handler instead of the dispatcher
-                (``leaf.snowflake.decode``): one subscription per kind, so one reply per request.
+                (``leaf.snowflake.decode``): one subscription per kind, so one reply per request. The
+                handler gets the body and whether it is msgpack (``Content-Type``), and answers in kind.
         """
         self._nc = nc
         self._config = config
         self._dispatchers = dispatchers
         self._special = special_tags or {}
-        self._service: Service | None = None
+        self._service: MicroService | None = None
         self._inflight: set[asyncio.Task[None]] = set()
 
     @property
-    def service(self) -> Service:
-        """The nats-py micro service (for its id, info and stats)."""
+    def service(self) -> MicroService:
+        """The micro service (for its id, info and stats)."""
         if self._service is None:
             raise RuntimeError("service not started")
         return self._service
 
     async def start(self) -> None:
-        """Subscribe every endpoint and answer discovery requests."""
+        """Subscribe every endpoint, then answer discovery requests."""
         config = self._config
-        service = await add_service(
+        service = MicroService(
             self._nc,
             name=config.service_name,
             version=__version__,
             description="Unique 64-bit IDs (Leaf segment and snowflake)",
-            queue_group=config.queue_group,
         )
         self._service = service
         for kind, dispatcher in self._dispatchers.items():
             prefix = f"{config.subject_prefix}.{kind}."
-            endpoint_config = EndpointConfig(
-                name=kind,
-                subject=prefix + ">",
-                queue_group=config.queue_group,
-                handler=_unused_handler,
+            special = self._special.get(kind, {})
+            await service.add_endpoint(
+                kind,
+                prefix + ">",
+                config.queue_group,
+                functools.partial(self._id_handler, prefix, dispatcher, special),
                 metadata={"format": "json|msgpack", "subject": prefix + "<tag>"},
             )
-            endpoint = _IdEndpoint(service, endpoint_config)
-            endpoint.answer = self._id_handler(prefix, dispatcher, self._special.get(kind, {}), endpoint)
-            # What Service.add_endpoint does, with our endpoint class (nats.micro has no hook for one).
-            await endpoint._start()
-            service._endpoints.append(endpoint)
-        await self._nc.flush()
+        # Discovery last: an instance lists only endpoints that already take requests.
+        await service.start()
 
     def _id_handler(
         self,
         prefix: str,
-        dispatcher: Dispatcher,
-        special: dict[str, Callable[[bytes], Awaitable[Answer]]],
-        endpoint: _IdEndpoint,
+        dispatcher: Answerer,
+        special: Mapping[str, SpecialHandler],
+        endpoint: Endpoint,
     ) -> Callable[[Msg], Awaitable[None]]:
         cut = len(prefix)
         publish = self._nc.publish
+        clock = time.perf_counter_ns
 
         async def handle(msg: Msg) -> None:
-            tag = msg.subject[cut:]
-            if special and tag in special:
-                await self._respond(msg, await special[tag](msg.data), False, endpoint)
-                return
-            headers = msg.headers
-            msgpack = headers is not None and headers.get(_CONTENT_TYPE) == MSGPACK
-            answer = dispatcher.answer_now(tag, msg.data, msgpack)
-            if type(answer) is bytes:
-                if msg.reply:
-                    await publish(msg.reply, answer, headers=_MSGPACK_HEADERS if msgpack else None)
-                return
-            if answer is not None:
-                await self._respond(msg, answer, msgpack, endpoint)  # type: ignore[arg-type]
-                return
-            task = asyncio.create_task(self._answer_later(msg, dispatcher, tag, msgpack, endpoint))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+            # The endpoint's STATS are counted here rather than in a wrapper: one coroutine per request.
+            started = clock()
+            endpoint.num_requests += 1
+            try:
+                tag = msg.subject[cut:]
+                headers = msg.headers
+                msgpack = headers is not None and headers.get(_CONTENT_TYPE) == MSGPACK
+                if special and tag in special:
+                    await self._respond(msg, await special[tag](msg.data, msgpack), msgpack, endpoint)
+                    return
+                answer = dispatcher.answer_now(tag, msg.data, msgpack)
+                if type(answer) is bytes:
+                    if msg.reply:
+                        await publish(msg.reply, answer, headers=_MSGPACK_HEADERS if msgpack else None)
+                    return
+                if answer is not None:
+                    await self._respond(msg, answer, msgpack, endpoint)  # type: ignore[arg-type]
+                    return
+                task = asyncio.create_task(self._answer_later(msg, dispatcher, tag, msgpack, endpoint))
+                self._inflight.add(task)
+                task.add_done_callback(self._inflight.discard)
+            except Exception as exc:  # never expected: every failure is already an error reply
+                log.exception("unexpected failure in the %s endpoint", endpoint.name)
+                endpoint.count_error(repr(exc))
+            finally:
+                endpoint.processing_time += clock() - started
 
         return handle
 
     async def _answer_later(
-        self, msg: Msg, dispatcher: Dispatcher, tag: str, msgpack: bool, endpoint: _IdEndpoint
+        self, msg: Msg, dispatcher: Answerer, tag: str, msgpack: bool, endpoint: Endpoint
     ) -> None:
         answer = await dispatcher.answer(tag, msg.data, msgpack)
         try:
@@ -232,10 +227,10 @@ class NatsIdService:
         except Exception:
             log.exception("could not send the reply for tag %r", tag)
 
-    async def _respond(self, msg: Msg, answer: Answer, msgpack: bool, endpoint: _IdEndpoint) -> None:
+    async def _respond(self, msg: Msg, answer: Answer, msgpack: bool, endpoint: Endpoint) -> None:
         error = answer.error
         if error is not None:
-            endpoint.count_error(error)
+            endpoint.count_error(f"{error.code}: {error.message}")
         if not msg.reply:
             return  # a publish without reply subject: nobody to answer
         if error is None:
@@ -247,31 +242,23 @@ class NatsIdService:
         await self._nc.publish(msg.reply, answer.body, headers=headers)
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Stop taking requests, answer those already received, then leave the service."""
+        """Stop taking requests, answer those already received, then leave the service.
+
+        Args:
+            grace: seconds to wait for requests still waiting (for a segment, for the clock) once the
+                endpoints are drained; those still unanswered then are cancelled.
+        """
         service = self._service
         if service is None:
             return
-        # Drain (not unsubscribe) each endpoint so requests already delivered are still answered;
-        # nats-py's Service.stop() unsubscribes, which would drop them. The endpoints and their
-        # subscriptions are private in nats-py, hence the getattr; once drained, they are taken out
-        # of the service so that its stop() only drains the discovery subscriptions.
-        endpoints = getattr(service, "_endpoints", [])
-        for endpoint in endpoints:
-            subscription = getattr(endpoint, "_subscription", None)
-            if subscription is not None:
-                try:
-                    await subscription.drain()
-                except Exception as exc:
-                    log.debug("drain failed: %s", exc)
-        endpoints.clear()
+        # Drain, not unsubscribe: every request the server already routed to this worker reaches the
+        # handler, which answers it inline or starts its task (waited for below).
+        await service.drain_endpoints()
         if self._inflight:
             _, pending = await asyncio.wait(set(self._inflight), timeout=grace)
             for task in pending:
                 task.cancel()
-        try:
-            await service.stop()
-        except Exception as exc:
-            log.debug("service stop: %s", exc)
+        await service.stop()
         self._service = None
 
 

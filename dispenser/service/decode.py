@@ -6,14 +6,15 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from dispenser.core.errors import BadRequest, InvalidRequest, MalformedRequest
+from dispenser.core.errors import BadRequest, InvalidRequest, MalformedRequest, MessageTooLarge
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.messages import DecodeReply, DecodeRequest, ErrorBody, encode_reply
-from dispenser.service.dispatch import Answer
+from dispenser.service.answering import Answer
 
 __all__ = ["decode_handler", "decode_id"]
 
-_decoder = msgspec.json.Decoder(DecodeRequest)
+_json_decoder = msgspec.json.Decoder(DecodeRequest)
+_msgpack_decoder = msgspec.msgpack.Decoder(DecodeRequest)
 
 
 def decode_id(layout: SnowflakeLayout, snowflake_id: int) -> DecodeReply:
@@ -32,22 +33,30 @@ def decode_id(layout: SnowflakeLayout, snowflake_id: int) -> DecodeReply:
     )
 
 
-def decode_handler(layout: SnowflakeLayout) -> Callable[[bytes], Awaitable[Answer]]:
-    """A request handler: body ``{"id": N}`` in, :class:`DecodeReply` out (errors in its ``error``)."""
+def decode_handler(
+    layout: SnowflakeLayout, max_body_bytes: int = 4096
+) -> Callable[[bytes, bool], Awaitable[Answer]]:
+    """A request handler: body ``{"id": N}`` in, :class:`DecodeReply` out (errors in its ``error``).
 
-    async def handle(body: bytes) -> Answer:
+    The body goes through the same checks as an ID request's: the size limit first (before anything
+    decodes it), then JSON or msgpack (``msgpack``: the request's ``Content-Type``), the reply in kind.
+    """
+
+    async def handle(body: bytes, msgpack: bool = False) -> Answer:
         snowflake_id = 0
         try:
+            if len(body) > max_body_bytes:
+                raise MessageTooLarge(len(body), max_body_bytes)
             try:
-                request = _decoder.decode(body)
+                request = (_msgpack_decoder if msgpack else _json_decoder).decode(body)
             except msgspec.ValidationError as exc:
                 raise InvalidRequest(str(exc)) from None
             except msgspec.DecodeError as exc:
                 raise MalformedRequest(str(exc)) from None
             snowflake_id = request.id
-            return Answer(encode_reply(decode_id(layout, snowflake_id)))
+            return Answer(encode_reply(decode_id(layout, snowflake_id), msgpack))
         except BadRequest as exc:
             error = ErrorBody(code=exc.code, message=exc.message, retryable=False)
-            return Answer(encode_reply(DecodeReply(id=snowflake_id, error=error)), exc)
+            return Answer(encode_reply(DecodeReply(id=snowflake_id, error=error), msgpack), exc)
 
     return handle

@@ -30,9 +30,10 @@ from dispenser.core.errors import (
 from dispenser.core.tags import validate_tag
 from dispenser.messages import ErrorBody, IdRequest, Reply, decode_request, encode_reply
 from dispenser.ports import Clock, ReplayStore
+from dispenser.service.answering import Answer, Answerer
 from dispenser.service.dedup import ReplayCache
 
-__all__ = ["LATENCY_BUCKETS", "Answer", "Dispatcher", "IdSource", "Limits", "RangesBatch"]
+__all__ = ["LATENCY_BUCKETS", "Answer", "Answerer", "Dispatcher", "IdSource", "Limits", "RangesBatch"]
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +79,6 @@ class Limits:
     max_body_bytes: int = 4096
     deadline: float = 2.0
     """Seconds a request may wait (for a segment, the next millisecond, a recorded mark) before it fails."""
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A reply body, and the error it carries if it is an error reply (for broker headers)."""
-
-    body: bytes
-    error: DispenserError | None = None
 
 
 class Dispatcher:

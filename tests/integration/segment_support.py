@@ -65,7 +65,9 @@ async def client(url: str) -> AsyncIterator[Client]:
         await nc.close()
 
 
-async def request(nc: Client, subject: str, body: bytes = b"", timeout: float = 5.0) -> Msg:
+async def request(
+    nc: Client, subject: str, body: bytes = b"", timeout: float = 5.0, headers: dict[str, str] | None = None
+) -> Msg:
     """``nc.request``, retrying "no responders" for up to a second.
 
     nats-server sometimes answers "no responders" for a few milliseconds after another connection's
@@ -75,7 +77,7 @@ async def request(nc: Client, subject: str, body: bytes = b"", timeout: float = 
     deadline = time.monotonic() + 1.0
     while True:
         try:
-            return await nc.request(subject, body, timeout=timeout)
+            return await nc.request(subject, body, timeout=timeout, headers=headers)
         except NoRespondersError:
             if time.monotonic() > deadline:
                 raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -54,6 +55,7 @@ async def test_check_names_what_it_cannot_reach(
     assert await run(["check"]) == 0
     out = capsys.readouterr().out
     assert "ok   nats" in out
+    assert re.search(r"\(nats-server \d+\.\d+\.\d+[-+.\w]*\)", out), out  # the version the server announced
     assert "ok   postgres" in out
     assert "2080-07-10" in out  # the default layout's last valid date
     monkeypatch.setenv("DISPENSER_NATS_URL", f"nats://127.0.0.1:{free_port()}")

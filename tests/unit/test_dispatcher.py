@@ -177,3 +177,27 @@ async def test_the_inline_path_and_the_waiting_path_give_the_same_reply() -> Non
     assert reply(waited.body) == Reply(tag="order", ids=[3, 4])
     assert d.inline == 1
     assert sum(d.waited) == 1
+
+
+async def test_snowflake_decode_goes_through_the_same_checks() -> None:
+    """leaf.snowflake.decode: the body limit first, JSON or msgpack in and out, coded errors."""
+    from dispenser.core.snowflake import SnowflakeLayout  # noqa: PLC0415
+    from dispenser.messages import DecodeReply  # noqa: PLC0415
+    from dispenser.service.decode import decode_handler  # noqa: PLC0415
+
+    layout = SnowflakeLayout()
+    handle = decode_handler(layout, max_body_bytes=64)
+    snowflake_id = layout.compose(layout.epoch_ms + 1_000, 3, 7)
+    ok = await handle(msgspec.msgpack.encode({"id": snowflake_id}), True)
+    decoded = msgspec.msgpack.decode(ok.body, type=DecodeReply)
+    assert (decoded.worker_id, decoded.sequence) == (3, 7)
+    cases = [(b" " * 65, False, "too_large"), (b"{", False, "malformed"), (b"\xc1", True, "malformed")]
+    cases += [(b'{"id": "x"}', False, "invalid"), (b'{"id": -1}', False, "invalid")]
+    cases += [(b'{"id": %d}' % 2**63, False, "invalid_id")]  # wider than the layout
+    for body, msgpack, code in cases:
+        answer = await handle(body, msgpack)
+        reply_body = msgspec.msgpack.decode(answer.body, type=DecodeReply) if msgpack else None
+        reply_body = reply_body or msgspec.json.decode(answer.body, type=DecodeReply)
+        assert answer.error is not None
+        assert reply_body.error is not None
+        assert reply_body.error.code == code, (body, reply_body.error)
