@@ -2,7 +2,7 @@
 
 Everything listens on 127.0.0.1, on free ports, under one work directory. Servers are
 :mod:`dispenser.devservers` objects (restartable on the same port and data); workers are
-``python -m dispenser serve`` children (:class:`dispenser.bench.nats_bench.Child`). Nothing is signalled
+``python -m dispenser serve`` children (:class:`dispenser.bench.nats_load.Child`). Nothing is signalled
 but a process started here, through its own ``Popen`` handle.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 
-from dispenser.bench.nats_bench import Child
+from dispenser.bench.nats_load import Child
 from dispenser.devservers import NatsServer, PostgresServer, ZooKeeperServer
 from dispenser.devservers._process import kill_process
 from dispenser.devservers._server import ServerProcess
