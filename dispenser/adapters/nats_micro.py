@@ -180,6 +180,11 @@ class Endpoint:
             raise RuntimeError(f"endpoint {self.name!r} already started")
         self._subscription = await self._nc.subscribe(self.subject, queue=self.queue_group, cb=handler)
 
+    @property
+    def delivered(self) -> int:
+        """Messages the server has delivered to this endpoint's subscription so far (0 before start)."""
+        return 0 if self._subscription is None else self._subscription.delivered
+
     async def drain(self) -> None:
         """Take no more requests, and return once the callback has run for every one already delivered.
 

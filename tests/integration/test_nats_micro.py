@@ -17,7 +17,7 @@ from nats.micro.service import ServiceInfo, ServicePing, ServiceStats
 from dispenser.adapters.nats_micro import Endpoint, MicroService
 from dispenser.devservers import NatsServer
 
-from .segment_support import client, request
+from .segment_support import client, request, wait_until
 
 pytestmark = [pytest.mark.nats]
 
@@ -124,12 +124,12 @@ async def test_drain_answers_delivered_requests_and_takes_no_new_ones(nats_serve
             return handle
 
         service = MicroService(ours_nc, name="drain", version="0.0.1")
-        await service.add_endpoint("ep", "drain.ep", "q", slow)
+        endpoint = await service.add_endpoint("ep", "drain.ep", "q", slow)
         await service.start()
         await request(nc, "drain.ep", b"-1")  # the server routes to the new subscription now
         pending = [asyncio.ensure_future(nc.request("drain.ep", b"%d" % i, timeout=5)) for i in range(40)]
         await nc.flush()
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: endpoint.delivered == 41, what="every request delivered to the endpoint")
         await service.drain_endpoints()
         replies = await asyncio.gather(*pending)
         assert sorted(int(r.data) for r in replies) == list(range(40))

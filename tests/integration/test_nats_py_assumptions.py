@@ -24,7 +24,7 @@ from nats.nuid import NUID
 from dispenser.adapters.nats_micro import ERROR_CODE_HEADER, ERROR_HEADER
 from dispenser.devservers import NatsServer
 
-from .segment_support import client, request
+from .segment_support import client, request, wait_until
 
 pytestmark = [pytest.mark.nats]
 
@@ -119,7 +119,7 @@ async def test_drain_runs_the_callback_for_every_delivered_message_then_stops(
             for i in range(50)
         ]
         await requester.flush()
-        await asyncio.sleep(0.05)  # every request reached the subscriber's queue (few were answered yet)
+        await wait_until(lambda: sub.delivered == 51, what="every request delivered to the subscription")
         assert len(answered) < 50
         await sub.drain()  # type: ignore[no-untyped-call]  # nats-py leaves drain() unannotated
         assert len(answered) == 50  # drain() returned only once the queue was empty
