@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dispenser.adapters.static_registry import StaticRegistry
 from dispenser.core.snowflake import Issued, SnowflakeLayout, SnowflakeState
-from dispenser.ports import SystemClock, WorkerLease
+from dispenser.ports import SystemClock
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 
 __all__ = ["Result", "main", "run_cli"]
@@ -35,22 +36,6 @@ class Result:
     calls_per_s: float
     ceiling_ids_per_s: float
     share_of_ceiling: float
-
-
-class _AlwaysHeld:
-    """A registry that always holds worker ID 1 (the bench measures the generator, not a registry)."""
-
-    async def register(self) -> WorkerLease:
-        return WorkerLease(1, 0)
-
-    async def report(self, high_water_ms: int) -> None:
-        return None
-
-    def can_issue(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        return None
 
 
 def _core_case(
@@ -76,10 +61,11 @@ async def _shell_case(
     async def no_persist(_worker: int, _mark: int) -> None:
         return None
 
+    registry = StaticRegistry(1, max_worker_id=layout.max_worker_id)  # the bench measures the generator
     generator = SnowflakeGenerator(
         layout,
-        WorkerLease(1, 0),
-        _AlwaysHeld(),
+        await registry.register(),
+        registry,
         SystemClock(),
         no_persist,
         settings=SnowflakeSettings(random_start=random_start, report_interval=3600.0),

@@ -479,22 +479,7 @@ class PostgresServer(ServerProcess[PostgresInstall]):
             "--locale=C",
             "--no-instructions",
         ]
-        ident = self._run_as(install)
-        try:
-            result = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                env=_clean_env(),
-                cwd=self.datadir,
-                check=False,
-                timeout=120,
-                user=ident.user,
-                group=ident.group,
-                extra_groups=ident.extra_groups,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise ServerStartError(f"initdb of {self.datadir} took more than {exc.timeout:g} s") from exc
+        result = self._run_tool(install, cmd, f"initdb of {self.datadir}")
         if result.returncode != 0:
             user = f" as {install.run_as}" if _is_root() else ""
             raise ServerStartError(
@@ -502,17 +487,19 @@ class PostgresServer(ServerProcess[PostgresInstall]):
                 f"(exit {result.returncode}):\n{result.stdout}{result.stderr}"
             )
 
-    def _set_password(self, install: PostgresInstall, password: str) -> None:
-        """Set the superuser's password in single-user mode (no server running, no connection needed)."""
-        verifier = scram_verifier(password)
-        # Single-user mode reads one statement per line from stdin; a verifier is stored as it is.
-        statement = f"ALTER ROLE {_quote_ident(SUPERUSER)} PASSWORD '{verifier}'\n"
-        cmd = [str(install.bindir / "postgres"), "--single", "-D", str(self.datadir), "postgres"]
+    def _run_tool(
+        self, install: PostgresInstall, cmd: list[str], what: str, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run one of PostgreSQL's programs as the server's user, in the data directory, for 120 s at most.
+
+        Raises:
+            ServerStartError: it did not finish in time (its exit status is the caller's to judge).
+        """
         ident = self._run_as(install)
         try:
-            result = subprocess.run(
+            return subprocess.run(
                 cmd,
-                input=statement,
+                input=stdin,
                 capture_output=True,
                 text=True,
                 env=_clean_env(),
@@ -524,9 +511,15 @@ class PostgresServer(ServerProcess[PostgresInstall]):
                 extra_groups=ident.extra_groups,
             )
         except subprocess.TimeoutExpired as exc:
-            raise ServerStartError(
-                f"setting the password in {self.datadir} took more than {exc.timeout:g} s"
-            ) from exc
+            raise ServerStartError(f"{what} took more than {exc.timeout:g} s") from exc
+
+    def _set_password(self, install: PostgresInstall, password: str) -> None:
+        """Set the superuser's password in single-user mode (no server running, no connection needed)."""
+        verifier = scram_verifier(password)
+        # Single-user mode reads one statement per line from stdin; a verifier is stored as it is.
+        statement = f"ALTER ROLE {_quote_ident(SUPERUSER)} PASSWORD '{verifier}'\n"
+        cmd = [str(install.bindir / "postgres"), "--single", "-D", str(self.datadir), "postgres"]
+        result = self._run_tool(install, cmd, f"setting the password in {self.datadir}", stdin=statement)
         if result.returncode != 0 or "ERROR" in result.stderr:
             raise ServerStartError(
                 f"setting the superuser password in {self.datadir} failed (exit {result.returncode}):\n"

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from dispenser.adapters.memory import ManualClock, settle
+from dispenser.adapters.static_registry import StaticRegistry
 from dispenser.core.errors import LeaseLost
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.ports import WorkerLease
@@ -76,27 +77,18 @@ async def test_nothing_is_issued_under_the_old_id_while_a_new_one_is_being_regis
     await generator.stop()
 
 
-class PlainRegistry:
-    """Always holds worker ID 5."""
-
-    async def register(self) -> WorkerLease:
-        return WorkerLease(5, 0)
-
-    async def report(self, high_water_ms: int) -> None:
-        return None
-
-    def can_issue(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        return None
+async def fixed_registry() -> StaticRegistry:
+    """Worker ID 5, registered (these tests are about the generator, not a registry)."""
+    registry = StaticRegistry(5, max_worker_id=LAYOUT.max_worker_id)
+    await registry.register()
+    return registry
 
 
 async def test_a_start_below_the_recorded_mark_waits_it_out_on_the_clock() -> None:
     """Recorded mark 3 s ahead (a crash's reservation): start() returns only once the clock has passed it."""
     clock = ManualClock()
     mark = clock.wall_ms() + 3_000
-    generator = SnowflakeGenerator(LAYOUT, WorkerLease(5, mark), PlainRegistry(), clock, no_persist)
+    generator = SnowflakeGenerator(LAYOUT, WorkerLease(5, mark), await fixed_registry(), clock, no_persist)
     starting = asyncio.ensure_future(generator.start())
     await clock.advance(2.9)
     assert not starting.done()
@@ -114,7 +106,7 @@ async def test_an_exhausted_millisecond_waits_for_the_next_one() -> None:
     generator = SnowflakeGenerator(
         LAYOUT,
         WorkerLease(5, 0),
-        PlainRegistry(),
+        await fixed_registry(),
         clock,
         no_persist,
         settings=SnowflakeSettings(random_start=0),
@@ -144,7 +136,7 @@ async def test_a_clean_stop_records_the_last_millisecond_and_the_reservation() -
     generator = SnowflakeGenerator(
         LAYOUT,
         WorkerLease(5, 0),
-        PlainRegistry(),
+        await fixed_registry(),
         clock,
         no_persist,
         settings=SnowflakeSettings(report_interval=3.0),
