@@ -272,6 +272,10 @@ def _in_thread(work: Callable[[], T], name: str) -> asyncio.Future[T]:
 # --- socket waits ------------------------------------------------------------------------------------------
 
 
+_NEVER_SET = threading.Event()
+"""Waited on (with a timeout) by :attr:`_BoundedHandler.sleep_func`; never set."""
+
+
 class _BoundedHandler(kazoo.handlers.threading.SequentialThreadingHandler):  # type: ignore[misc]  # untyped
     """kazoo's default handler, with every wait on a socket capped at ``io_timeout`` seconds.
 
@@ -285,6 +289,12 @@ class _BoundedHandler(kazoo.handlers.threading.SequentialThreadingHandler):  # t
     The connection loop also waits here between pings, so an unanswered ping drops the connection after
     ``io_timeout`` (at most; kazoo's own limit is a third of the session timeout).
     """
+
+    # kazoo's reconnect loop sleeps through the handler's sleep_func (its retry must use the same one).
+    # time.sleep is clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) on Linux, which libfaketime (the
+    # soak's clock faults) answers with EINVAL: the exception killed kazoo's connection thread, and the
+    # worker never reconnected. A timed wait on an event that is never set sleeps the same, anywhere.
+    sleep_func = staticmethod(_NEVER_SET.wait)
 
     def __init__(self, io_timeout: float) -> None:
         super().__init__()
@@ -500,7 +510,12 @@ class ZkSession:
             # Retry for ever, starting fast: the default back-off grows to a minute, and a worker should be
             # back within a second of ZooKeeper.
             connection_retry=kazoo.retry.KazooRetry(
-                max_tries=-1, delay=0.05, backoff=2, max_jitter=0.2, max_delay=self.reconnect_max_wait
+                max_tries=-1,
+                delay=0.05,
+                backoff=2,
+                max_jitter=0.2,
+                max_delay=self.reconnect_max_wait,
+                sleep_func=_BoundedHandler.sleep_func,
             ),
             command_retry=None,  # our deadlines decide; a retried write could land twice
             auth_data=None if self._auth is None else [("digest", self._auth)],

@@ -38,6 +38,7 @@ from dispenser.soak.plan import (
     StopServer,
     WorkerName,
 )
+from dispenser.soak.report import clock_step_seen
 
 __all__ = ["SERVICE_NAME", "SoakCluster", "SoakError"]
 
@@ -204,9 +205,17 @@ class SoakCluster:
             case ClockStep(delta_ms=delta_ms):
                 self.clock.step(delta_ms)
                 notes["clock_offset_ms"] = self.clock.offset_ms
-                notes["clock_seen_ms"] = await self.clock_offsets(nc)
+                notes["clock_seen_ms"] = await self._await_step(nc, self.clock.offset_ms)
         notes["action_s"] = round(time.monotonic() - began, 3)
         return notes
+
+    async def _await_step(self, nc: Client, offset_ms: int, limit_s: float = 5.0) -> dict[str, int]:
+        """The workers' clock offsets once the step shows (libfaketime applies it within its cache time)."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            seen = await self.clock_offsets(nc)
+            if clock_step_seen(offset_ms, list(seen.values())) or time.monotonic() > deadline:
+                return seen
 
     async def clock_offsets(self, nc: Client, queries: int = 5) -> dict[str, int]:
         """Each snowflake worker's wall clock minus ours in ms, by worker ID, from the peer clock query.

@@ -1,10 +1,12 @@
 """libfaketime: finding (or installing) it, and stepping one process's wall clock while it runs.
 
 The worker runs with ``LD_PRELOAD=libfaketime.so.1`` and ``FAKETIME_TIMESTAMP_FILE`` naming a file that
-holds a relative offset such as ``+1.000`` (seconds). With ``FAKETIME_NO_CACHE=1`` libfaketime reads the
-file at every clock call (about 5 µs each here), so rewriting it steps the clock at once;
+holds a relative offset such as ``+1.000`` (seconds). With ``FAKETIME_CACHE_DURATION=1`` libfaketime
+re-reads the file every second, so rewriting it steps the clock within a second (``FAKETIME_NO_CACHE=1``
+would read it at every call, but races with a second thread: see :meth:`FaketimeClock.env`);
 ``FAKETIME_DONT_FAKE_MONOTONIC=1`` leaves ``CLOCK_MONOTONIC`` alone, so the event loop's timers are not
-disturbed, only the wall clock that snowflake IDs are made from.
+disturbed, only the wall clock that snowflake IDs are made from. (It also makes ``time.sleep`` fail with
+EINVAL under libfaketime 0.9.10, which is why the ZooKeeper adapter's threads wait on an event instead.)
 """
 
 from __future__ import annotations
@@ -93,7 +95,11 @@ class FaketimeClock:
         return {
             "LD_PRELOAD": str(self.library),
             "FAKETIME_TIMESTAMP_FILE": str(self.path),
-            "FAKETIME_NO_CACHE": "1",
+            # Not FAKETIME_NO_CACHE: with it, a process with more than one thread (kazoo's connection
+            # thread) now and then reads the unfaked clock while another thread re-reads the file — the
+            # wall clock jumps back by the whole offset, ~18 times a second (measured, libfaketime 0.9.10),
+            # and the worker rightly refuses IDs. Cached for 1 s, a step shows within a second instead.
+            "FAKETIME_CACHE_DURATION": "1",
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         }
 
