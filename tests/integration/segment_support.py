@@ -84,6 +84,29 @@ async def request(
             await asyncio.sleep(0.01)
 
 
+async def no_responders_soon(nc: Client, subject: str, within: float = 3.0) -> None:
+    """Assert that requests to ``subject`` soon get "no responders" (nobody listens any more).
+
+    Right after an UNSUB, nats-server may still route a publisher's message to the old subscription for a
+    moment (the mirror of the early "no responders" after a SUB, see :func:`request`): such a request is
+    dropped and times out, so this asks again until the server says no one is there.
+
+    Raises:
+        AssertionError: something still answered, or no "no responders" within ``within`` seconds.
+    """
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            msg = await nc.request(subject, b"", timeout=0.25)
+        except NoRespondersError:
+            return
+        except nats.errors.TimeoutError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{subject}: still no 'no responders' after {within:g} s") from None
+            continue
+        raise AssertionError(f"{subject}: answered after it should have stopped: {msg.data!r}")
+
+
 async def wait_until(condition: Callable[[], bool], *, what: str, timeout: float = 10.0) -> None:
     """Poll ``condition`` (every 10 ms) until it holds: a test waits for a state, never for a guessed time.
 
