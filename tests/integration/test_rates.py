@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import io
 import json
+import statistics
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -173,7 +174,13 @@ async def test_two_workers_size_to_their_shares(nats_server: NatsServer, pg_dsn:
         client(nats_server.url) as nc,
     ):
         await asyncio.gather(load(nc, rate / 2, 8.0), load(nc, rate / 2, 8.0))
-        steps = [order(w).last_step for w in (first, second)]  # type: ignore[attr-defined]
+        # Each worker's typical step: the median of its last three fetches. A single fetch's size follows
+        # the rate of the moment it was made at (the queue group's split jitters, and the load generator
+        # catches up in bursts on a busy machine), which put one step alone 55% over its share in CI.
+        steps = [
+            int(statistics.median(list(order(w).steps)[-3:]))  # type: ignore[attr-defined]
+            for w in (first, second)
+        ]
         now = first.clock.monotonic()
         fleet_peak = sum(w.rates.meter("segment", "order").peak(now) for w in (first, second))
         assert first.rates.peers("segment", "order")  # each hears the other
