@@ -202,7 +202,7 @@ class ManualClock:
     ``sleep`` parks the caller until :meth:`advance` carries the clock past its wake-up time; sleepers wake
     in time order, and the event loop runs whatever they set off before the clock moves on, so a test
     of a two-second deadline takes microseconds and never races the machine's load. The wall clock runs
-    with the monotonic one; :meth:`step_wall` makes it jump (a clock step or rollback).
+    with the monotonic one.
     """
 
     def __init__(self, monotonic: float = 1_000.0, wall_ms: int = 1_700_000_000_000) -> None:
@@ -217,7 +217,7 @@ class ManualClock:
         return self._now
 
     def wall_ms(self) -> int:
-        """Virtual Unix milliseconds (moves with :meth:`monotonic`, plus any :meth:`step_wall`)."""
+        """Virtual Unix milliseconds (moves with :meth:`monotonic`)."""
         return int(self._now * 1000) + self._wall_offset_ms
 
     async def sleep(self, seconds: float) -> None:
@@ -229,11 +229,6 @@ class ManualClock:
         self._order += 1
         heapq.heappush(self._sleepers, (self._now + seconds, self._order, future))
         await future
-
-    @property
-    def sleepers(self) -> int:
-        """How many callers are parked in :meth:`sleep` (cancelled ones excluded)."""
-        return sum(1 for *_, future in self._sleepers if not future.done())
 
     async def advance(self, seconds: float) -> None:
         """Move the clock forward by ``seconds``, waking each sleeper at its time and letting it run."""
@@ -263,10 +258,6 @@ class ManualClock:
                 raise AssertionError(f"condition not met within {limit} virtual seconds")
             await self.advance(step)
         return self._now - started
-
-    def step_wall(self, ms: int) -> None:
-        """Make the wall clock jump by ``ms`` (negative: back), as NTP or an operator might."""
-        self._wall_offset_ms += ms
 
 
 async def settle(turns: int = 20) -> None:

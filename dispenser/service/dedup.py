@@ -9,7 +9,7 @@ from typing import Generic, TypeVar
 
 from dispenser.core.errors import InvalidRequest
 
-__all__ = ["ReplayCache"]
+__all__ = ["ReplayCache", "reused_request_id"]
 
 T = TypeVar("T")
 Key = tuple[str, str]
@@ -79,7 +79,12 @@ class ReplayCache(Generic[T]):
     @staticmethod
     def _check(key: Key, params: Params, seen: Params) -> None:
         if params != seen:
-            raise InvalidRequest(
-                f"request_id {key[1]!r} was already used with count {seen[0]} and format {seen[1]!r}; "
-                "use a new request_id for a different request"
-            )
+            raise reused_request_id(key[1], *seen)
+
+
+def reused_request_id(request_id: str, count: int, format: str) -> InvalidRequest:
+    """The error for a ``request_id`` sent again with another count or format than its first use."""
+    return InvalidRequest(
+        f"request_id {request_id!r} was already used with count {count} and format {format!r}; "
+        "use a new request_id for a different request"
+    )

@@ -31,7 +31,7 @@ from dispenser.core.tags import validate_tag
 from dispenser.messages import ErrorBody, IdRequest, Reply, decode_request, encode_reply
 from dispenser.ports import Clock, ReplayStore
 from dispenser.service.answering import Answer, Answerer
-from dispenser.service.dedup import ReplayCache
+from dispenser.service.dedup import ReplayCache, reused_request_id
 
 __all__ = ["LATENCY_BUCKETS", "Answer", "Answerer", "Dispatcher", "IdSource", "Limits", "RangesBatch"]
 
@@ -244,10 +244,7 @@ class Dispatcher:
                 )
             return batch
         if (settled.count, settled.format) != (request.count, request.format):
-            raise InvalidRequest(
-                f"request_id {request.request_id!r} was already used with count {settled.count} and format "
-                f"{settled.format!r}; use a new request_id for a different request"
-            )
+            raise reused_request_id(request.request_id, settled.count, settled.format)
         return settled
 
     def _observe(self, seconds: float) -> None:
