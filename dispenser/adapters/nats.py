@@ -293,9 +293,17 @@ class PeerClocks(msgspec.Struct):
 
 
 async def collect_peer_clocks(
-    nc: Client, subject: str, wall_ms: Callable[[], int], window: float
+    nc: Client, subject: str, wall_ms: Callable[[], int], window: float, enough: int | None = None
 ) -> PeerClocks:
-    """Ask every live peer for its clock and collect the answers that arrive within ``window`` seconds."""
+    """Ask every live peer for its clock and collect the answers that arrive within ``window`` seconds.
+
+    Args:
+        nc: the connection.
+        subject: the clock subject (``<prefix>.snowflake-clock``).
+        wall_ms: our clock.
+        window: seconds to listen for answers.
+        enough: stop listening once this many peers have answered (``None``: the whole window).
+    """
     inbox = nc.new_inbox()
     readings: list[PeerReading] = []
     answered = False
@@ -318,7 +326,9 @@ async def collect_peer_clocks(
             except msgspec.DecodeError:
                 log.warning("ignoring a malformed clock reading on %s", subject)
                 continue
-            readings.append(PeerReading(reading.wall_ms, sent, wall_ms()))
+            readings.append(PeerReading(reading.wall_ms, sent, wall_ms(), reading.worker_id))
+            if enough is not None and len(readings) >= enough:
+                break
     finally:
         await subscription.unsubscribe()
     return PeerClocks(readings, answered)

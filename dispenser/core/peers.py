@@ -16,6 +16,13 @@ class PeerReading:
     peer_ms: int
     sent_ms: int
     received_ms: int
+    worker_id: int = -1
+    """The peer's snowflake worker ID (-1: not said)."""
+
+    @property
+    def round_trip_ms(self) -> int:
+        """How long the answer took (a short one gives the sharpest offset)."""
+        return self.received_ms - self.sent_ms
 
     @property
     def offset_ms(self) -> float:

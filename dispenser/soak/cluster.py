@@ -20,7 +20,9 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 
+from dispenser.adapters.nats import collect_peer_clocks
 from dispenser.bench.nats_load import Child
+from dispenser.core.peers import PeerReading
 from dispenser.devservers import NatsServer, PostgresServer, ZooKeeperServer
 from dispenser.devservers._process import kill_process
 from dispenser.devservers._server import ServerProcess
@@ -224,13 +226,15 @@ class SoakCluster:
         Each worker answers every query; its reading with the shortest round trip counts, since the
         load keeps both event loops busy and a slow answer would blur the estimate.
         """
-        best: dict[int, tuple[int, float]] = {}  # worker ID -> (round trip, offset)
+        best: dict[int, PeerReading] = {}
         for _ in range(queries):
-            for worker_id, rtt, offset in await _clock_readings(nc):
-                if worker_id not in best or rtt < best[worker_id][0]:
-                    best[worker_id] = (rtt, offset)
+            heard = await collect_peer_clocks(nc, "leaf.snowflake-clock", _now_ms, 0.3, enough=len(WORKERS))
+            for reading in heard.readings:
+                held = best.get(reading.worker_id)
+                if held is None or reading.round_trip_ms < held.round_trip_ms:
+                    best[reading.worker_id] = reading
             await asyncio.sleep(0.05)
-        return {str(worker_id): round(offset) for worker_id, (_rtt, offset) in sorted(best.items())}
+        return {str(worker_id): round(reading.offset_ms) for worker_id, reading in sorted(best.items())}
 
     async def _recovered(self, nc: Client, began: float) -> float:
         """Seconds from ``began`` until all workers answer ``$SRV.PING`` again."""
@@ -241,47 +245,8 @@ class SoakCluster:
 _ping_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
-class _ClockReading(msgspec.Struct):
-    """A worker's answer on ``<prefix>.snowflake-clock`` (see :func:`dispenser.adapters.nats.serve_clock`)."""
-
-    wall_ms: int
-    worker_id: int
-
-
-_clock_decoder = msgspec.json.Decoder(_ClockReading)
-
-
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-async def _clock_readings(nc: Client, wait: float = 0.3) -> list[tuple[int, int, float]]:
-    """One clock query: ``(worker ID, round trip ms, offset ms)`` of every worker that answers.
-
-    Returns as soon as every snowflake-serving worker (all three) has answered, else after ``wait``.
-    """
-    inbox = nc.new_inbox()
-    found: list[tuple[int, int, float]] = []
-    sub = await nc.subscribe(inbox)
-    try:
-        sent = _now_ms()
-        await nc.publish("leaf.snowflake-clock", b"", reply=inbox)
-        deadline = time.monotonic() + wait
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                msg = await sub.next_msg(timeout=left)
-            except Exception:  # nats-py's timeout, or a reconnect: either way, no more answers
-                break
-            received = _now_ms()
-            with contextlib.suppress(msgspec.DecodeError):
-                reading = _clock_decoder.decode(msg.data)
-                found.append((reading.worker_id, received - sent, reading.wall_ms - (sent + received) / 2))
-            if len(found) >= len(WORKERS):
-                break
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-    return found
 
 
 async def count_workers(nc: Client, wait: float = 0.3) -> int:
