@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from dispenser.adapters.postgres_schema import migrate
@@ -135,3 +136,8 @@ async def test_local_dedup_store_keeps_nothing_in_postgres(private_nats: NatsSer
         first = await ask(nc, "leaf.segment.order", b'{"count": 2, "request_id": "r"}')
         again = await ask(nc, "leaf.segment.order", b'{"count": 2, "request_id": "r"}')
         assert ids_of(first) == ids_of(again)
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM dispenser_request") == 0
+    finally:
+        await conn.close()

@@ -75,12 +75,34 @@ async def test_a_changed_retry_on_the_other_worker_is_refused(
     assert "count 3" in changed.error.message
 
 
-async def test_kinds_do_not_share_request_ids(fleet: tuple[list[Dispatcher], MemoryReplayStore]) -> None:
-    """The key includes the generator's kind: a snowflake request_id never replays a segment answer."""
-    dispatchers, replays = fleet
-    await dispatchers[0].answer("order", b'{"count": 3, "request_id": "r-1"}')
-    settled = await replays.settle(("snowflake", "order", "r-1"), 3, "ids", ((7, 9),), 60)
-    assert settled.ranges == ((7, 9),)
+async def test_kinds_do_not_share_request_ids() -> None:
+    """The key includes the generator's kind.
+
+    The same tag and request_id on the segment and the snowflake dispatcher (one store) get each their own
+    generator's IDs, not the other's answer.
+    """
+    segments = MemorySegmentStore()
+    await segments.add_tag("order", 100)
+    snowflake_like = MemorySegmentStore()  # another generator: its IDs start elsewhere
+    await snowflake_like.add_tag("order", 100, start=1_000_000)
+    replays = MemoryReplayStore(time.monotonic)
+    allocators = [
+        SegmentAllocator(store, SystemClock(), AllocatorSettings()) for store in (segments, snowflake_like)
+    ]
+    dispatchers = []
+    for allocator, kind in zip(allocators, ("segment", "snowflake"), strict=True):
+        await allocator.refresh()
+        dispatchers.append(Dispatcher(allocator, SystemClock(), Limits(), kind=kind, replay_store=replays))
+    try:
+        body = b'{"count": 3, "request_id": "r-1"}'
+        segment_ids = reply_of((await dispatchers[0].answer("order", body)).body).ids
+        snowflake_ids = reply_of((await dispatchers[1].answer("order", body)).body).ids
+        assert segment_ids == [1, 2, 3]
+        assert snowflake_ids == [1_000_000, 1_000_001, 1_000_002]
+        assert len(replays) == 2
+    finally:
+        for allocator in allocators:
+            await allocator.close()
 
 
 async def test_with_the_store_down_requests_are_answered_and_counted(
