@@ -53,14 +53,22 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+_LOG_HANDLER = "dispenser-cli"
+"""The name of the handler :func:`_setup_logging` installs (and replaces on a second call)."""
+
+
 def _setup_logging(config: Config, verbose: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_LOG_HANDLER)
     if config.log.format == "json":
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    # Replace our own handler only: one a host program (or a test harness) put on the root logger stays.
+    for old in [h for h in root.handlers if h.get_name() == _LOG_HANDLER]:
+        root.removeHandler(old)
+    root.addHandler(handler)
     root.setLevel("DEBUG" if verbose else config.log.level.upper())
 
 

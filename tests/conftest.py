@@ -29,8 +29,6 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import settings
 
-import dispenser.cli
-from dispenser.config import Config
 from dispenser.devservers import DevServerError, NatsServer, PostgresServer
 from dispenser.devservers._server import ServerProcess
 from tests.secret_scan import Leak, SecretScanHandler, scan_log_files
@@ -120,14 +118,6 @@ def private_postgres(tmp_path: Path, _postgres_template: Path) -> Iterator[Postg
 _secret_scan = SecretScanHandler(SECRETS)
 _BASETEMP = pytest.StashKey[Path]()
 _LEAKS = pytest.StashKey[list[Leak]]()
-_cli_setup_logging = dispenser.cli._setup_logging
-
-
-def _setup_logging_and_keep_scanning(config: Config, verbose: bool) -> None:
-    # `dispenser.cli.main` (called in-process by tests) replaces the root logger's handlers, as a program
-    # should; put the scanner back so that what the command logs is scanned too.
-    _cli_setup_logging(config, verbose)
-    logging.getLogger().addHandler(_secret_scan)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -135,7 +125,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     root = logging.getLogger()
     root.addHandler(_secret_scan)
     root.setLevel(logging.DEBUG)
-    dispenser.cli._setup_logging = _setup_logging_and_keep_scanning
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -155,7 +144,6 @@ def _secret_scan_stays_on() -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Fail the run if a secret reached a log record or a log file (the servers have stopped by now)."""
-    dispenser.cli._setup_logging = _cli_setup_logging
     logging.getLogger().removeHandler(_secret_scan)
     leaks = _secret_scan.leaks
     basetemp = session.config.stash.get(_BASETEMP, None)
