@@ -34,7 +34,7 @@ from dispenser.ports import Clock, ReplayStore, SegmentStore, SystemClock
 from dispenser.redaction import redact
 from dispenser.registries import SnowflakeRegistration, open_registration
 from dispenser.service.decode import decode_handler
-from dispenser.service.dispatch import Dispatcher, Limits
+from dispenser.service.dispatch import Dispatcher, IdSource, Limits
 from dispenser.service.rates import RateBook, RatePublisher, RateSettings
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
@@ -137,15 +137,19 @@ class Worker:
                 log.warning("could not load the tag list yet (will retry): %s", exc)
             self._background.append(asyncio.create_task(self.allocator.run_refresh_loop()))
         self.replay_store = await self._open_replay_store()
-        if self.allocator is not None:
-            dispatchers["segment"] = Dispatcher(
-                self.allocator,
+
+        def dispatcher(source: IdSource, kind: str, kind_limits: Limits) -> Dispatcher:
+            return Dispatcher(
+                source,
                 self.clock,
-                limits,
+                kind_limits,
                 config.limits.dedup_ttl,
-                kind="segment",
+                kind=kind,
                 replay_store=self.replay_store,
             )
+
+        if self.allocator is not None:
+            dispatchers["segment"] = dispatcher(self.allocator, "segment", limits)
         if config.nats.enabled and (self.serve or config.snowflake.enabled):
             self.nc = await connect(config.nats)
             log.info("connected to NATS at %s", redact(config.nats.url))
@@ -153,15 +157,10 @@ class Worker:
         if config.snowflake.enabled:
             self.snowflake = await self._start_snowflake()
             snowflake_limits = dataclasses.replace(limits, deadline=config.snowflake.wait_deadline)
-            dispatchers["snowflake"] = Dispatcher(
-                self.snowflake,
-                self.clock,
-                snowflake_limits,
-                config.limits.dedup_ttl,
-                kind="snowflake",
-                replay_store=self.replay_store,
-            )
-            special["snowflake"] = {"decode": decode_handler(self.snowflake.layout)}
+            dispatchers["snowflake"] = dispatcher(self.snowflake, "snowflake", snowflake_limits)
+            # The same body limit as an ID request's (decode_handler's own default is only a default).
+            decode = decode_handler(self.snowflake.layout, config.limits.max_body_bytes)
+            special["snowflake"] = {"decode": decode}
         self.dispatchers = dispatchers
         if config.rate.enabled:
             await self._start_rates()

@@ -109,7 +109,6 @@ class Dispatcher:
         self._clock = clock
         self.limits = limits
         self.kind = kind
-        self._dedup_ttl = dedup_ttl
         self._replay_store = replay_store
         self._replays: ReplayCache[RangesBatch] = ReplayCache(dedup_ttl, clock.monotonic)
         self._bodies: dict[bytes, IdRequest] = {}
@@ -226,7 +225,7 @@ class Dispatcher:
                 request.count,
                 request.format,
                 tuple(batch.ranges),
-                self._dedup_ttl,
+                self._replays.ttl,
             )
         except StoreUnavailable as exc:
             # The IDs are in hand and unique whatever happens; failing the request would make every

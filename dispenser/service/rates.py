@@ -65,7 +65,6 @@ class RateBook:
     def __init__(
         self, clock: Clock, settings: RateSettings, policy: StepPolicy, worker: str | None = None
     ) -> None:
-        self._clock = clock
         self.clock = clock
         """The clock rates are measured on (the publisher sleeps on it too)."""
         self.settings = settings
@@ -80,7 +79,7 @@ class RateBook:
         key = (kind, tag)
         meter = self._meters.get(key)
         if meter is None:
-            now = self._clock.monotonic()
+            now = self.clock.monotonic()
             meter = RateMeter(now, window=self.settings.window, retention=self.settings.retention)
             restored = self._restored.pop(key, None)
             if restored is not None:
@@ -106,7 +105,7 @@ class RateBook:
 
     def restore(self, kind: str, peaks: dict[str, tuple[float, float]]) -> None:
         """Take back saved peaks (``tag → (rate, unix seconds)``), for meters now or created later."""
-        mono, wall = self._clock.monotonic(), self._clock.wall_ms() / 1000
+        mono, wall = self.clock.monotonic(), self.clock.wall_ms() / 1000
         for tag, (rate, seen) in peaks.items():
             sample = PeakSample(rate, mono - (wall - seen))  # the meters run on the monotonic clock
             meter = self._meters.get((kind, tag))
@@ -117,7 +116,7 @@ class RateBook:
 
     def peaks(self, kind: str) -> dict[str, tuple[float, float]]:
         """``tag → (peak, unix seconds seen)`` of every meter with a peak, to save."""
-        mono, wall = self._clock.monotonic(), self._clock.wall_ms() / 1000
+        mono, wall = self.clock.monotonic(), self.clock.wall_ms() / 1000
         saved = {}
         for (meter_kind, tag), meter in self._meters.items():
             snapshot = meter.snapshot(mono) if meter_kind == kind else None
@@ -132,7 +131,7 @@ class RateBook:
         if event.worker != self.worker:
             self._peers.setdefault((event.kind, event.tag), {})[event.worker] = (
                 event,
-                self._clock.monotonic(),
+                self.clock.monotonic(),
             )
 
     def peers(self, kind: str, tag: str) -> list[RateEvent]:
@@ -140,14 +139,14 @@ class RateBook:
         known = self._peers.get((kind, tag))
         if not known:
             return []
-        oldest = self._clock.monotonic() - self.settings.stale_after
+        oldest = self.clock.monotonic() - self.settings.stale_after
         for worker in [w for w, (_, seen) in known.items() if seen < oldest]:
             del known[worker]
         return [event for event, _ in known.values()]
 
     def view(self, kind: str, tag: str, recent: float = 0.0) -> FleetView:
         """This worker's and its live peers' rates for ``tag`` (``recent``: see :class:`FleetView`)."""
-        now = self._clock.monotonic()
+        now = self.clock.monotonic()
         meter = self.meter(kind, tag)
         own_rate, own_peak = meter.rate(now), meter.peak(now)
         peers = self.peers(kind, tag)
@@ -172,7 +171,7 @@ class RateBook:
 
     def event(self, kind: Kind, tag: str, allocator: TagAllocator | None = None) -> RateEvent:
         """This worker's event for ``tag`` now."""
-        now = self._clock.monotonic()
+        now = self.clock.monotonic()
         meter = self.meter(kind, tag)
         rate, peak = meter.rate(now), meter.peak(now)
         buffered = allocator.buffer.remaining if allocator is not None else 0
@@ -181,7 +180,7 @@ class RateBook:
             tag=tag,
             kind=kind,
             worker=self.worker,
-            time=self._clock.wall_ms() / 1000,
+            time=self.clock.wall_ms() / 1000,
             window_s=len_window(meter),
             ids_per_s=round(rate, 3),
             requests_per_s=round(meter.request_rate(now), 3),

@@ -248,3 +248,27 @@ async def test_clock_near_peers_starts(private_nats: NatsServer, tmp_path: Path,
     ranges = [r for batch in issued for r in batch]
     assert assert_unique(ranges) == 40_000
     assert {decoded(last).worker_id for _, last in ranges} == {1, 2}
+
+
+async def test_decode_obeys_the_configured_body_limit_and_msgpack(
+    private_nats: NatsServer, tmp_path: Path, zk_namespace: str
+) -> None:
+    """`limits.max_body_bytes` holds for decode as for IDs; a msgpack request gets a msgpack reply."""
+    from dispenser.messages import MSGPACK  # noqa: PLC0415
+
+    config = snowflake_config(private_nats.url, tmp_path / "state", name=zk_namespace, worker_id=5)
+    config.limits.max_body_bytes = 64
+    async with running_worker(config), client(private_nats.url) as nc:
+        big = b'{"id": 1' + b" " * 60 + b"}"
+        reply = msgspec.json.decode((await request(nc, "leaf.snowflake.decode", big)).data, type=DecodeReply)
+        assert reply.error is not None
+        assert reply.error.code == "too_large"
+        snowflake_id = ranges_of(await ask(nc, subject()))[0][0]
+        packed = await request(
+            nc,
+            "leaf.snowflake.decode",
+            msgspec.msgpack.encode({"id": snowflake_id}),
+            headers={"Content-Type": MSGPACK},
+        )
+        decoded_reply = msgspec.msgpack.decode(packed.data, type=DecodeReply)
+        assert decoded_reply.worker_id == 5
