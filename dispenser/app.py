@@ -11,30 +11,26 @@ from collections.abc import Callable
 
 import msgspec
 
-from dispenser.adapters.kafka import KafkaRateSink
-from dispenser.adapters.kafka_enrich import Enricher, EnrichSettings
-from dispenser.adapters.kafka_requests import KafkaRequestService
-from dispenser.adapters.metrics import MetricsServer
-from dispenser.adapters.nats import (
-    NatsIdService,
-    collect_peer_clocks,
-    connect,
-    rate_sink,
-    serve_clock,
-    subscribe_rates,
-)
-from dispenser.adapters.nats_client import Connection
-from dispenser.adapters.postgres import PostgresSegmentStore
-from dispenser.adapters.postgres_replay import PostgresReplayStore
+from dispenser.adapters.kafka.clients import KafkaRateSink
+from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
+from dispenser.adapters.kafka.requests import KafkaRequestService
+from dispenser.adapters.nats.client import Connection
+from dispenser.adapters.nats.connection import connect
+from dispenser.adapters.nats.peers import collect_peer_clocks, serve_clock
+from dispenser.adapters.nats.rates import rate_sink, subscribe_rates
+from dispenser.adapters.nats.service import NatsIdService
+from dispenser.adapters.postgres.replay import PostgresReplayStore
+from dispenser.adapters.postgres.segments import PostgresSegmentStore
+from dispenser.adapters.prometheus import MetricsServer
 from dispenser.config import Config
 from dispenser.core.errors import DispenserError, PeerClockUnverified
 from dispenser.core.peers import check_peer_clocks
 from dispenser.core.step import StepPolicy
-from dispenser.ports import Clock, ReplayStore, SegmentStore, SystemClock
+from dispenser.ports import Clock, IdSource, ReplayStore, SegmentStore, SystemClock
 from dispenser.redaction import redact
 from dispenser.registries import SnowflakeRegistration, open_registration
 from dispenser.service.decode import decode_handler
-from dispenser.service.dispatch import Dispatcher, IdSource, Limits
+from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.rates import RateBook, RatePublisher, RateSettings
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings

@@ -245,7 +245,7 @@ def _serve(_args: argparse.Namespace, config: Config) -> int:
 
 
 def _enrich(args: argparse.Namespace, config: Config) -> int:
-    from dispenser.adapters.kafka_enrich import EnrichSettings  # noqa: PLC0415 - imports aiokafka
+    from dispenser.adapters.kafka.enrich import EnrichSettings  # noqa: PLC0415 - imports aiokafka
     from dispenser.app import run_enricher  # noqa: PLC0415
     from dispenser.service.enrichment import Placement  # noqa: PLC0415
 
@@ -275,8 +275,8 @@ def _enrich(args: argparse.Namespace, config: Config) -> int:
 
 
 def _dev(args: argparse.Namespace, config: Config) -> int:
-    from dispenser.devservers import DevServerError  # noqa: PLC0415 - imports the server harness
     from dispenser.devstack import run_dev  # noqa: PLC0415
+    from dispenser.testing.servers import DevServerError  # noqa: PLC0415 - imports the server harness
 
     try:
         return run_dev(
@@ -293,7 +293,7 @@ def _dev(args: argparse.Namespace, config: Config) -> int:
 
 
 def _get(args: argparse.Namespace, config: Config) -> int:
-    from dispenser.adapters.nats_client import request_once  # noqa: PLC0415
+    from dispenser.adapters.nats.client import request_once  # noqa: PLC0415
     from dispenser.messages import Reply  # noqa: PLC0415
 
     body: dict[str, Any] = {"count": args.count}
@@ -360,7 +360,7 @@ def _check(_args: argparse.Namespace, config: Config) -> int:
 
 
 def _with_store(config: Config, action: Callable[[Any], Awaitable[T]]) -> T:
-    from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
+    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
 
     async def go() -> T:
         async with await PostgresSegmentStore.connect(config.postgres.dsn, command_timeout=10.0) as store:
@@ -370,7 +370,7 @@ def _with_store(config: Config, action: Callable[[Any], Awaitable[T]]) -> T:
 
 
 def _migrate(_args: argparse.Namespace, config: Config) -> int:
-    from dispenser.adapters.postgres_schema import migrate  # noqa: PLC0415
+    from dispenser.adapters.postgres.schema import migrate  # noqa: PLC0415
 
     applied = run_async(migrate(config.postgres.dsn))
     if applied:

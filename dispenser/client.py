@@ -26,7 +26,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from dispenser.adapters.kafka import (
+from dispenser.adapters.kafka.clients import (
     CONTENT_TYPE,
     CORRELATION_ID,
     REPLY_PARTITION,

@@ -94,7 +94,7 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     address: str | None = None
     """This worker's address in the registry (``zookeeper``/``postgres`` modes key the worker ID by it).
     Unset: ``<host name>:<random>``, made on the first start and kept in ``state_dir``, so that a restart
-    gets its worker ID back (see :class:`dispenser.adapters.statefile.WorkerIdentity`)."""
+    gets its worker ID back (see :class:`dispenser.adapters.local.statefile.WorkerIdentity`)."""
     zookeeper_hosts: str = "127.0.0.1:2181"
     zookeeper_session_timeout: float = 10.0
     zookeeper_connect_timeout: float = 5.0

@@ -15,8 +15,8 @@ import msgspec
 
 from dispenser.config import Config
 from dispenser.core.errors import TagExists
-from dispenser.devservers import KafkaBroker, NatsServer, PostgresServer
-from dispenser.devservers._process import port_is_free
+from dispenser.testing.servers import KafkaBroker, NatsServer, PostgresServer
+from dispenser.testing.servers._process import port_is_free
 
 __all__ = ["DEMO_TAG", "run_dev"]
 
@@ -29,8 +29,8 @@ DEV_METRICS_PORT = 9464
 
 
 async def _prepare(dsn: str) -> None:
-    from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
-    from dispenser.adapters.postgres_schema import migrate  # noqa: PLC0415
+    from dispenser.adapters.postgres.schema import migrate  # noqa: PLC0415
+    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
 
     await migrate(dsn)
     async with await PostgresSegmentStore.connect(dsn) as store:

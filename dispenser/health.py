@@ -21,7 +21,7 @@ class CheckResult:
 
 
 async def _check_nats(config: Config) -> CheckResult:
-    from dispenser.adapters.nats import connect, server_version  # noqa: PLC0415
+    from dispenser.adapters.nats.connection import connect, server_version  # noqa: PLC0415
 
     try:
         nc = await asyncio.wait_for(connect(config.nats, name="dispenser-check"), config.nats.connect_timeout)
@@ -34,8 +34,8 @@ async def _check_nats(config: Config) -> CheckResult:
 
 
 async def _check_postgres(config: Config) -> CheckResult:
-    from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
-    from dispenser.adapters.postgres_schema import MIGRATIONS, schema_version  # noqa: PLC0415
+    from dispenser.adapters.postgres.schema import MIGRATIONS, schema_version  # noqa: PLC0415
+    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
     from dispenser.core.errors import DispenserError  # noqa: PLC0415
 
     dsn = config.postgres.dsn
@@ -104,7 +104,7 @@ async def _check_zookeeper(config: Config) -> CheckResult:
 
 
 async def _check_kafka(config: Config) -> CheckResult:
-    from dispenser.adapters.kafka import topic_partitions  # noqa: PLC0415 - imports aiokafka
+    from dispenser.adapters.kafka.clients import topic_partitions  # noqa: PLC0415 - imports aiokafka
 
     kafka = config.kafka
     try:

@@ -1,6 +1,6 @@
 """The ports: what the service needs from the outside world, as typing.Protocol classes.
 
-Adapters (``dispenser.adapters``) implement them over real drivers; ``dispenser.adapters.memory`` holds
+Adapters (``dispenser.adapters``) implement them over real drivers; ``dispenser.testing.fakes`` holds
 fakes that pass the same contract tests, for fast unit tests.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -17,6 +18,8 @@ from dispenser.core.segment import Segment
 __all__ = [
     "Allocation",
     "Clock",
+    "IdSource",
+    "RangesBatch",
     "ReplayStore",
     "SegmentStore",
     "Settled",
@@ -25,6 +28,27 @@ __all__ = [
     "WorkerLease",
     "WorkerRegistry",
 ]
+
+
+class RangesBatch(Protocol):
+    """What a generator hands out: inclusive ``(first, last)`` ranges in increasing order."""
+
+    @property
+    def ranges(self) -> Sequence[tuple[int, int]]:
+        """The ranges."""
+        ...
+
+
+class IdSource(Protocol):
+    """A generator of IDs by tag (the segment allocator, a snowflake worker)."""
+
+    def try_take(self, tag: str, count: int) -> RangesBatch | None:
+        """IDs at once, or ``None`` when they need waiting for (or the tag needs looking up)."""
+        ...
+
+    async def take(self, tag: str, count: int, deadline: float) -> RangesBatch:
+        """IDs, waiting until ``deadline`` (monotonic seconds) at most."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

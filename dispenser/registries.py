@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from dispenser.adapters.statefile import (
+from dispenser.adapters.local.statefile import (
     LocalState,
     LocalStateFile,
     RegistryMode,
@@ -61,8 +61,8 @@ def open_registry(
     max_worker_id = layout.max_worker_id
     if config.mode in ("zookeeper", "zookeeper-lease"):
         # kazoo only when used
-        from dispenser.adapters.zookeeper import ZooKeeperRegistry  # noqa: PLC0415
-        from dispenser.adapters.zookeeper_lease import ZooKeeperLeaseRegistry  # noqa: PLC0415
+        from dispenser.adapters.zookeeper.lease import ZooKeeperLeaseRegistry  # noqa: PLC0415
+        from dispenser.adapters.zookeeper.registry import ZooKeeperRegistry  # noqa: PLC0415
 
         registry_class = ZooKeeperRegistry if config.mode == "zookeeper" else ZooKeeperLeaseRegistry
         return registry_class(
@@ -78,10 +78,10 @@ def open_registry(
             world_read=config.zookeeper_world_read,
         )
     if config.mode == "postgres":
-        from dispenser.adapters.worker_pg import PostgresWorkerRegistry  # noqa: PLC0415
+        from dispenser.adapters.postgres.workers import PostgresWorkerRegistry  # noqa: PLC0415
 
         return PostgresWorkerRegistry(postgres.dsn, address, max_worker_id=max_worker_id)
-    from dispenser.adapters.static_registry import StaticRegistry  # noqa: PLC0415
+    from dispenser.adapters.local.static_registry import StaticRegistry  # noqa: PLC0415
 
     # Its high water lives in the local cache that SnowflakeRegistration keeps for every mode.
     return StaticRegistry(config.worker_id, max_worker_id=max_worker_id)

@@ -19,12 +19,10 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 import msgspec
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 
-from dispenser.bench.stats import render_table
 from dispenser.config import Config
 from dispenser.messages import RateEvent
+from dispenser.tables import render_table
 
 __all__ = ["Fleet", "run_watch"]
 
@@ -84,34 +82,21 @@ class Fleet:
         return render_table(headers, rows)
 
 
-async def _subscribe(config: Config, fleet: Fleet, out: TextIO | None) -> Client:
-    from dispenser.adapters.nats import connect  # noqa: PLC0415 - keeps this module importable without NATS
-
-    nc = await connect(config.nats, name="dispenser-watch")
-    decoder = msgspec.json.Decoder(RateEvent)
-
-    async def received(msg: Msg) -> None:
-        data = msg.data
-        try:
-            event = decoder.decode(data)
-        except msgspec.DecodeError:
-            return
-        fleet.add(event, time.monotonic())
-        if out is not None:
-            out.write(data.decode() + "\n")
-            out.flush()
-
-    await nc.subscribe(f"{config.nats.subject_prefix}.rate.>", cb=received)
-    return nc
-
-
 async def run_watch(
     config: Config, *, once: bool = False, as_json: bool = False, out: TextIO = sys.stdout
 ) -> int:
     """Watch until q, Ctrl-C or SIGTERM (``once``: one event interval, one table)."""
+    from dispenser.adapters.nats.rates import listening_to_rates  # noqa: PLC0415 - importable without NATS
+
     fleet = Fleet(stale_after=max(config.rate.stale_after, 3 * config.rate.interval))
-    nc = await _subscribe(config, fleet, out if as_json else None)
-    try:
+
+    def received(event: RateEvent) -> None:
+        fleet.add(event, time.monotonic())
+        if as_json:
+            out.write(msgspec.json.encode(event).decode() + "\n")
+            out.flush()
+
+    async with listening_to_rates(config.nats, received):
         if once:
             await asyncio.sleep(config.rate.interval + 0.5)
             if not as_json:
@@ -119,8 +104,6 @@ async def run_watch(
             return 0
         await _live(fleet, out, show=not as_json)
         return 0
-    finally:
-        await nc.close()
 
 
 async def _live(fleet: Fleet, out: TextIO, *, show: bool) -> None:

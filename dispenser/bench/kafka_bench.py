@@ -11,7 +11,7 @@ What runs, all on this machine:
   same body, ``{"tag": "bench", "count": 1}``.
 * **enrichment**: an input topic of ``--records`` small JSON records (one partition), copied to a fresh
   output topic (a) by the plain transactional copy loop below — consume ``read_committed``, produce (in
-  producer batches, as the enricher does), send the offsets, commit every N records — and (b) by the dispenser's :class:`~dispenser.adapters.kafka_enrich.Enricher`,
+  producer batches, as the enricher does), send the offsets, commit every N records — and (b) by the dispenser's :class:`~dispenser.adapters.kafka.enrich.Enricher`,
   which does the same and also takes IDs from the segment allocator and puts one into each record. Both
   run in this process, alternating, at commit batches of 100 and 1,000; the rate counts records from the
   first committed transaction to the last.
@@ -44,10 +44,11 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dispenser.adapters.kafka import CORRELATION_ID, REPLY_TOPIC, ensure_topics, header
-from dispenser.bench.stats import fmt_ms, fmt_rate, fmt_ratio, ratio, render_table, summarize, write_json
+from dispenser.adapters.kafka.clients import CORRELATION_ID, REPLY_TOPIC, ensure_topics, header
+from dispenser.bench.stats import ratio, summarize, write_json
 from dispenser.config import KafkaConfig
-from dispenser.service.dispatch import IdSource
+from dispenser.ports import IdSource
+from dispenser.tables import fmt_ms, fmt_rate, fmt_ratio, render_table
 
 __all__ = ["KafkaBenchOptions", "main", "run"]
 
@@ -372,7 +373,7 @@ async def _copy_once(
     kafka: KafkaConfig, source: str, *, batch: int, records: int, loop_kind: str, source_ids: IdSource
 ) -> float:
     """Copy (or enrich) the whole input topic to a fresh output topic once; records per second."""
-    from dispenser.adapters.kafka_enrich import Enricher, EnrichSettings  # noqa: PLC0415
+    from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings  # noqa: PLC0415
     from dispenser.service.enrichment import Placement  # noqa: PLC0415
 
     target = _unique(f"{loop_kind}.out")
@@ -473,8 +474,8 @@ async def _enrichment(options: KafkaBenchOptions, bootstrap: str, dsn: str, repo
 
 
 async def _prepare_tag(dsn: str) -> None:
-    from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
-    from dispenser.adapters.postgres_schema import migrate  # noqa: PLC0415
+    from dispenser.adapters.postgres.schema import migrate  # noqa: PLC0415
+    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
     from dispenser.core.errors import TagExists  # noqa: PLC0415
 
     await migrate(dsn)
@@ -536,8 +537,8 @@ def render(report: Report) -> str:
 
 def run(options: KafkaBenchOptions) -> Report:
     """Start what is missing (broker, PostgreSQL), measure, stop what was started."""
-    from dispenser.devservers import KafkaBroker, PostgresServer  # noqa: PLC0415
     from dispenser.runner import run_async  # noqa: PLC0415
+    from dispenser.testing.servers import KafkaBroker, PostgresServer  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="dispenser-bench-kafka-") as tmp:
         workdir = Path(tmp)

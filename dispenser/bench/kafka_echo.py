@@ -3,7 +3,7 @@
 ``python -m dispenser.bench.kafka_echo --bootstrap 127.0.0.1:9092 --topic bench.echo --group bench-echo``
 
 The same consumer group, producer settings and Spring headers as the dispenser's request service
-(:mod:`dispenser.adapters.kafka_requests`), minus the IDs: the ceiling a Python responder on aiokafka
+(:mod:`dispenser.adapters.kafka.requests`), minus the IDs: the ceiling a Python responder on aiokafka
 reaches on this machine. Runs on uvloop until SIGTERM or SIGINT.
 """
 
@@ -17,7 +17,13 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from dispenser.adapters.kafka import CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC, decode_partition, header
+from dispenser.adapters.kafka.clients import (
+    CORRELATION_ID,
+    REPLY_PARTITION,
+    REPLY_TOPIC,
+    decode_partition,
+    header,
+)
 
 __all__ = ["main", "serve"]
 

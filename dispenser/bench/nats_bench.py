@@ -69,8 +69,9 @@ from dispenser.bench.nats_plan import (
     plan_for_mode,
 )
 from dispenser.bench.nats_report import Report, evaluate_targets, profile_summary, render_report
-from dispenser.bench.stats import CaseResult, fmt_ms, fmt_rate, ratio, summarize, write_json
+from dispenser.bench.stats import CaseResult, ratio, summarize, write_json
 from dispenser.runner import run_async
+from dispenser.tables import fmt_ms, fmt_rate
 
 __all__ = ["BenchError", "BenchOptions", "main", "parse_options", "run"]
 
@@ -81,8 +82,8 @@ def _say(options: BenchOptions, text: str) -> None:
 
 
 async def _prepare_tags(dsn: str, tags: Sequence[tuple[str, int, int]]) -> None:
-    from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415 - segment mode only
-    from dispenser.adapters.postgres_schema import migrate  # noqa: PLC0415
+    from dispenser.adapters.postgres.schema import migrate  # noqa: PLC0415
+    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415 - segment mode only
 
     await migrate(dsn)
     async with await PostgresSegmentStore.connect(dsn) as store:
@@ -91,7 +92,7 @@ async def _prepare_tags(dsn: str, tags: Sequence[tuple[str, int, int]]) -> None:
 
 
 async def _remove_tags(dsn: str, tags: Sequence[tuple[str, int, int]]) -> None:
-    from dispenser.adapters.postgres import PostgresSegmentStore  # noqa: PLC0415
+    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
 
     async with await PostgresSegmentStore.connect(dsn) as store:
         for tag, _step, _start in tags:
@@ -451,7 +452,7 @@ def _servers(
     options: BenchOptions, workdir: Path, need_postgres: bool
 ) -> Iterator[tuple[str, int | None, str | None]]:
     """NATS URL, NATS server PID (if we started it) and PostgreSQL DSN (if needed)."""
-    from dispenser.devservers import NatsServer, PostgresServer  # noqa: PLC0415 - only when we start them
+    from dispenser.testing.servers import NatsServer, PostgresServer  # noqa: PLC0415 - only when we start them
 
     nats_server: NatsServer | None = None
     pg_server: PostgresServer | None = None
@@ -480,7 +481,7 @@ def run(options: BenchOptions) -> Report:
     Raises:
         BenchError: a server or responder could not be started, or a responder went away.
     """
-    from dispenser.devservers import DevServerError  # noqa: PLC0415
+    from dispenser.testing.servers import DevServerError  # noqa: PLC0415
 
     run_id = secrets.token_hex(3)
     plan = plan_for_mode(options, run_id)

@@ -25,8 +25,8 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from dispenser.bench.nats_plan import SWITCH_START, BenchError, Body
 from dispenser.bench.stats import CaseResult, summarize
-from dispenser.devservers._process import log_tail, stop_process
 from dispenser.messages import Reply
+from dispenser.testing.servers._process import log_tail, stop_process
 
 __all__ = [
     "Child",

@@ -14,16 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dispenser.bench.nats_plan import THROUGHPUT_BODIES
-from dispenser.bench.stats import (
-    CaseResult,
-    Target,
-    fmt_ms,
-    fmt_rate,
-    fmt_ratio,
-    fmt_us,
-    ratio,
-    render_table,
-)
+from dispenser.bench.stats import CaseResult, Target, ratio
+from dispenser.tables import fmt_ms, fmt_rate, fmt_ratio, fmt_us, render_table
 
 __all__ = [
     "IDS_TARGET",

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dispenser.adapters.static_registry import StaticRegistry
+from dispenser.adapters.local.static_registry import StaticRegistry
 from dispenser.core.snowflake import Issued, SnowflakeLayout, SnowflakeState
 from dispenser.ports import SystemClock
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings

@@ -1,4 +1,6 @@
-"""Numbers for the benchmarks: latency percentiles, the record of one case, targets, the text tables, JSON.
+"""Numbers for the benchmarks: latency percentiles, the record of one case, targets, JSON.
+
+The text tables are :mod:`dispenser.tables`, shared with ``watch`` and the soak.
 
 The JSON report is one object: ``{"schema_version": 1, "date": …, "host": {…}, "settings": {…},
 "cases": [case, …], "targets": [target, …]}`` where every case and target is a flat dict (the fields of
@@ -20,7 +22,6 @@ __all__ = [
     "Latency",
     "Target",
     "percentile",
-    "render_table",
     "summarize",
     "write_json",
 ]
@@ -163,44 +164,6 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or not denominator:
         return None
     return round(numerator / denominator, 3)
-
-
-def render_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """A plain-text table: the first column left-aligned, the others right-aligned."""
-    table = [list(headers), *(list(row) for row in rows)]
-    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
-
-    def line(row: Sequence[str]) -> str:
-        cells = [
-            row[0].ljust(widths[0]),
-            *(cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)),
-        ]
-        return "  ".join(cells).rstrip()
-
-    rule = "  ".join("-" * width for width in widths)
-    return "\n".join([line(table[0]), rule, *(line(row) for row in table[1:])])
-
-
-def fmt_rate(value: float | None) -> str:
-    """A rate with thousands separators (``-`` if missing)."""
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def fmt_ms(value: float | None) -> str:
-    """Milliseconds to 2 decimals (``-`` if missing)."""
-    return "-" if value is None else f"{value:.2f}"
-
-
-def fmt_us(value: float | None) -> str:
-    """Microseconds to 1 decimal (``-`` if missing)."""
-    return "-" if value is None else f"{value:.1f}"
-
-
-def fmt_ratio(value: float | None, percent: bool = False) -> str:
-    """A ratio as ``0.87`` or ``87%`` (``-`` if missing)."""
-    if value is None:
-        return "-"
-    return f"{value:.0%}" if percent else f"{value:.2f}"
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import msgspec
 
@@ -29,11 +27,11 @@ from dispenser.core.errors import (
 )
 from dispenser.core.tags import validate_tag
 from dispenser.messages import ErrorBody, IdRequest, Reply, decode_request, encode_reply
-from dispenser.ports import Clock, ReplayStore
+from dispenser.ports import Clock, IdSource, RangesBatch, ReplayStore
 from dispenser.service.answering import Answer, Answerer
 from dispenser.service.dedup import ReplayCache, reused_request_id
 
-__all__ = ["LATENCY_BUCKETS", "Answer", "Answerer", "Dispatcher", "IdSource", "Limits", "RangesBatch"]
+__all__ = ["LATENCY_BUCKETS", "Answer", "Answerer", "Dispatcher", "Limits"]
 
 log = logging.getLogger(__name__)
 
@@ -47,27 +45,6 @@ _UNSETTLED_LOG_INTERVAL = 10.0
 
 _REMEMBERED = 1024
 """How many request bodies and tag names the hot path remembers as valid (cleared when full)."""
-
-
-class RangesBatch(Protocol):
-    """What a generator hands out: inclusive ``(first, last)`` ranges in increasing order."""
-
-    @property
-    def ranges(self) -> Sequence[tuple[int, int]]:
-        """The ranges."""
-        ...
-
-
-class IdSource(Protocol):
-    """A generator of IDs by tag (the segment allocator, a snowflake worker)."""
-
-    def try_take(self, tag: str, count: int) -> RangesBatch | None:
-        """IDs at once, or ``None`` when they need waiting for (or the tag needs looking up)."""
-        ...
-
-    async def take(self, tag: str, count: int, deadline: float) -> RangesBatch:
-        """IDs, waiting until ``deadline`` (monotonic seconds) at most."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)

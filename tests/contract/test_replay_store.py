@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from dispenser.adapters.memory import MemoryReplayStore
-from dispenser.adapters.postgres import PostgresSegmentStore
-from dispenser.adapters.postgres_replay import PostgresReplayStore
-from dispenser.adapters.postgres_schema import migrate
+from dispenser.adapters.postgres.replay import PostgresReplayStore
+from dispenser.adapters.postgres.schema import migrate
+from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.ports import ReplayStore, Settled
+from dispenser.testing.fakes import MemoryReplayStore
 
 KEY = ("segment", "order", "r-1")
 OURS = ((1, 10),)

@@ -9,9 +9,8 @@ from datetime import datetime
 
 import pytest
 
-from dispenser.adapters.memory import MemorySegmentStore
-from dispenser.adapters.postgres import PostgresSegmentStore
-from dispenser.adapters.postgres_schema import migrate
+from dispenser.adapters.postgres.schema import migrate
+from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import (
     BadRequest,
     InvalidTag,
@@ -22,6 +21,7 @@ from dispenser.core.errors import (
 )
 from dispenser.core.segment import Segment
 from dispenser.ports import SegmentStore
+from dispenser.testing.fakes import MemorySegmentStore
 
 MAX_ID = 2**63 - 1
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from dispenser.devservers.kafka import KafkaBroker
-from dispenser.devservers.zookeeper import ZooKeeperServer
+from dispenser.testing.servers.kafka import KafkaBroker
+from dispenser.testing.servers.zookeeper import ZooKeeperServer
 from tests.conftest import _running
 
 

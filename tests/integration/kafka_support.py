@@ -15,7 +15,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dispenser.adapters.kafka import ensure_topics, topic_partitions
+from dispenser.adapters.kafka.clients import ensure_topics, topic_partitions
 from dispenser.config import Config, KafkaConfig, load_config
 
 Header = tuple[str, bytes]

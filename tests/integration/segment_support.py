@@ -18,8 +18,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 
-from dispenser.adapters.postgres import PostgresSegmentStore
-from dispenser.adapters.postgres_schema import migrate
+from dispenser.adapters.postgres.schema import migrate
+from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.app import Worker
 from dispenser.config import Config, load_config
 from dispenser.messages import Reply

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
-from dispenser.adapters.zookeeper import DEFAULT_ROOT, ZkSession, decode_node, parse_worker_node
+from dispenser.adapters.zookeeper.registry import DEFAULT_ROOT, ZkSession, decode_node, parse_worker_node
 from dispenser.app import Worker
 from dispenser.config import Config, load_config
 from dispenser.core.errors import DispenserError

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from dispenser.cli import main
-from dispenser.devservers import KafkaBroker, NatsServer, ZooKeeperServer, free_port
+from dispenser.testing.servers import KafkaBroker, NatsServer, ZooKeeperServer, free_port
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
@@ -114,7 +114,7 @@ async def test_check_fails_on_a_schema_older_than_the_release(
     """A database migrated by an older release: `check` says which version it needs (not a late failure)."""
     import asyncpg  # noqa: PLC0415
 
-    from dispenser.adapters.postgres_schema import MIGRATIONS  # noqa: PLC0415
+    from dispenser.adapters.postgres.schema import MIGRATIONS  # noqa: PLC0415
 
     monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
     monkeypatch.setenv("DISPENSER_NATS_ENABLED", "false")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from dispenser.cli import main
-from dispenser.devservers import free_port
-from dispenser.devservers._process import port_is_free
+from dispenser.testing.servers import free_port
+from dispenser.testing.servers._process import port_is_free
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from dispenser.devservers import (
+from dispenser.testing.servers import (
     DevServerError,
     NatsServer,
     PostgresServer,
@@ -23,7 +23,7 @@ from dispenser.devservers import (
     find_nats_server,
     free_port,
 )
-from dispenser.devservers._process import port_is_free
+from dispenser.testing.servers._process import port_is_free
 
 
 @contextmanager

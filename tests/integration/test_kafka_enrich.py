@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dispenser.adapters.kafka_enrich import (
+from dispenser.adapters.kafka.enrich import (
     ERROR_CODE_HEADER,
     SOURCE_HEADER,
     SOURCE_OFFSET_HEADER,
@@ -18,8 +18,8 @@ from dispenser.adapters.kafka_enrich import (
     EnrichSettings,
 )
 from dispenser.app import Worker
-from dispenser.devservers.kafka import KafkaBroker
 from dispenser.service.enrichment import Placement
+from dispenser.testing.servers.kafka import KafkaBroker
 
 from .kafka_support import (
     EnricherProcess,

@@ -11,11 +11,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from dispenser.adapters.kafka import CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC, encode_partition
+from dispenser.adapters.kafka.clients import CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC, encode_partition
 from dispenser.app import Worker
 from dispenser.client import IdRequestError, KafkaIdClient
 from dispenser.config import Config
-from dispenser.devservers.kafka import KafkaBroker
+from dispenser.testing.servers.kafka import KafkaBroker
 
 from .kafka_support import TopicReader, create_topics, kafka_config, produce, unique
 from .segment_support import prepare

@@ -9,8 +9,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from dispenser.devservers._process import port_is_free
-from dispenser.devservers.kafka import KafkaBroker, default_jar_dir, fetch_kafka_jars, metadata_brokers
+from dispenser.testing.servers._process import port_is_free
+from dispenser.testing.servers.kafka import KafkaBroker, default_jar_dir, fetch_kafka_jars, metadata_brokers
 
 from .kafka_support import TopicReader, create_topics, produce, unique
 

@@ -13,8 +13,8 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import ServiceInfo, ServicePing, ServiceStats
 
-from dispenser.adapters.nats_micro import Endpoint, MicroService
-from dispenser.devservers import NatsServer
+from dispenser.adapters.nats.micro import Endpoint, MicroService
+from dispenser.testing.servers import NatsServer
 
 from .segment_support import client, no_responders_soon, request, wait_until
 

@@ -20,8 +20,8 @@ from nats.micro.request import ERROR_CODE_HEADER as NATS_MICRO_ERROR_CODE_HEADER
 from nats.micro.request import ERROR_HEADER as NATS_MICRO_ERROR_HEADER
 from nats.nuid import NUID
 
-from dispenser.adapters.nats_micro import ERROR_CODE_HEADER, ERROR_HEADER
-from dispenser.devservers import NatsServer
+from dispenser.adapters.nats.micro import ERROR_CODE_HEADER, ERROR_HEADER
+from dispenser.testing.servers import NatsServer
 
 from .segment_support import client, no_responders_soon, request, wait_until
 
@@ -128,7 +128,7 @@ async def test_drain_runs_the_callback_for_every_delivered_message_then_stops(
 
 
 async def test_nats_connect_is_the_public_entry_point(nats_server: NatsServer) -> None:
-    """`nats.connect` returns a connected Client (what `dispenser.adapters.nats.connect` wraps)."""
+    """`nats.connect` returns a connected Client (what `dispenser.adapters.nats.service.connect` wraps)."""
     nc = await nats.connect(nats_server.url)
     try:
         assert isinstance(nc, Client)

@@ -13,11 +13,11 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from dispenser.adapters.postgres_schema import migrate
+from dispenser.adapters.postgres.schema import migrate
 from dispenser.cli import main
 from dispenser.config import load_config
-from dispenser.devservers import NatsServer, PostgresServer, free_port
 from dispenser.messages import Reply
+from dispenser.testing.servers import NatsServer, PostgresServer, free_port
 from tests.secret_scan import find_secrets
 from tests.secret_values import SECRETS
 

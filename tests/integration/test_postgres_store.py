@@ -11,12 +11,12 @@ from datetime import datetime
 import asyncpg
 import pytest
 
-from dispenser.adapters.postgres import PostgresSegmentStore, dsn_secrets
-from dispenser.adapters.postgres_schema import MIGRATIONS, Migration, migrate, schema_version
+from dispenser.adapters.postgres.schema import MIGRATIONS, Migration, migrate, schema_version
+from dispenser.adapters.postgres.segments import PostgresSegmentStore, dsn_secrets
 from dispenser.config import redact
 from dispenser.core.errors import StoreUnavailable
 from dispenser.core.segment import Segment
-from dispenser.devservers import PostgresServer
+from dispenser.testing.servers import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from dispenser.adapters.postgres import PostgresSegmentStore
-from dispenser.adapters.postgres_schema import migrate
-from dispenser.adapters.worker_pg import PostgresWorkerRegistry
+from dispenser.adapters.postgres.schema import migrate
+from dispenser.adapters.postgres.segments import PostgresSegmentStore
+from dispenser.adapters.postgres.workers import PostgresWorkerRegistry
 from dispenser.cli import main
 from dispenser.config import redact
 from dispenser.core.errors import CoordinatorUnavailable, StoreUnavailable
-from dispenser.devservers import NatsServer, PostgresServer
+from dispenser.testing.servers import NatsServer, PostgresServer
 from tests.conftest import _running
 from tests.integration.segment_support import ask, client, ids_of, running_worker
 from tests.integration.snowflake_support import snowflake_config, worker_id_of

@@ -27,8 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dispenser.app import Worker
 from dispenser.config import Config, load_config
-from dispenser.devservers import NatsServer, PostgresServer
 from dispenser.messages import RateEvent, Reply
+from dispenser.testing.servers import NatsServer, PostgresServer
 from dispenser.watch import run_watch
 
 from .segment_support import client, prepare, request, running_worker

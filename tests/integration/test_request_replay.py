@@ -14,10 +14,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from dispenser.adapters.postgres_schema import migrate
+from dispenser.adapters.postgres.schema import migrate
 from dispenser.app import Worker
 from dispenser.config import Config, load_config
-from dispenser.devservers import NatsServer
+from dispenser.testing.servers import NatsServer
 
 from .segment_support import ask, client, ids_of, prepare, running_worker, worker_config
 from .snowflake_support import snowflake_env

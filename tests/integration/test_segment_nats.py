@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from dispenser.cli import main
-from dispenser.devservers import NatsServer, PostgresServer
 from dispenser.messages import MSGPACK, Reply
+from dispenser.testing.servers import NatsServer, PostgresServer
 
 from .segment_support import ask, client, ids_of, prepare, request, running_worker, wait_until, worker_config
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from dispenser.adapters.postgres_schema import migrate
+from dispenser.adapters.postgres.schema import migrate
 from dispenser.config import Config
-from dispenser.devservers import NatsServer
-from dispenser.devservers.zookeeper import ZooKeeperServer
 from dispenser.ports import SystemClock
 from dispenser.registries import open_registration
+from dispenser.testing.servers import NatsServer
+from dispenser.testing.servers.zookeeper import ZooKeeperServer
 
 from .segment_support import ask, client, running_worker
 from .snowflake_support import ranges_of, snowflake_config, subject

@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from dispenser.core.errors import ClockBehindRecorded, ClockDisagreesWithPeers
-from dispenser.devservers import NatsServer
 from dispenser.messages import DecodeReply, Reply
+from dispenser.testing.servers import NatsServer
 
 from .segment_support import ask, client, request, running_worker
 from .snowflake_support import (

@@ -11,8 +11,8 @@ import pytest
 from nats.aio.client import Client
 
 from dispenser.config import load_config
-from dispenser.devservers import NatsServer
-from dispenser.devservers.zookeeper import ZooKeeperServer
+from dispenser.testing.servers import NatsServer
+from dispenser.testing.servers.zookeeper import ZooKeeperServer
 
 from .segment_support import WorkerProcess, client, running_worker
 from .snowflake_support import (

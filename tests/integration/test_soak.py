@@ -1,6 +1,6 @@
 """The short soak profile, end to end: real servers, three workers, every fault, no duplicate ID.
 
-It runs ``python -m dispenser.soak`` (what ``scripts/soak`` runs) in a subprocess, as CI would, and reads
+It runs ``python -m soak`` (what ``scripts/soak`` runs) in a subprocess, as CI would, and reads
 its JSON report. About 80-90 s; it installs Debian's faketime package first if it is missing (as root with
 apt-get), and fails with the reason otherwise.
 """
@@ -8,6 +8,7 @@ apt-get), and fails with the reason otherwise.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.zookeeper, pytest.mark.slow]
 
 SOAK_TIMEOUT_S = 420
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 
 @pytest.mark.timeout(SOAK_TIMEOUT_S + 30)
@@ -25,13 +27,17 @@ def test_short_soak_passes(tmp_path: Path) -> None:
     report_path = tmp_path / "soak.json"
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "dispenser.soak", "--profile", "short", "--seed", "7"),
+            *(sys.executable, "-m", "soak", "--profile", "short", "--seed", "7"),
             *("--json", str(report_path), "--workdir", str(tmp_path / "work"), "--quiet"),
         ],
         capture_output=True,
         text=True,
         timeout=SOAK_TIMEOUT_S,
         check=False,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(TOOLS), os.environ.get("PYTHONPATH")])),
+        },
     )
     output = f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-5000:]}"
     assert done.returncode == 0, output

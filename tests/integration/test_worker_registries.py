@@ -9,9 +9,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from dispenser.adapters.statefile import LocalState
-from dispenser.adapters.static_registry import StaticRegistry
-from dispenser.adapters.worker_pg import PostgresWorkerRegistry
+from dispenser.adapters.local.statefile import LocalState
+from dispenser.adapters.local.static_registry import StaticRegistry
+from dispenser.adapters.postgres.workers import PostgresWorkerRegistry
 from dispenser.config import PostgresConfig, SnowflakeConfig
 from dispenser.core.errors import (
     CoordinatorUnavailable,
@@ -19,9 +19,9 @@ from dispenser.core.errors import (
     WorkerIdOutOfRange,
     WorkerIdsExhausted,
 )
-from dispenser.devservers import free_port
 from dispenser.ports import SystemClock, WorkerLease
 from dispenser.registries import open_registration
+from dispenser.testing.servers import free_port
 
 
 def pg(dsn: str, address: str, max_worker_id: int = 1023) -> PostgresWorkerRegistry:

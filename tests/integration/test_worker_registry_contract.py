@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from dispenser.adapters.memory import MemoryWorkerRegistry, MemoryWorkerTable
-from dispenser.adapters.worker_pg import PostgresWorkerRegistry
-from dispenser.adapters.zookeeper import ZooKeeperRegistry
+from dispenser.adapters.postgres.workers import PostgresWorkerRegistry
+from dispenser.adapters.zookeeper.registry import ZooKeeperRegistry
 from dispenser.core.errors import WorkerIdsExhausted
-from dispenser.devservers.zookeeper import ZooKeeperServer
 from dispenser.ports import WorkerRegistry
+from dispenser.testing.fakes import MemoryWorkerRegistry, MemoryWorkerTable
+from dispenser.testing.servers.zookeeper import ZooKeeperServer
 
 Factory = Callable[[str, int], WorkerRegistry]
 """``(address, max_worker_id)`` → a registry of one worker, all sharing one record."""

@@ -12,13 +12,13 @@ import pytest
 from kazoo.exceptions import NoAuthError  # type: ignore[import-untyped]  # kazoo has no type hints
 from kazoo.security import OPEN_ACL_UNSAFE, Permissions  # type: ignore[import-untyped]
 
-from dispenser.adapters.zookeeper import ZkSession, ZooKeeperRegistry, digest_id
-from dispenser.adapters.zookeeper_lease import ZooKeeperLeaseRegistry
+from dispenser.adapters.zookeeper.lease import ZooKeeperLeaseRegistry
+from dispenser.adapters.zookeeper.registry import ZkSession, ZooKeeperRegistry, digest_id
 from dispenser.config import ConfigError, load_config
 from dispenser.core.errors import CoordinatorUnavailable
-from dispenser.devservers.zookeeper import ZooKeeperServer
 from dispenser.ports import SystemClock
 from dispenser.registries import layout_of, open_registry
+from dispenser.testing.servers.zookeeper import ZooKeeperServer
 from tests.integration.zk_support import eventually, off_loop, plain_client
 from tests.secret_values import SECRETS
 
@@ -30,7 +30,7 @@ WRONG_AUTH = f"leaf-dispenser:{SECRETS['zookeeper_wrong_password']}"
 PASSWORDS = (SECRETS["zookeeper_password"], SECRETS["zookeeper_wrong_password"])
 
 
-KAZOO_LOG = "dispenser.adapters.zk_session.kazoo"
+KAZOO_LOG = "dispenser.adapters.zookeeper.session.kazoo"
 """The logger the session gives kazoo (kazoo prints every request sent at DEBUG, the credentials included)."""
 
 

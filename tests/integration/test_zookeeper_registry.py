@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from dispenser.adapters.zookeeper import ZooKeeperRegistry
-from dispenser.adapters.zookeeper_lease import ZooKeeperLeaseRegistry
+from dispenser.adapters.zookeeper.lease import ZooKeeperLeaseRegistry
+from dispenser.adapters.zookeeper.registry import ZooKeeperRegistry
 from dispenser.core.errors import (
     CoordinatorUnavailable,
     LeaseLost,
     WorkerAddressInUse,
     WorkerIdsExhausted,
 )
-from dispenser.devservers import free_port
-from dispenser.devservers.zookeeper import ZooKeeperServer
+from dispenser.testing.servers import free_port
+from dispenser.testing.servers.zookeeper import ZooKeeperServer
 from tests.integration.zk_support import PartitionProxy, eventually, expire_session, off_loop, plain_client
 
 pytestmark = pytest.mark.zookeeper

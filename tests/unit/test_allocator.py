@@ -8,11 +8,12 @@ from typing import TypeVar
 
 import pytest
 
-from dispenser.adapters.memory import ManualClock, MemorySegmentStore, settle
 from dispenser.core.errors import StoreUnavailable, TagExhausted, UnknownTag
 from dispenser.core.segment import Segment
 from dispenser.ports import Allocation
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
+from dispenser.testing.clock import ManualClock, settle
+from dispenser.testing.fakes import MemorySegmentStore
 
 T = TypeVar("T")
 FAST = AllocatorSettings(retry_initial=0.01, retry_max=0.02, unknown_tag_refresh_interval=0.0)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import msgspec
 
-from dispenser.adapters.memory import MemorySegmentStore
 from dispenser.messages import IdRequest, Reply
 from dispenser.ports import SystemClock
 from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
+from dispenser.testing.fakes import MemorySegmentStore
 
 
 async def dispatcher_with(tag: str = "order", step: int = 10) -> tuple[Dispatcher, SegmentAllocator]:

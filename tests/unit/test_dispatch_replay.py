@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from dispenser.adapters.memory import MemoryReplayStore, MemorySegmentStore
 from dispenser.core.errors import StoreUnavailable
 from dispenser.messages import Reply
 from dispenser.ports import SystemClock
 from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
+from dispenser.testing.fakes import MemoryReplayStore, MemorySegmentStore
 
 
 @pytest.fixture

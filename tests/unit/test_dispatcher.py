@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import msgspec
 import pytest
 
-from dispenser.adapters.memory import ManualClock
 from dispenser.core import errors
 from dispenser.messages import Reply
 from dispenser.service.dispatch import Dispatcher, Limits
+from dispenser.testing.clock import ManualClock
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
   with the real argparse parser, and every ``dispenser <command>`` named in running text is a real one;
 * every relative link points to a file of the repository (and to a heading there, when it names one), and
   every repository path quoted in backticks exists;
-* the metrics table in docs/operations.md lists exactly the metrics dispenser/adapters/metrics.py exposes.
+* the metrics table in docs/operations.md lists exactly the metrics dispenser/adapters/prometheus.py exposes.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
-METRICS_SOURCE = ROOT / "dispenser" / "adapters" / "metrics.py"
+METRICS_SOURCE = ROOT / "dispenser" / "adapters" / "prometheus.py"
 
 # Code blocks whose lines are commands a reader would type (```text blocks are program output).
 SHELL_LANGUAGES = {"", "sh", "bash", "shell", "console"}
@@ -489,5 +489,5 @@ def test_metrics_table_matches_the_collector() -> None:
                 documented.update(name for name in _BACKTICKED.findall(cells[0]) if name.startswith("leaf_"))
     exposed = _exposed_metrics()
     assert len(exposed) > 10
-    assert sorted(documented - exposed) == [], "documented metrics that metrics.py does not expose"
+    assert sorted(documented - exposed) == [], "documented metrics that prometheus.py does not expose"
     assert sorted(exposed - documented) == [], "exposed metrics missing from the docs/operations.md table"

@@ -1,4 +1,4 @@
-"""What :mod:`dispenser.adapters.zk_session` assumes about kazoo, one assumption per test.
+"""What :mod:`dispenser.adapters.zookeeper.session` assumes about kazoo, one assumption per test.
 
 Each fails loudly when a kazoo upgrade breaks what it names, before a ZooKeeper test could fail in some
 roundabout way. The behaviours behind these names (credentials re-sent on every connection before queued
@@ -25,8 +25,8 @@ import kazoo.security  # type: ignore[import-untyped]
 import pytest
 from packaging.requirements import Requirement
 
-from dispenser.adapters import zk_session
-from dispenser.adapters.zk_session import digest_id, registry_acl, shared_acl
+from dispenser.adapters.zookeeper import session as zk_session
+from dispenser.adapters.zookeeper.session import digest_id, registry_acl, shared_acl
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

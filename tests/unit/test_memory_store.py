@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from dispenser.adapters.memory import MemorySegmentStore
 from dispenser.core.errors import StoreUnavailable
 from dispenser.core.segment import Segment
+from dispenser.testing.fakes import MemorySegmentStore
 
 
 async def test_set_unavailable_fails_every_call_until_cleared() -> None:

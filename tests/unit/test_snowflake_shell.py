@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from dispenser.adapters.memory import ManualClock, settle
-from dispenser.adapters.static_registry import StaticRegistry
+from dispenser.adapters.local.static_registry import StaticRegistry
 from dispenser.core.errors import LeaseLost
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.ports import WorkerLease
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
+from dispenser.testing.clock import ManualClock, settle
 
 LAYOUT = SnowflakeLayout()
 

@@ -6,9 +6,8 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from dispenser.soak.ledger import RangeSet, check_reply, runs_of
-from dispenser.soak.plan import (
+from soak.ledger import RangeSet, check_reply, runs_of
+from soak.plan import (
     PROFILES,
     ClockStep,
     KillWorker,
@@ -17,7 +16,7 @@ from dispenser.soak.plan import (
     StopServer,
     scaled,
 )
-from dispenser.soak.report import clock_step_seen
+from soak.report import clock_step_seen
 
 
 def encode(reply: dict[str, object]) -> bytes:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dispenser.adapters.statefile import LocalState, LocalStateFile, default_state_dir, state_file_path
+from dispenser.adapters.local.statefile import LocalState, LocalStateFile, default_state_dir, state_file_path
 from dispenser.core.errors import StateFileCorrupt
 
 STATE = LocalState(worker_id=7, high_water_ms=1_700_000_000_000, mode="zookeeper", registry_name="orders")

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from dispenser.adapters.statefile import LocalState, WorkerIdentity
+from dispenser.adapters.local.statefile import LocalState, WorkerIdentity
 from dispenser.ports import WorkerLease
 from dispenser.registries import _merge_cached
 
@@ -44,7 +44,7 @@ def test_namespaces_have_their_own_identities(tmp_path: Path) -> None:
 def test_a_killed_holder_frees_its_slot(tmp_path: Path) -> None:
     """Kill -9 of the holder: the kernel drops its lock, so the restart gets the same address back."""
     code = (
-        "import sys, time; from pathlib import Path; from dispenser.adapters.statefile import WorkerIdentity;"
+        "import sys, time; from pathlib import Path; from dispenser.adapters.local.statefile import WorkerIdentity;"
         "i = WorkerIdentity.claim(Path(sys.argv[1]), 'orders'); print(i.address, flush=True); time.sleep(60)"
     )
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)

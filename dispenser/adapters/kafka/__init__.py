@@ -1,0 +1,1 @@
+"""Apache Kafka (aiokafka): client options and headers, request/reply, and exactly-once enrichment."""

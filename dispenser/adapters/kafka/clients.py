@@ -1,0 +1,208 @@
+"""Kafka: clients built from the configuration (servers, SASL, TLS), topics, and the record headers we speak.
+
+The request/reply headers are those of Spring for Apache Kafka's ``ReplyingKafkaTemplate``
+(``kafka_replyTopic``, ``kafka_replyPartition``, ``kafka_correlationId``), so a Java service asks with no
+custom code. aiokafka's exceptions are converted here and in the two services built on it
+(:mod:`dispenser.adapters.kafka.requests`, :mod:`dispenser.adapters.kafka.enrich`).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import msgspec
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from dispenser.config import KafkaConfig
+from dispenser.messages import RateEvent
+
+__all__ = [
+    "CONTENT_TYPE",
+    "CORRELATION_ID",
+    "REPLY_PARTITION",
+    "REPLY_TOPIC",
+    "Headers",
+    "KafkaRateSink",
+    "client_options",
+    "decode_partition",
+    "encode_partition",
+    "ensure_topics",
+    "header",
+    "topic_partitions",
+]
+
+log = logging.getLogger(__name__)
+
+REPLY_TOPIC: Final = "kafka_replyTopic"
+"""Spring's header naming the topic the reply goes to."""
+REPLY_PARTITION: Final = "kafka_replyPartition"
+"""Spring's header naming the reply partition: a 4-byte big-endian int (ASCII digits accepted too)."""
+CORRELATION_ID: Final = "kafka_correlationId"
+"""Spring's header the requester matches replies by; copied back byte for byte."""
+CONTENT_TYPE: Final = "content-type"
+"""``application/msgpack`` selects msgpack for the request and its reply (JSON otherwise)."""
+
+Headers = Sequence[tuple[str, bytes]]
+"""Record headers as aiokafka gives and takes them."""
+
+_TOPIC_ALREADY_EXISTS = 36
+
+
+def header(headers: Headers, name: str) -> bytes | None:
+    """The last value of header ``name`` (case-insensitive, as HTTP-minded clients expect), or ``None``."""
+    found = None
+    lowered = name.lower()
+    for key, value in headers:
+        if key == name or key.lower() == lowered:
+            found = value
+    return found
+
+
+def decode_partition(raw: bytes) -> int | None:
+    """Read a ``kafka_replyPartition`` value: Spring's 4-byte big-endian int, or ASCII digits.
+
+    Returns ``None`` when the value is neither (the reply then goes to the partition Kafka picks).
+    """
+    if raw.isdigit():
+        return int(raw)
+    if len(raw) == 4:
+        value = int.from_bytes(raw, "big", signed=True)
+        return value if value >= 0 else None
+    return None
+
+
+def encode_partition(partition: int) -> bytes:
+    """A ``kafka_replyPartition`` value as Spring writes it."""
+    return partition.to_bytes(4, "big", signed=True)
+
+
+def _ssl_context(config: KafkaConfig) -> ssl.SSLContext | None:
+    if config.security_protocol not in ("SSL", "SASL_SSL"):
+        return None
+    context = ssl.create_default_context(cafile=config.ssl_ca)
+    if config.ssl_cert:
+        context.load_cert_chain(config.ssl_cert, config.ssl_key)
+    return context
+
+
+def client_options(config: KafkaConfig) -> dict[str, Any]:
+    """Keyword arguments every aiokafka client takes: servers, client id, security, timeouts."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": [s.strip() for s in config.bootstrap_servers.split(",") if s.strip()],
+        "client_id": config.client_id,
+        "security_protocol": config.security_protocol,
+        "request_timeout_ms": config.request_timeout_ms,
+        "retry_backoff_ms": config.retry_backoff_ms,
+    }
+    context = _ssl_context(config)
+    if context is not None:
+        options["ssl_context"] = context
+    if config.security_protocol.startswith("SASL"):
+        options["sasl_mechanism"] = config.sasl_mechanism
+        options["sasl_plain_username"] = config.sasl_username
+        options["sasl_plain_password"] = config.sasl_password
+    return options
+
+
+def _admin_options(config: KafkaConfig) -> dict[str, Any]:
+    # The admin client takes no retry_backoff_ms.
+    return {k: v for k, v in client_options(config).items() if k != "retry_backoff_ms"}
+
+
+async def ensure_topics(config: KafkaConfig, topics: Mapping[str, int]) -> list[str]:
+    """Create the topics that do not exist yet (name → partitions); returns the names created.
+
+    Raises:
+        OSError: the cluster could not be reached, or refused a topic for another reason than that it
+            exists already (the message says which and why).
+    """
+    admin = AIOKafkaAdminClient(**_admin_options(config))
+    try:
+        await admin.start()
+        existing = set(await admin.list_topics())
+        wanted = [
+            NewTopic(name, num_partitions=partitions, replication_factor=config.replication_factor)
+            for name, partitions in topics.items()
+            if name not in existing
+        ]
+        if not wanted:
+            return []
+        response = await admin.create_topics(wanted)
+        created = []
+        # create_topics answers errors per topic instead of raising (KAFKA.md gotcha 6).
+        for name, code, *rest in response.topic_errors:
+            if code == 0:
+                created.append(name)
+            elif code != _TOPIC_ALREADY_EXISTS:
+                message = rest[0] if rest and rest[0] else f"error code {code}"
+                raise OSError(f"Kafka refused to create topic {name!r}: {message}")
+        if created:
+            log.info("created Kafka topic(s) %s", ", ".join(created))
+        return created
+    except KafkaError as exc:
+        raise OSError(f"cannot reach Kafka at {config.bootstrap_servers}: {exc}") from exc
+    finally:
+        await admin.close()
+
+
+async def topic_partitions(config: KafkaConfig, topic: str) -> int:
+    """How many partitions ``topic`` has.
+
+    Raises:
+        OSError: the cluster could not be reached, or has no such topic.
+    """
+    admin = AIOKafkaAdminClient(**_admin_options(config))
+    try:
+        await admin.start()
+        described = await admin.describe_topics([topic])
+    except KafkaError as exc:
+        raise OSError(f"cannot reach Kafka at {config.bootstrap_servers}: {exc}") from exc
+    finally:
+        await admin.close()
+    for entry in described:
+        if entry.get("topic") == topic and entry.get("error_code", 0) == 0 and entry.get("partitions"):
+            return len(entry["partitions"])
+    raise OSError(f"Kafka topic {topic!r} does not exist on {config.bootstrap_servers}")
+
+
+class KafkaRateSink:
+    """Publishes rate events to a Kafka topic, keyed by tag (one partition keeps a tag's events in order)."""
+
+    def __init__(self, config: KafkaConfig, topic: str) -> None:
+        self._config = config
+        self.topic = topic
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Create the topic if configured to, and connect.
+
+        Raises:
+            OSError: Kafka could not be reached.
+        """
+        if self._config.create_topics:
+            await ensure_topics(self._config, {self.topic: self._config.topic_partitions})
+        self._producer = AIOKafkaProducer(**client_options(self._config), acks=1, linger_ms=20)
+        try:
+            await self._producer.start()
+        except KafkaError as exc:
+            await self.close()
+            raise OSError(f"cannot reach Kafka at {self._config.bootstrap_servers}: {exc}") from exc
+
+    async def __call__(self, event: RateEvent) -> None:
+        """Queue one event (delivery is not awaited: a lost rate event is replaced by the next one)."""
+        if self._producer is not None:
+            await self._producer.send(self.topic, msgspec.json.encode(event), key=event.tag.encode())
+
+    async def close(self) -> None:
+        """Flush and disconnect."""
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            try:
+                await producer.stop()
+            except KafkaError as exc:
+                log.debug("closing the rate producer: %s", exc)

@@ -1,0 +1,1 @@
+"""What a worker keeps on its own disk: the snowflake state file and the configured (static) worker ID."""

@@ -1,0 +1,1 @@
+"""NATS (nats-py): connections, the ID service and its micro protocol, one-off requests, rate events."""

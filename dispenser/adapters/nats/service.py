@@ -1,0 +1,182 @@
+"""NATS: serving IDs as a NATS micro service (ADR-32).
+
+Each generator is one endpoint (``<prefix>.segment.>``, ``<prefix>.snowflake.>``) in one queue group,
+so any number of workers share the load. Discovery works through ``$SRV.PING``, ``$SRV.INFO`` and
+``$SRV.STATS``; error replies carry ``Nats-Service-Error`` and ``Nats-Service-Error-Code`` headers as
+well as the JSON body.
+
+The micro protocol itself lives in :mod:`dispenser.adapters.nats.micro`, on public nats-py API only.
+nats-py runs one subscription's callbacks one after another. The handler therefore answers the common
+case inline (no await but the publish) and moves only requests that must wait — for a segment, for the
+clock — into tasks of their own, so one slow tag never holds up the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from dispenser import __version__
+from dispenser.adapters.nats.micro import ERROR_CODE_HEADER, ERROR_HEADER, Endpoint, MicroService
+from dispenser.config import NatsConfig
+from dispenser.messages import MSGPACK
+from dispenser.service.answering import Answer, Answerer
+
+__all__ = ["NatsIdService"]
+
+log = logging.getLogger(__name__)
+
+SpecialHandler = Callable[[bytes, bool], Awaitable[Answer]]
+"""A tag with a handler of its own (``leaf.snowflake.decode``): body and msgpack flag in, answer out."""
+
+_CONTENT_TYPE = "Content-Type"
+_MSGPACK_HEADERS = {_CONTENT_TYPE: MSGPACK}
+
+
+class NatsIdService:
+    """The dispenser's NATS face: one micro service (ADR-32), one endpoint per generator."""
+
+    def __init__(
+        self,
+        nc: Client,
+        config: NatsConfig,
+        dispatchers: Mapping[str, Answerer],
+        special_tags: Mapping[str, Mapping[str, SpecialHandler]] | None = None,
+    ) -> None:
+        """Prepare the service.
+
+        Args:
+            nc: a connected client.
+            config: subjects, queue group and service name.
+            dispatchers: by generator kind (``segment``, ``snowflake``): served on
+                ``<prefix>.<kind>.<tag>``.
+            special_tags: by kind, tags answered by their own handler instead of the dispatcher
+                (``leaf.snowflake.decode``): one subscription per kind, so one reply per request. The
+                handler gets the body and whether it is msgpack (``Content-Type``), and answers in kind.
+        """
+        self._nc = nc
+        self._config = config
+        self._dispatchers = dispatchers
+        self._special = special_tags or {}
+        self._service: MicroService | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    @property
+    def service(self) -> MicroService:
+        """The micro service (for its id, info and stats)."""
+        if self._service is None:
+            raise RuntimeError("service not started")
+        return self._service
+
+    async def start(self) -> None:
+        """Subscribe every endpoint, then answer discovery requests."""
+        config = self._config
+        service = MicroService(
+            self._nc,
+            name=config.service_name,
+            version=__version__,
+            description="Unique 64-bit IDs (Leaf segment and snowflake)",
+        )
+        self._service = service
+        for kind, dispatcher in self._dispatchers.items():
+            prefix = f"{config.subject_prefix}.{kind}."
+            special = self._special.get(kind, {})
+            await service.add_endpoint(
+                kind,
+                prefix + ">",
+                config.queue_group,
+                functools.partial(self._id_handler, prefix, dispatcher, special),
+                metadata={"format": "json|msgpack", "subject": prefix + "<tag>"},
+            )
+        # Discovery last: an instance lists only endpoints that already take requests.
+        await service.start()
+
+    def _id_handler(
+        self,
+        prefix: str,
+        dispatcher: Answerer,
+        special: Mapping[str, SpecialHandler],
+        endpoint: Endpoint,
+    ) -> Callable[[Msg], Awaitable[None]]:
+        cut = len(prefix)
+        publish = self._nc.publish
+        clock = time.perf_counter_ns
+
+        async def handle(msg: Msg) -> None:
+            # The endpoint's STATS are counted here rather than in a wrapper: one coroutine per request.
+            started = clock()
+            endpoint.num_requests += 1
+            try:
+                tag = msg.subject[cut:]
+                headers = msg.headers
+                msgpack = headers is not None and headers.get(_CONTENT_TYPE) == MSGPACK
+                if special and tag in special:
+                    await self._respond(msg, await special[tag](msg.data, msgpack), msgpack, endpoint)
+                    return
+                answer = dispatcher.answer_now(tag, msg.data, msgpack)
+                if type(answer) is bytes:
+                    if msg.reply:
+                        await publish(msg.reply, answer, headers=_MSGPACK_HEADERS if msgpack else None)
+                    return
+                if answer is not None:
+                    await self._respond(msg, answer, msgpack, endpoint)  # type: ignore[arg-type]
+                    return
+                task = asyncio.create_task(self._answer_later(msg, dispatcher, tag, msgpack, endpoint))
+                self._inflight.add(task)
+                task.add_done_callback(self._inflight.discard)
+            except Exception as exc:  # never expected: every failure is already an error reply
+                log.exception("unexpected failure in the %s endpoint", endpoint.name)
+                endpoint.count_error(repr(exc))
+            finally:
+                endpoint.processing_time += clock() - started
+
+        return handle
+
+    async def _answer_later(
+        self, msg: Msg, dispatcher: Answerer, tag: str, msgpack: bool, endpoint: Endpoint
+    ) -> None:
+        answer = await dispatcher.answer(tag, msg.data, msgpack)
+        try:
+            await self._respond(msg, answer, msgpack, endpoint)
+        except Exception:
+            log.exception("could not send the reply for tag %r", tag)
+
+    async def _respond(self, msg: Msg, answer: Answer, msgpack: bool, endpoint: Endpoint) -> None:
+        error = answer.error
+        if error is not None:
+            endpoint.count_error(f"{error.code}: {error.message}")
+        if not msg.reply:
+            return  # a publish without reply subject: nobody to answer
+        if error is None:
+            await self._nc.publish(msg.reply, answer.body, headers=_MSGPACK_HEADERS if msgpack else None)
+            return
+        headers = {ERROR_HEADER: error.message, ERROR_CODE_HEADER: str(error.status)}
+        if msgpack:
+            headers[_CONTENT_TYPE] = MSGPACK
+        await self._nc.publish(msg.reply, answer.body, headers=headers)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop taking requests, answer those already received, then leave the service.
+
+        Args:
+            grace: seconds to wait for requests still waiting (for a segment, for the clock) once the
+                endpoints are drained; those still unanswered then are cancelled.
+        """
+        service = self._service
+        if service is None:
+            return
+        # Drain, not unsubscribe: every request the server already routed to this worker reaches the
+        # handler, which answers it inline or starts its task (waited for below).
+        await service.drain_endpoints()
+        if self._inflight:
+            _, pending = await asyncio.wait(set(self._inflight), timeout=grace)
+            for task in pending:
+                task.cancel()
+        await service.stop()
+        self._service = None

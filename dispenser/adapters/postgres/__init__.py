@@ -1,0 +1,1 @@
+"""PostgreSQL (asyncpg): the segment store, its schema, the fleet's request answers and worker IDs."""

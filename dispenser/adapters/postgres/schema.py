@@ -1,0 +1,181 @@
+"""The PostgreSQL schema and its versioned migrations (``dispenser_schema_version`` records what ran).
+
+Rules:
+
+* Migrations are append-only: a released version's SQL never changes; a change is a new version.
+* Each runs once, in version order, inside one transaction with the others still pending, so a failed
+  migration leaves the schema as it was (PostgreSQL's DDL is transactional).
+* Two processes may migrate at once: a transaction-level advisory lock makes the second wait, and it then
+  finds nothing left to do.
+* Version 1 keeps an existing Leaf ``leaf_alloc`` table and its rows (``CREATE TABLE IF NOT EXISTS``), so
+  users move from Leaf by pointing the dispenser at the same database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+import asyncpg
+
+from dispenser.adapters.postgres.segments import dsn_secrets, invalid_settings, map_store_errors
+from dispenser.redaction import redact
+
+__all__ = ["MIGRATIONS", "Migration", "migrate", "schema_version"]
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema version: the SQL that brings the previous version to this one."""
+
+    version: int
+    description: str
+    sql: str
+
+
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(
+        1,
+        "Leaf's segment table",
+        # Leaf's MySQL table, column for column (timestamptz for MySQL's timestamp, which is UTC-based).
+        """
+        CREATE TABLE IF NOT EXISTS leaf_alloc (
+            biz_tag     varchar(128) PRIMARY KEY,
+            max_id      bigint       NOT NULL DEFAULT 1,
+            step        int          NOT NULL,
+            description varchar(256),
+            update_time timestamptz  NOT NULL DEFAULT now()
+        )
+        """,
+    ),
+    Migration(
+        2,
+        "consumption-rate peaks, so a restarted worker sizes its first segment from the peak",
+        """
+        CREATE TABLE IF NOT EXISTS dispenser_rate_peak (
+            biz_tag     varchar(128)     NOT NULL,
+            kind        varchar(16)      NOT NULL,
+            peak        double precision NOT NULL,
+            peak_at     timestamptz      NOT NULL,
+            update_time timestamptz      NOT NULL DEFAULT now(),
+            PRIMARY KEY (biz_tag, kind)
+        )
+        """,
+    ),
+    Migration(
+        3,
+        "answers to requests with a request_id, so that a retry on any worker gets the same IDs",
+        """
+        CREATE TABLE IF NOT EXISTS dispenser_request (
+            kind       varchar(16)  NOT NULL,
+            biz_tag    varchar(128) NOT NULL,
+            request_id varchar(128) NOT NULL,
+            count      bigint       NOT NULL,
+            format     varchar(8)   NOT NULL,
+            ranges     bigint[]     NOT NULL,
+            expires_at timestamptz  NOT NULL,
+            PRIMARY KEY (kind, biz_tag, request_id)
+        );
+        CREATE INDEX IF NOT EXISTS dispenser_request_expires_at ON dispenser_request (expires_at)
+        """,
+    ),
+)
+"""Every migration, in version order. Append new versions; never edit a released one."""
+
+LOCK_KEY: Final = 0x6C65_6166_6469_7370
+"""``pg_advisory_xact_lock`` key serialising migrations (the bytes of ``leafdisp``)."""
+
+_CREATE_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS dispenser_schema_version (
+    version    int         PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+_Target: TypeAlias = "str | asyncpg.Connection[Any]"
+
+
+@contextlib.asynccontextmanager
+async def _connection(target: _Target, command_timeout: float) -> AsyncIterator[asyncpg.Connection[Any]]:
+    if not isinstance(target, str):
+        yield target
+        return
+    try:
+        conn = await asyncpg.connect(target, timeout=command_timeout, command_timeout=command_timeout)
+    except ValueError as exc:
+        if isinstance(exc, OSError):
+            raise  # a TLS failure (ssl's errors are both): the database is unavailable
+        raise invalid_settings(exc, *_where(target)) from None
+    try:
+        yield conn
+    finally:
+        await conn.close(timeout=command_timeout)
+
+
+def _where(target: _Target) -> tuple[str, tuple[str, ...]]:
+    if isinstance(target, str):
+        return redact(target), dsn_secrets(target)
+    return "the given connection", ()
+
+
+async def migrate(
+    target: _Target, *, migrations: Sequence[Migration] = MIGRATIONS, command_timeout: float = 60.0
+) -> list[int]:
+    """Apply the migrations the database has not seen yet.
+
+    Args:
+        target: a DSN (a connection is opened and closed) or an open asyncpg connection (not in a
+            transaction).
+        migrations: the migrations to apply; the default is this release's.
+        command_timeout: seconds to connect, and for each statement, including the wait for another process's
+            migration to finish.
+
+    Returns:
+        The versions applied by this call, in order; empty when the schema was already up to date.
+
+    Raises:
+        StoreUnavailable: PostgreSQL could not be reached, or a migration failed (nothing was applied).
+        ValueError: two migrations share a version, or the DSN is malformed.
+    """
+    ordered = sorted(migrations, key=lambda m: m.version)
+    versions = [m.version for m in ordered]
+    if len(set(versions)) != len(versions):
+        raise ValueError(f"migration versions must be unique, got {versions}")
+    where, secrets = _where(target)
+    applied: list[int] = []
+    with map_store_errors("migrating the schema", where=where, secrets=secrets, timeout=command_timeout):
+        async with _connection(target, command_timeout) as conn, conn.transaction():
+            # Held until commit: a concurrent migrate waits here, then sees our versions as done.
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", LOCK_KEY)
+            await conn.execute(_CREATE_VERSION_TABLE)
+            rows = await conn.fetch("SELECT version FROM dispenser_schema_version")
+            done = {row["version"] for row in rows}
+            for migration in ordered:
+                if migration.version in done:
+                    continue
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO dispenser_schema_version (version, applied_at) VALUES ($1, now())",
+                    migration.version,
+                )
+                applied.append(migration.version)
+    return applied
+
+
+async def schema_version(target: _Target, *, command_timeout: float = 10.0) -> int:
+    """Return the highest migration version applied to the database (0 when it was never migrated).
+
+    Raises:
+        StoreUnavailable: PostgreSQL could not be reached.
+    """
+    where, secrets = _where(target)
+    with map_store_errors(
+        "reading the schema version", where=where, secrets=secrets, timeout=command_timeout
+    ):
+        async with _connection(target, command_timeout) as conn:
+            if await conn.fetchval("SELECT to_regclass('dispenser_schema_version')") is None:
+                return 0
+            version: int | None = await conn.fetchval("SELECT max(version) FROM dispenser_schema_version")
+    return version or 0

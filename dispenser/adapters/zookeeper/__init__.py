@@ -1,0 +1,1 @@
+"""Apache ZooKeeper (kazoo): the shared session, Leaf's persistent worker IDs and recyclable leases."""

@@ -1,0 +1,294 @@
+"""Recyclable snowflake worker IDs from ZooKeeper (``zookeeper-lease``): an ephemeral claim per worker ID.
+
+Layout under ``<root>/<name>/``:
+
+- ``lease/<worker_id>``: ephemeral; whoever created it holds the ID. Claiming is one ``create`` (tried in
+  ID order, skipping IDs listed as taken; ``NodeExists`` means someone was faster, so the next is tried).
+  The node vanishes when its session closes or expires, and the ID is free again.
+- ``high-water/<worker_id>``: persistent, ``{"ip", "port", "timestamp"}``; a max register of the last Unix
+  millisecond any holder reported as used under the ID. A new holder gets it as ``high_water_ms`` and must
+  not issue at or below it.
+
+**Why a holder stops before anyone else can take its ID.** ZooKeeper expires a session only after it has
+heard nothing on it for the negotiated session timeout ``T``: every request it receives resets the
+session's deadline to at least its arrival time plus ``T`` (expiry is checked in whole ticks, rounded
+*up*). The holder's keepalive sends a read of its lease node every ``T/6`` and, when the answer says the
+node is still owned by the claiming session (and the client is still on that session), records the monotonic
+time taken *before* sending as ``confirmed``. That request reached the server no earlier than
+``confirmed``, so the session, and with it the lease node, lives until at least ``confirmed + T``; no one
+else can create the node before then. :meth:`ZooKeeperLeaseRegistry.can_issue` is false from
+``confirmed + safe_fraction * T`` on (default 2/3), so the holder has stopped at least ``T/3`` before the
+earliest moment the ID can change hands. That margin absorbs the event loop's lateness in seeing the
+deadline pass and the rate difference between the two machines' clocks over ``T``; a new holder starts
+issuing at its own wall clock, which is past the old holder's last issued millisecond as long as the two
+wall clocks agree to better than ``T/3`` (the start-up peer-clock check bounds that), and past the
+recorded high water in any case. The check needs no clock agreement to be *safe against reuse of the ID*,
+only against reuse of the (ID, millisecond) pairs, which the high-water node covers up to the last report.
+
+Stopping is not lingering: once the lease is lost (the session expired, the node is gone or someone
+else's), :meth:`~ZooKeeperLeaseRegistry.report` raises ``LeaseLost`` and the shell calls
+:meth:`~ZooKeeperLeaseRegistry.register` again, which claims an ID afresh (maybe another) and returns its
+high water, which the shell must honour before issuing again. An unconfirmed but not lost lease (the
+connection is down, the session may live) comes back by itself when the keepalive gets through.
+
+**Timers:** the registry runs the keepalive task itself (the lease must be proved every ``T/6`` whatever
+the shell does); the shell calls :meth:`~ZooKeeperLeaseRegistry.report` on its own timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import msgspec
+
+from dispenser.adapters.zookeeper.registry import _SYSTEM_CLOCK, DEFAULT_ROOT, ZkRegistryBase, decode_node
+from dispenser.adapters.zookeeper.session import NodeExists
+from dispenser.core.errors import CoordinatorUnavailable, LeaseLost, WorkerIdsExhausted
+from dispenser.ports import Clock, WorkerLease
+
+__all__ = ["DEFAULT_SAFE_FRACTION", "ZooKeeperLeaseRegistry"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SAFE_FRACTION = 2 / 3
+"""Share of the session timeout after the last confirmation during which the holder may still issue."""
+
+_KEEPALIVES_PER_TIMEOUT = 6
+
+
+class _Claim(msgspec.Struct, kw_only=True):
+    """What a lease node holds: who claimed it and when (for operators; nothing reads it back)."""
+
+    address: str
+    claimed_at: int
+
+
+_claim_encoder = msgspec.json.Encoder()
+
+
+class ZooKeeperLeaseRegistry(ZkRegistryBase):
+    """:class:`~dispenser.ports.WorkerRegistry` in ``zookeeper-lease`` mode (see the module docstring).
+
+    Args:
+        hosts: ZooKeeper connection string, ``host:port[,host:port...]``.
+        name: The registry namespace: nodes live under ``<root>/<name>/``.
+        address: This worker's ``ip:port``, recorded in the nodes it writes (for operators).
+        max_worker_id: The layout's largest worker ID; IDs ``0..max_worker_id`` are leased.
+        root: Parent of the namespaces.
+        session_timeout: Seconds asked for; the server's grant ``T`` sets the keepalive (``T/6``) and how
+            long an unconfirmed lease may still issue (``safe_fraction * T``).
+        connect_timeout: Seconds :meth:`register` may spend connecting.
+        op_timeout: Seconds one ZooKeeper call in :meth:`register` or :meth:`report` may take.
+        safe_fraction: Between 0 and 1; see the module docstring for why 2/3.
+        clock: Its monotonic clock times the confirmations; its wall clock is recorded in the lease node.
+        auth: Digest credentials ``user:password`` (see :class:`~dispenser.adapters.zookeeper.registry.ZkRegistryBase`).
+        world_read: With ``auth``, let anyone read the registry's nodes.
+    """
+
+    mode = "zookeeper-lease"
+    _HOME = "lease"
+
+    def __init__(
+        self,
+        hosts: str,
+        name: str,
+        address: str,
+        *,
+        max_worker_id: int,
+        root: str = DEFAULT_ROOT,
+        session_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+        op_timeout: float = 5.0,
+        safe_fraction: float = DEFAULT_SAFE_FRACTION,
+        clock: Clock = _SYSTEM_CLOCK,
+        auth: str | None = None,
+        world_read: bool = True,
+    ) -> None:
+        if not 0 < safe_fraction < 1:
+            raise ValueError(f"safe_fraction must be between 0 and 1 (exclusive), got {safe_fraction}")
+        super().__init__(
+            hosts,
+            name,
+            address,
+            max_worker_id=max_worker_id,
+            root=root,
+            session_timeout=session_timeout,
+            connect_timeout=connect_timeout,
+            op_timeout=op_timeout,
+            clock=clock,
+            auth=auth,
+            world_read=world_read,
+        )
+        self.safe_fraction = safe_fraction
+        self.lease_path = f"{self.base_path}/lease"
+        self.high_water_path = f"{self.base_path}/high-water"
+        self._keepalive: asyncio.Task[None] | None = None
+        # The lease: the ID (self._worker_id), the session that created its node, the negotiated timeout
+        # then, and the monotonic time before the last request that proved the node still ours.
+        self._claim_session: int | None = None
+        self._timeout = session_timeout
+        self._confirmed_at = float("-inf")
+
+    @property
+    def session_timeout(self) -> float:
+        """The negotiated session timeout ``T`` of the current lease, in seconds."""
+        return self._timeout
+
+    def issue_deadline(self) -> float:
+        """The monotonic time at which :meth:`can_issue` turns false unless a confirmation arrives first."""
+        return self._confirmed_at + self.safe_fraction * self._timeout
+
+    def can_issue(self) -> bool:
+        """True while the lease is held and was confirmed less than ``safe_fraction * T`` ago."""
+        if self._worker_id is None or self._lost is not None:
+            return False
+        return self._clock.monotonic() < self.issue_deadline()
+
+    async def register(self) -> WorkerLease:
+        """Return the lease held now, claiming the lowest free worker ID if none is held.
+
+        A lease still held (its node owned by this session) is confirmed and returned unchanged, with
+        the current high water.
+
+        Raises:
+            WorkerIdsExhausted: every ID from 0 to ``max_worker_id`` is leased.
+            CoordinatorUnavailable: ZooKeeper did not answer in time.
+        """
+        async with self._lock:
+            await self._zk.open()
+            if self._worker_id is not None and self._lost is None:
+                try:
+                    await self._confirm()
+                except LeaseLost as exc:
+                    self._lost = exc.message
+                else:
+                    return await self._lease(self._worker_id)
+            worker_id = await self._claim()
+            self._start_keepalive()
+            return await self._lease(worker_id)
+
+    async def _claim(self) -> int:
+        await self._zk.ensure_path(self.lease_path, shared=self.root_path)
+        await self._zk.ensure_path(self.high_water_path, shared=self.root_path)
+        for path in (self.base_path, self.lease_path, self.high_water_path):
+            await self._zk.restrict(path)
+        taken = {int(c) for c in await self._zk.children(self.lease_path) if c.isdigit()}
+        claim = _claim_encoder.encode(_Claim(address=self.address, claimed_at=self._clock.wall_ms()))
+        for worker_id in range(self.max_worker_id + 1):
+            if worker_id in taken:
+                continue
+            path = f"{self.lease_path}/{worker_id}"
+            sent = self._clock.monotonic()
+            try:
+                await self._zk.create(path, claim, ephemeral=True)
+            except NodeExists:
+                continue
+            # Whose is it? The client may have replaced the session while the create was on its way.
+            found = await self._zk.get(path)
+            session = self._zk.session_id
+            if found is None or session is None or found[1].ephemeral_owner != session:
+                continue
+            self._worker_id = worker_id
+            self._claim_session = session
+            self._timeout = self._zk.timeout
+            self._confirmed_at = sent
+            self._lost = None
+            log.info(
+                "%s: leased worker ID %d (session %#x, timeout %.1f s)",
+                self,
+                worker_id,
+                session,
+                self._timeout,
+            )
+            return worker_id
+        raise WorkerIdsExhausted(self.max_worker_id + 1, self._where)
+
+    async def _lease(self, worker_id: int) -> WorkerLease:
+        await self._zk.restrict(f"{self.high_water_path}/{worker_id}")
+        return WorkerLease(worker_id=worker_id, high_water_ms=await self._read_high_water(worker_id))
+
+    async def _read_high_water(self, worker_id: int) -> int:
+        path = f"{self.high_water_path}/{worker_id}"
+        found = await self._zk.get(path)
+        return 0 if found is None else decode_node(found[0], path).timestamp
+
+    async def _confirm(self) -> None:
+        """Prove the lease node is still owned by the claiming session; move ``confirmed`` forward.
+
+        Raises:
+            LeaseLost: the session was replaced, or the node is gone or someone else's.
+            CoordinatorUnavailable: no answer in time (the lease may still be ours).
+        """
+        worker_id, claim_session = self._worker_id, self._claim_session
+        if worker_id is None or claim_session is None:
+            raise LeaseLost(-1 if worker_id is None else worker_id, "no lease was claimed")
+        if self._zk.session_id != claim_session:
+            raise LeaseLost(worker_id, "its ZooKeeper session expired")
+        path = f"{self.lease_path}/{worker_id}"
+        sent = self._clock.monotonic()
+        found = await self._zk.get(path)
+        if self._zk.session_id != claim_session:
+            raise LeaseLost(worker_id, "its ZooKeeper session expired")
+        if found is None:
+            raise LeaseLost(worker_id, f"its lease node {path} is gone")
+        if found[1].ephemeral_owner != claim_session:
+            raise LeaseLost(worker_id, f"its lease node {path} belongs to another session")
+        self._confirmed_at = max(self._confirmed_at, sent)
+
+    def _start_keepalive(self) -> None:
+        if self._keepalive is None or self._keepalive.done():
+            self._keepalive = asyncio.create_task(
+                self._keep_alive(), name=f"lease keepalive {self.lease_path}"
+            )
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self._timeout / _KEEPALIVES_PER_TIMEOUT)
+            if self._worker_id is None or self._lost is not None:
+                continue  # wait for register() to claim again
+            try:
+                # A later answer cannot confirm beyond the deadline anyway; don't let it queue up.
+                await asyncio.wait_for(self._confirm(), self._timeout / 3)
+            except LeaseLost as exc:
+                self._lost = exc.message
+                log.warning("%s: %s", self, exc.message)
+            except (CoordinatorUnavailable, TimeoutError) as exc:
+                log.debug("%s: lease not confirmed: %s", self, exc)
+            except Exception:
+                # Unexpected, but the lease must keep being proved: the deadline stops issuing meanwhile.
+                log.exception("%s: keepalive failed", self)
+
+    async def report(self, high_water_ms: int) -> None:
+        """Raise the ID's high-water node to ``high_water_ms`` (it only ever grows).
+
+        The write happens even after the lease is lost: raising the mark is always safe.
+
+        Raises:
+            CoordinatorUnavailable: no lease claimed yet, or ZooKeeper did not answer in time.
+            LeaseLost: the lease is lost; stop issuing and :meth:`register` again.
+        """
+        worker_id = self._worker_id
+        if worker_id is None:
+            raise CoordinatorUnavailable(f"{self}: no worker ID leased (register() has not succeeded yet)")
+        self._reported = max(self._reported, high_water_ms)
+        await self._raise_timestamp(f"{self.high_water_path}/{worker_id}", self._reported, create=True)
+        if self._lost is None and self._zk.session_id != self._claim_session:
+            self._lost = "its ZooKeeper session expired"
+        if self._lost is not None:
+            raise LeaseLost(worker_id, self._lost)
+
+    async def close(self) -> None:
+        """Stop issuing, and release the lease by closing the session (the ID is free at once).
+
+        Call :meth:`report` with the final high water first.
+        """
+        self._lost = "the registry was closed"
+        task, self._keepalive = self._keepalive, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        async with self._lock:
+            await self._zk.close()

@@ -1,0 +1,79 @@
+"""Virtual time for tests: a :class:`~dispenser.ports.Clock` that moves only when the test moves it."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Callable
+
+__all__ = ["ManualClock", "settle"]
+
+
+class ManualClock:
+    """A :class:`~dispenser.ports.Clock` on virtual time: it moves only when a test moves it.
+
+    ``sleep`` parks the caller until :meth:`advance` carries the clock past its wake-up time; sleepers wake
+    in time order, and the event loop runs whatever they set off before the clock moves on, so a test
+    of a two-second deadline takes microseconds and never races the machine's load. The wall clock runs
+    with the monotonic one.
+    """
+
+    def __init__(self, monotonic: float = 1_000.0, wall_ms: int = 1_700_000_000_000) -> None:
+        """Start at ``monotonic`` seconds and ``wall_ms`` Unix milliseconds."""
+        self._now = monotonic
+        self._wall_offset_ms = wall_ms - int(monotonic * 1000)
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = 0
+
+    def monotonic(self) -> float:
+        """Virtual seconds."""
+        return self._now
+
+    def wall_ms(self) -> int:
+        """Virtual Unix milliseconds (moves with :meth:`monotonic`)."""
+        return int(self._now * 1000) + self._wall_offset_ms
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait until the clock has been advanced by ``seconds`` (at once, after one loop turn, if ≤ 0)."""
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._order += 1
+        heapq.heappush(self._sleepers, (self._now + seconds, self._order, future))
+        await future
+
+    async def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds``, waking each sleeper at its time and letting it run."""
+        target = self._now + seconds
+        await settle()
+        while self._sleepers and self._sleepers[0][0] <= target:
+            when, _, future = heapq.heappop(self._sleepers)
+            self._now = max(self._now, when)
+            if not future.done():
+                future.set_result(None)
+                await settle()
+        self._now = target
+        await settle()
+
+    async def run_until(
+        self, condition: Callable[[], bool], step: float = 0.01, limit: float = 60.0
+    ) -> float:
+        """Advance in ``step``s until ``condition()`` holds; return the virtual seconds that took.
+
+        Raises:
+            AssertionError: ``limit`` virtual seconds passed first.
+        """
+        started = self._now
+        await settle()
+        while not condition():
+            if self._now - started > limit:
+                raise AssertionError(f"condition not met within {limit} virtual seconds")
+            await self.advance(step)
+        return self._now - started
+
+
+async def settle(turns: int = 20) -> None:
+    """Let the event loop run what is ready (woken sleepers, the tasks they start) for ``turns`` turns."""
+    for _ in range(turns):
+        await asyncio.sleep(0)

@@ -1,0 +1,258 @@
+"""In-memory fakes of the ports, held to the same contract tests as the real adapters."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from dispenser.core.errors import LeaseLost, StoreUnavailable, TagExists, UnknownTag, WorkerIdsExhausted
+from dispenser.core.segment import Segment
+from dispenser.core.store_rules import MAX_ID, check_new_tag, check_step, no_room
+from dispenser.ports import Allocation, Settled, TagInfo, WorkerLease
+
+__all__ = [
+    "MemoryReplayStore",
+    "MemorySegmentStore",
+    "MemoryWorkerRegistry",
+    "MemoryWorkerTable",
+]
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True)
+class _Row:
+    max_id: int
+    step: int
+    description: str
+    update_time: datetime
+
+
+class MemorySegmentStore:
+    """A :class:`~dispenser.ports.SegmentStore` in a dict, with knobs for tests.
+
+    Behaves like the Postgres adapter (same errors, same validation, tags listed in code point order) and
+    yields to the event loop on every call, as a round trip would, so concurrent callers interleave.
+
+    Attributes:
+        calls: how many times :meth:`next_segment` was called (each a round trip for the real store),
+            counting calls that failed.
+        fail_with: when set, every call except :meth:`close` raises it instead of touching the rows.
+        delay: seconds each :meth:`next_segment` takes (``asyncio.sleep``), to model a slow database.
+    """
+
+    def __init__(self, *, now: Callable[[], datetime] = _utc_now) -> None:
+        """Create an empty store.
+
+        Args:
+            now: the clock stamped into ``update_time``.
+        """
+        self._rows: dict[str, _Row] = {}
+        self._now = now
+        self._closed = False
+        self.calls = 0
+        self.peaks: dict[str, dict[str, tuple[float, float]]] = {}
+        """Saved rate peaks, by kind."""
+        self.fail_with: Exception | None = None
+        self.delay = 0.0
+
+    async def save_peaks(self, kind: str, peaks: dict[str, tuple[float, float]]) -> None:
+        """Save each tag's peak and when it was seen (the last writer wins)."""
+        self._check()
+        self.peaks.setdefault(kind, {}).update(peaks)
+
+    async def load_peaks(self, kind: str) -> dict[str, tuple[float, float]]:
+        """The saved peaks of ``kind``."""
+        self._check()
+        return dict(self.peaks.get(kind, {}))
+
+    def set_unavailable(self, unavailable: bool = True) -> None:
+        """Make every call raise :class:`StoreUnavailable` (or stop), as if the database were down."""
+        self.fail_with = StoreUnavailable("the in-memory store was made unavailable") if unavailable else None
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StoreUnavailable("the in-memory store is closed")
+        if self.fail_with is not None:
+            # Drop the previous raise's traceback: re-raising one instance would keep growing it.
+            raise self.fail_with.with_traceback(None)
+
+    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+        """Reserve the next segment of ``tag`` (see :meth:`dispenser.ports.SegmentStore.next_segment`)."""
+        if step is not None:
+            check_step(step)
+        self.calls += 1
+        await asyncio.sleep(self.delay)
+        self._check()
+        row = self._rows.get(tag)
+        if row is None:
+            raise UnknownTag(tag)
+        used = row.step if step is None else step
+        if row.max_id > MAX_ID - used:
+            raise no_room(tag, used)
+        row.max_id += used
+        row.update_time = self._now()
+        return Allocation(Segment.from_max_id(row.max_id, used), row.step)
+
+    async def list_tags(self) -> list[TagInfo]:
+        """All tags, ordered by name."""
+        await asyncio.sleep(0)
+        self._check()
+        return [self._info(tag, self._rows[tag]) for tag in sorted(self._rows)]
+
+    async def add_tag(self, tag: str, step: int, start: int = 1, description: str = "") -> TagInfo:
+        """Create a tag whose first segment starts at ``start``."""
+        check_new_tag(tag, step, start, description)
+        await asyncio.sleep(0)
+        self._check()
+        if tag in self._rows:
+            raise TagExists(tag)
+        row = self._rows[tag] = _Row(start, step, description, self._now())
+        return self._info(tag, row)
+
+    async def set_step(self, tag: str, step: int) -> TagInfo:
+        """Change a tag's configured step (used from its next segment on)."""
+        check_step(step)
+        await asyncio.sleep(0)
+        self._check()
+        row = self._rows.get(tag)
+        if row is None:
+            raise UnknownTag(tag)
+        row.step = step
+        row.update_time = self._now()
+        return self._info(tag, row)
+
+    async def remove_tag(self, tag: str) -> None:
+        """Delete a tag."""
+        await asyncio.sleep(0)
+        self._check()
+        if self._rows.pop(tag, None) is None:
+            raise UnknownTag(tag)
+
+    async def close(self) -> None:
+        """Refuse further calls, as a closed pool does. Idempotent."""
+        self._closed = True
+
+    @staticmethod
+    def _info(tag: str, row: _Row) -> TagInfo:
+        return TagInfo(tag, row.max_id, row.step, row.description, row.update_time)
+
+
+class MemoryReplayStore:
+    """A :class:`~dispenser.ports.ReplayStore` in a dict: one process's fleet, for tests.
+
+    Attributes:
+        fail_with: when set, every call raises it (a database that is down).
+    """
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        """Create an empty store.
+
+        Args:
+            clock: seconds (monotonic) against which answers expire.
+        """
+        self._clock = clock
+        self._answers: dict[tuple[str, str, str], tuple[float, Settled]] = {}
+        self.fail_with: Exception | None = None
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    async def settle(
+        self,
+        key: tuple[str, str, str],
+        count: int,
+        format: str,
+        ranges: tuple[tuple[int, int], ...],
+        ttl: float,
+    ) -> Settled:
+        """Record the answer unless a live one exists; return the recorded one."""
+        await asyncio.sleep(0)  # a round trip: let concurrent callers interleave
+        if self.fail_with is not None:
+            raise self.fail_with
+        now = self._clock()
+        held = self._answers.get(key)
+        if held is not None and held[0] > now:
+            return held[1]
+        settled = Settled(count, format, tuple(ranges))
+        self._answers[key] = (now + ttl, settled)
+        return settled
+
+    async def sweep(self) -> int:
+        """Delete expired answers."""
+        if self.fail_with is not None:
+            raise self.fail_with
+        now = self._clock()
+        expired = [key for key, (until, _) in self._answers.items() if until <= now]
+        for key in expired:
+            del self._answers[key]
+        return len(expired)
+
+
+class MemoryWorkerTable:
+    """The shared record of a fleet of :class:`MemoryWorkerRegistry` (what the database or ZooKeeper is)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[int]] = {}
+        """Address → ``[worker ID, high-water ms]``; delete one to take a worker's ID away."""
+
+
+class MemoryWorkerRegistry:
+    """A :class:`~dispenser.ports.WorkerRegistry` keyed by address, like ``postgres`` and ``zookeeper`` modes.
+
+    Held to the same contract tests as the real registries: an address keeps its worker ID and its highest
+    reported mark, new addresses get the smallest free ID, exhaustion names the limit, and a removed record
+    means :class:`LeaseLost`.
+
+    Attributes:
+        fail_with: when set, every call raises it (a registry that is down).
+    """
+
+    def __init__(self, table: MemoryWorkerTable, address: str, *, max_worker_id: int = 1023) -> None:
+        """Register ``address`` in ``table`` (on :meth:`register`), with IDs up to ``max_worker_id``."""
+        self._table = table
+        self._address = address
+        self._max = max_worker_id
+        self._registered = False
+        self._worker_id = -1
+        self.fail_with: Exception | None = None
+
+    async def register(self) -> WorkerLease:
+        """This address's worker ID and recorded mark (a new address: the smallest free ID, mark 0)."""
+        await asyncio.sleep(0)
+        if self.fail_with is not None:
+            raise self.fail_with
+        rows = self._table.rows
+        row = rows.get(self._address)
+        if row is None:
+            taken = {worker_id for worker_id, _ in rows.values()}
+            free = next((i for i in range(self._max + 1) if i not in taken), None)
+            if free is None:
+                raise WorkerIdsExhausted(self._max + 1, "the memory registry")
+            row = rows[self._address] = [free, 0]
+        self._registered = True
+        self._worker_id = row[0]
+        return WorkerLease(row[0], row[1])
+
+    async def report(self, high_water_ms: int) -> None:
+        """Raise the recorded mark (never lower it)."""
+        await asyncio.sleep(0)
+        if self.fail_with is not None:
+            raise self.fail_with
+        row = self._table.rows.get(self._address)
+        if row is None:
+            self._registered = False
+            raise LeaseLost(self._worker_id, f"the record of {self._address} was removed")
+        row[1] = max(row[1], high_water_ms)
+
+    def can_issue(self) -> bool:
+        """Registered, and the record is still there as far as this worker knows."""
+        return self._registered
+
+    async def close(self) -> None:
+        """Nothing to release (the record stays, as a persistent node or row does)."""
+        self._registered = False

@@ -1,0 +1,32 @@
+"""Real servers for tests and ``dispenser dev``: NATS, PostgreSQL, ZooKeeper and Kafka on 127.0.0.1, as subprocesses.
+
+Synchronous on purpose (no event loop needed): pytest fixtures and the CLI start them, wait for readiness,
+and stop them by the PID they started.
+"""
+
+from dispenser.testing.servers._process import (
+    DevServerError,
+    ServerNotFoundError,
+    ServerStartError,
+    free_port,
+)
+from dispenser.testing.servers.kafka import KafkaBroker, fetch_kafka_jars
+from dispenser.testing.servers.nats import NatsServer, find_nats_server
+from dispenser.testing.servers.postgres import PostgresInstall, PostgresServer, find_postgres_installs
+from dispenser.testing.servers.zookeeper import ZooKeeperServer, fetch_zookeeper_jars
+
+__all__ = [
+    "DevServerError",
+    "KafkaBroker",
+    "NatsServer",
+    "PostgresInstall",
+    "PostgresServer",
+    "ServerNotFoundError",
+    "ServerStartError",
+    "ZooKeeperServer",
+    "fetch_kafka_jars",
+    "fetch_zookeeper_jars",
+    "find_nats_server",
+    "find_postgres_installs",
+    "free_port",
+]

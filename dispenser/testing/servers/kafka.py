@@ -1,0 +1,299 @@
+"""A real Apache Kafka broker (KRaft, one node as broker and controller) on 127.0.0.1, from Maven Central jars.
+
+:func:`fetch_kafka_jars` runs ``mvn dependency:copy-dependencies`` on ``tools/kafka/pom.xml`` once into a cache
+directory; :class:`KafkaBroker` formats a storage directory and runs ``kafka.Kafka`` from those jars, with
+the settings measured to work on small machines (``../shared/KAFKA.md``): a 256 MiB heap with a 16 MiB log
+cleaner buffer, one-partition internal topics, no initial rebalance delay, no automatic topic creation,
+short minimum consumer sessions so that tests of crashes take seconds, and a 3 s broker session so that a
+start after :meth:`~KafkaBroker.kill` is ready in ~5 s rather than ~12 s.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from dispenser.testing.servers._maven import cache_dir, fetch_command, fetch_jars, is_complete
+from dispenser.testing.servers._process import LOOPBACK, ServerNotFoundError, ServerStartError, free_port
+from dispenser.testing.servers._server import ServerProcess
+from dispenser.testing.servers.zookeeper import find_java
+
+__all__ = ["KAFKA_VERSION", "KafkaBroker", "fetch_kafka_jars", "metadata_brokers"]
+
+KAFKA_VERSION = os.environ.get("DISPENSER_KAFKA_VERSION", "4.4.0")
+"""The Kafka release to run (``DISPENSER_KAFKA_VERSION``; 3.9.x works too and picks its logging profile)."""
+
+POM = Path(__file__).resolve().parents[3] / "tools" / "kafka" / "pom.xml"
+"""The pom whose dependencies are the broker's class path (present in a source checkout)."""
+
+JARS_ENV = "DISPENSER_KAFKA_JARS"
+"""Environment variable naming a directory of Kafka jars to use instead of fetching."""
+
+_JVM_OPTIONS = ("-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-Djava.awt.headless=true")
+
+
+def _maven_args(version: str) -> list[str]:
+    args = [f"-Dkafka.version={version}"]
+    if version.startswith("3."):
+        args.append("-Pkafka3")  # 3.x logs through reload4j, 4.x through log4j2
+    return args
+
+
+def default_jar_dir(version: str = KAFKA_VERSION) -> Path:
+    """``$XDG_CACHE_HOME/leaf-dispenser/kafka-<version>/`` (``~/.cache`` when the variable is unset)."""
+    return cache_dir(f"kafka-{version}")
+
+
+def fetch_kafka_jars(
+    dest: Path | None = None, *, version: str = KAFKA_VERSION, pom: Path = POM, timeout: float = 600.0
+) -> Path:
+    """Download the Kafka broker jars (and a logging binding) from Maven Central, once (~45 MB, ~6 s cold).
+
+    Raises:
+        ServerNotFoundError: ``mvn`` or the pom is missing.
+        DevServerError: Maven failed or took too long.
+    """
+    dest = default_jar_dir(version) if dest is None else Path(dest)
+    return fetch_jars(
+        pom,
+        dest,
+        what=f"Kafka {version}",
+        jar_glob="kafka_2.13-*.jar",
+        args=_maven_args(version),
+        timeout=timeout,
+    )
+
+
+def _find_jars(version: str) -> Path:
+    override = os.environ.get(JARS_ENV)
+    if override:
+        jars = Path(override)
+        if not any(jars.glob("kafka_2.13-*.jar")):
+            raise ServerNotFoundError(f"{JARS_ENV}={override} holds no kafka_2.13-*.jar")
+        return jars
+    return fetch_kafka_jars(version=version)
+
+
+def _cluster_id() -> str:
+    """16 random bytes, base64url without padding; never starting with '-' (the tool would take it as an option)."""
+    while True:
+        cluster = base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
+        if not cluster.startswith("-"):
+            return cluster
+
+
+def metadata_brokers(port: int, timeout: float = 1.0) -> int | None:
+    """Ask ``127.0.0.1:port`` for cluster metadata (Metadata v1, no topics); the number of live brokers.
+
+    ``None`` when nothing answers a well-formed response. A KRaft broker lists itself only once it has
+    caught up with the controller and is unfenced, which is when clients can use it.
+    """
+    client_id = b"leaf-probe"
+    # Request header v1 (api_key 3 = Metadata, version 1, correlation id, client id) + an empty topic array.
+    body = struct.pack(">hhih", 3, 1, 7, len(client_id)) + client_id + struct.pack(">i", 0)
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
+            sock.sendall(struct.pack(">i", len(body)) + body)
+            data = b""
+            while len(data) < 12:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return None
+                data += chunk
+    except OSError:
+        return None
+    _size, correlation, brokers = struct.unpack(">iii", data[:12])
+    return brokers if correlation == 7 else None
+
+
+class KafkaBroker(ServerProcess[tuple[Path, Path]]):
+    """One single-node KRaft Kafka (broker and controller) on 127.0.0.1, restartable on the same ports and data.
+
+    Example::
+
+        with KafkaBroker(tmp_path) as broker:
+            producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+
+    Args:
+        workdir: Holds ``server.properties``, the logging config, the data directory ``data/`` (formatted at
+            the first start, kept across restarts) and the log ``kafka.log``.
+        port: Client port; a free one when omitted. The controller listener gets a free port of its own.
+        version: The Kafka release (its jars are fetched with :func:`fetch_kafka_jars`).
+        jars: Directory of the jars, instead of fetching them.
+        config: Extra ``server.properties`` settings, written last.
+        java: The ``java`` executable; :func:`~dispenser.testing.servers.zookeeper.find_java` when omitted.
+        start_timeout: Seconds to wait until the broker lists itself in its metadata.
+        stop_timeout: Seconds to wait after SIGTERM before SIGKILL.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *,
+        version: str = KAFKA_VERSION,
+        jars: Path | None = None,
+        config: Mapping[str, str] | None = None,
+        java: Path | None = None,
+        start_timeout: float = 60.0,
+        stop_timeout: float = 20.0,
+    ) -> None:
+        self.workdir = Path(workdir)
+        super().__init__(port, start_timeout=start_timeout, stop_timeout=stop_timeout)
+        self.version = version
+        self._jars = jars
+        self.config = dict(config or {})
+        self._java = java
+        self.controller_port = free_port()
+
+    @property
+    def bootstrap(self) -> str:
+        """What clients take as ``bootstrap_servers``: ``127.0.0.1:PORT``."""
+        return f"{LOOPBACK}:{self._port}"
+
+    @property
+    def data_dir(self) -> Path:
+        """The log directory (kept across restarts, so topics and offsets survive them)."""
+        return self.workdir / "data"
+
+    @property
+    def log_path(self) -> Path:
+        """The broker's console log (WARN and above, appended to across restarts)."""
+        return self.workdir / "kafka.log"
+
+    @property
+    def _properties(self) -> Path:
+        return self.workdir / "server.properties"
+
+    def _prepare(self) -> tuple[Path, Path]:
+        java = self._java if self._java is not None else find_java("Kafka needs Java 17 or later")
+        jars = self._jars if self._jars is not None else _find_jars(self.version)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        return java, jars
+
+    def _write_config(self) -> None:
+        controller = f"{LOOPBACK}:{self.controller_port}"
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{controller}",
+            "listeners": f"PLAINTEXT://{self.bootstrap},CONTROLLER://{controller}",
+            "advertised.listeners": f"PLAINTEXT://{self.bootstrap}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.data_dir.resolve()),
+            "num.partitions": "1",
+            "default.replication.factor": "1",
+            "min.insync.replicas": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "group.min.session.timeout.ms": "500",
+            "auto.create.topics.enable": "false",
+            # The cleaner's buffer comes out of the heap; the default 128 MiB does not fit a small one.
+            "log.cleaner.dedupe.buffer.size": "16777216",
+            # A killed broker's registration stays live in the controller's metadata until its session
+            # times out, and until then the restarted broker cannot register: 9 s by default made a start
+            # after kill() take ~12 s instead of ~2 s. The heartbeat stays well inside the shorter session.
+            "broker.session.timeout.ms": "3000",
+            "broker.heartbeat.interval.ms": "500",
+        }
+        if not self.version.startswith("3."):
+            settings["share.coordinator.state.topic.replication.factor"] = "1"
+            settings["share.coordinator.state.topic.min.isr"] = "1"
+        settings |= self.config
+        self._properties.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+
+    def _logging_options(self) -> list[str]:
+        if self.version.startswith("3."):
+            path = self.workdir / "log4j.properties"
+            path.write_text(
+                "log4j.rootLogger=WARN, stdout\n"
+                "log4j.appender.stdout=org.apache.log4j.ConsoleAppender\n"
+                "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout\n"
+                "log4j.appender.stdout.layout.ConversionPattern=%d %p %c: %m%n\n"
+            )
+            return [f"-Dlog4j.configuration=file:{path.resolve()}"]
+        path = self.workdir / "log4j2.properties"
+        path.write_text(
+            # Status "error": at each stop log4j2 warns that it cannot register its shutdown hook (harmless).
+            "status = error\n"
+            "appender.out.type = Console\n"
+            "appender.out.name = OUT\n"
+            "appender.out.layout.type = PatternLayout\n"
+            "appender.out.layout.pattern = %d %p %c: %m%n\n"
+            "rootLogger.level = warn\n"
+            "rootLogger.appenderRef.out.ref = OUT\n"
+        )
+        return [f"-Dlog4j2.configurationFile={path.resolve()}"]
+
+    def _launch(self, java_and_jars: tuple[Path, Path], offset: int) -> None:
+        java, jars = java_and_jars
+        if not self._ever_started:
+            # Until the first start, both ports are ours to re-pick (the base class re-picks the client one).
+            self.controller_port = free_port()
+        self._write_config()
+        base = [str(java), *_JVM_OPTIONS, *self._logging_options(), "-cp", str(jars.resolve() / "*")]
+        if not (self.data_dir / "meta.properties").exists():
+            self._format(base)
+        self._spawn(
+            [*base, "kafka.Kafka", str(self._properties.resolve())],
+            offset=offset,
+            cwd=self.workdir,
+            what=f"Kafka {self.version} on {self.bootstrap}",
+        )
+
+    def _format(self, base: list[str]) -> None:
+        """Format the storage directory for a new single-node cluster (once: restarts keep the data)."""
+        cmd = [
+            *base,
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            _cluster_id(),
+            "-c",
+            str(self._properties.resolve()),
+        ]
+        try:
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=self.start_timeout, cwd=self.workdir, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ServerStartError(f"formatting Kafka's storage took over {self.start_timeout:g} s") from exc
+        if done.returncode != 0:
+            raise ServerStartError(
+                f"formatting Kafka's storage failed (exit status {done.returncode}): {(done.stdout + done.stderr)[-3000:]}"
+            )
+
+    def _ready(self, proc: subprocess.Popen[bytes], offset: int) -> bool:
+        brokers = metadata_brokers(self._port, timeout=1.0)
+        return brokers is not None and brokers >= 1
+
+    def __repr__(self) -> str:
+        return f"KafkaBroker(bootstrap={self.bootstrap!r}, version={self.version!r}, pid={self.pid})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dispenser.testing.servers.kafka [DEST]``: fetch the jars (once) and print where they are."""
+    return fetch_command(
+        sys.argv[1:] if argv is None else argv,
+        what=f"Apache Kafka {KAFKA_VERSION}",
+        default=default_jar_dir(),
+        pending=lambda target: POM.is_file() and not is_complete(target, POM, _maven_args(KAFKA_VERSION)),
+        fetch=fetch_kafka_jars,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

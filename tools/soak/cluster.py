@@ -1,0 +1,270 @@
+"""The soak's processes: NATS, PostgreSQL and ZooKeeper servers and three workers, and the faults done to them.
+
+Everything listens on 127.0.0.1, on free ports, under one work directory. Servers are
+:mod:`dispenser.testing.servers` objects (restartable on the same port and data); workers are
+``python -m dispenser serve`` children (:class:`dispenser.bench.nats_load.Child`). Nothing is signalled
+but a process started here, through its own ``Popen`` handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+
+from dispenser.adapters.nats.peers import collect_peer_clocks
+from dispenser.bench.nats_load import Child
+from dispenser.core.peers import PeerReading
+from dispenser.testing.servers import NatsServer, PostgresServer, ZooKeeperServer
+from dispenser.testing.servers._process import kill_process
+from dispenser.testing.servers._server import ServerProcess
+from soak.faketime import FaketimeClock
+from soak.plan import (
+    CLOCK_WORKER,
+    WORKERS,
+    ClockStep,
+    Fault,
+    KillWorker,
+    Profile,
+    RestartServer,
+    ServerName,
+    StartServer,
+    StopServer,
+    WorkerName,
+)
+from soak.report import clock_step_seen
+
+__all__ = ["SERVICE_NAME", "SoakCluster", "SoakError"]
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "leaf-dispenser"
+"""The workers' NATS micro service name (``$SRV.PING.<name>`` counts them)."""
+REGISTRY_NAME = "soak"
+"""The snowflake registry namespace in ZooKeeper."""
+READY_TIMEOUT_S = 60.0
+
+
+class SoakError(RuntimeError):
+    """The soak could not run: a server or worker did not start, or a worker never came back."""
+
+
+class SoakCluster:
+    """Three servers and three workers under ``workdir``.
+
+    Args:
+        workdir: Holds the servers' data and logs, the workers' logs and snowflake caches.
+        profile: Supplies the tags, their step and the workers' segment sizing.
+        libfaketime: ``libfaketime.so.1``, preloaded into :data:`~soak.plan.CLOCK_WORKER`.
+    """
+
+    def __init__(self, workdir: Path, profile: Profile, libfaketime: Path) -> None:
+        self.workdir = workdir
+        self.profile = profile
+        self.nats = NatsServer(workdir / "nats")
+        self.postgres = PostgresServer(workdir / "pgdata")
+        self.zookeeper = ZooKeeperServer(workdir / "zookeeper")
+        (workdir / "workers").mkdir(parents=True, exist_ok=True)
+        self.clock = FaketimeClock(workdir / "workers" / "faketime.rc", libfaketime)
+        self.workers: dict[str, Child] = {}
+        self.restarts: dict[str, int] = dict.fromkeys(WORKERS, 0)
+
+    # -- servers ---------------------------------------------------------------------------------------
+
+    def server(self, name: ServerName) -> ServerProcess[Any]:
+        """The server called ``name``."""
+        servers: dict[ServerName, ServerProcess[Any]] = {
+            "nats": self.nats,
+            "postgres": self.postgres,
+            "zookeeper": self.zookeeper,
+        }
+        return servers[name]
+
+    def start_servers(self) -> None:
+        """Start NATS, PostgreSQL and ZooKeeper (blocking; ZooKeeper's jars are fetched if missing)."""
+        for server in (self.nats, self.postgres, self.zookeeper):
+            server.start()
+
+    async def prepare_database(self) -> None:
+        """Create the schema and the soak's segment tags."""
+        from dispenser.adapters.postgres.schema import migrate  # noqa: PLC0415
+        from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
+
+        await migrate(self.postgres.dsn)
+        async with await PostgresSegmentStore.connect(self.postgres.dsn) as store:
+            for tag in self.profile.segment_tags:
+                await store.add_tag(tag, self.profile.tag_step, description="scripts/soak")
+
+    # -- workers ---------------------------------------------------------------------------------------
+
+    def _worker_env(self, name: WorkerName, index: int) -> dict[str, str]:
+        # The user's own DISPENSER_* settings (a config file, another NATS) must not leak into the soak.
+        env = {key: value for key, value in os.environ.items() if not key.startswith("DISPENSER_")}
+        env |= {
+            "DISPENSER_NATS_URL": self.nats.url,
+            "DISPENSER_POSTGRES_DSN": self.postgres.dsn,
+            "DISPENSER_SEGMENT_ENABLED": "false" if name == CLOCK_WORKER else "true",
+            "DISPENSER_SNOWFLAKE_ENABLED": "true",
+            "DISPENSER_SNOWFLAKE_MODE": "zookeeper",
+            "DISPENSER_SNOWFLAKE_NAME": REGISTRY_NAME,
+            "DISPENSER_SNOWFLAKE_ZOOKEEPER_HOSTS": self.zookeeper.hosts,
+            # A stable address per worker: a restarted worker gets its worker ID (and high-water mark) back.
+            "DISPENSER_SNOWFLAKE_ADDRESS": f"127.0.0.1:{7001 + index}",
+            "DISPENSER_SNOWFLAKE_STATE_DIR": str(self.workdir / "workers" / f"{name}-state"),
+            "DISPENSER_RATE_SEGMENT_SECONDS": str(self.profile.segment_seconds),
+            "DISPENSER_LOG_LEVEL": "INFO",
+        }
+        if name == CLOCK_WORKER:
+            env |= self.clock.env()
+        return env
+
+    def start_workers(self) -> None:
+        """Start the three workers (not waiting for them; see :meth:`wait_workers`)."""
+        for index, name in enumerate(WORKERS):
+            child = Child(
+                f"worker {name}",
+                [sys.executable, "-m", "dispenser", "serve"],
+                self.workdir / "workers" / f"{name}.log",
+                self._worker_env(name, index),
+            )
+            self.workers[name] = child
+            child.start()
+
+    def dead_workers(self) -> dict[str, int | None]:
+        """Workers whose process has exited, with the exit status."""
+        return {
+            name: child.proc.returncode if child.proc is not None else None
+            for name, child in self.workers.items()
+            if child.exited
+        }
+
+    async def wait_workers(self, nc: Client, timeout: float = READY_TIMEOUT_S) -> float:
+        """Wait until all three workers answer ``$SRV.PING``; return the seconds it took.
+
+        Raises:
+            SoakError: a worker exited, or they were not all there in time.
+        """
+        began = time.monotonic()
+        seen = 0
+        while time.monotonic() - began < timeout:
+            dead = self.dead_workers()
+            if dead:
+                name = next(iter(dead))
+                raise SoakError(
+                    f"worker {name} exited with status {dead[name]}:\n{self.workers[name].tail()}"
+                )
+            seen = await count_workers(nc)
+            if seen >= len(WORKERS):
+                return time.monotonic() - began
+            await asyncio.sleep(0.2)
+        raise SoakError(f"only {seen} of {len(WORKERS)} workers answer $SRV.PING after {timeout:g} s")
+
+    def stop_all(self) -> dict[str, int | None]:
+        """Stop the workers (SIGTERM, then SIGKILL), then the servers; return the workers' exit statuses."""
+        statuses = {name: child.stop(timeout=10.0) for name, child in self.workers.items()}
+        for server in (self.zookeeper, self.postgres, self.nats):
+            with contextlib.suppress(Exception):
+                server.stop()
+        return statuses
+
+    # -- faults ----------------------------------------------------------------------------------------
+
+    async def inject(self, fault: Fault, nc: Client) -> dict[str, Any]:
+        """Do ``fault``; return what happened (seconds taken, and a background task's recovery figures).
+
+        Blocking server starts and stops run in a thread, so the load goes on meanwhile.
+        """
+        began = time.monotonic()
+        notes: dict[str, Any] = {}
+        match fault:
+            case KillWorker(worker=worker, down_s=down_s):
+                child = self.workers[worker]
+                if child.proc is not None:
+                    await asyncio.to_thread(kill_process, child.proc)
+                await asyncio.sleep(down_s)
+                child.start()
+                self.restarts[worker] += 1
+                notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
+            case StopServer(server=name, kill=kill):
+                server = self.server(name)
+                await asyncio.to_thread(server.kill if kill else server.stop)
+            case StartServer(server=name):
+                await asyncio.to_thread(self.server(name).start)
+            case RestartServer(server=name, down_s=down_s):
+                server = self.server(name)
+                await asyncio.to_thread(server.stop)
+                await asyncio.sleep(down_s)
+                await asyncio.to_thread(server.start)
+                notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
+            case ClockStep(delta_ms=delta_ms):
+                self.clock.step(delta_ms)
+                notes["clock_offset_ms"] = self.clock.offset_ms
+                notes["clock_seen_ms"] = await self._await_step(nc, self.clock.offset_ms)
+        notes["action_s"] = round(time.monotonic() - began, 3)
+        return notes
+
+    async def _await_step(self, nc: Client, offset_ms: int, limit_s: float = 5.0) -> dict[str, int]:
+        """The workers' clock offsets once the step shows (libfaketime applies it within its cache time)."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            seen = await self.clock_offsets(nc)
+            if clock_step_seen(offset_ms, list(seen.values())) or time.monotonic() > deadline:
+                return seen
+
+    async def clock_offsets(self, nc: Client, queries: int = 5) -> dict[str, int]:
+        """Each snowflake worker's wall clock minus ours in ms, by worker ID, from the peer clock query.
+
+        Proof that a clock step took effect: the stepped worker should be off by the offset written.
+        Each worker answers every query; its reading with the shortest round trip counts, since the
+        load keeps both event loops busy and a slow answer would blur the estimate.
+        """
+        best: dict[int, PeerReading] = {}
+        for _ in range(queries):
+            heard = await collect_peer_clocks(nc, "leaf.snowflake-clock", _now_ms, 0.3, enough=len(WORKERS))
+            for reading in heard.readings:
+                held = best.get(reading.worker_id)
+                if held is None or reading.round_trip_ms < held.round_trip_ms:
+                    best[reading.worker_id] = reading
+            await asyncio.sleep(0.05)
+        return {str(worker_id): round(reading.offset_ms) for worker_id, reading in sorted(best.items())}
+
+    async def _recovered(self, nc: Client, began: float) -> float:
+        """Seconds from ``began`` until all workers answer ``$SRV.PING`` again."""
+        await self.wait_workers(nc)
+        return round(time.monotonic() - began, 3)
+
+
+_ping_decoder = msgspec.json.Decoder(dict[str, Any])
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def count_workers(nc: Client, wait: float = 0.3) -> int:
+    """How many distinct workers answer ``$SRV.PING.<service>`` within ``wait`` seconds."""
+    inbox = nc.new_inbox()
+    ids: set[str] = set()
+    sub = await nc.subscribe(inbox)
+    try:
+        await nc.publish(f"$SRV.PING.{SERVICE_NAME}", b"", reply=inbox)
+        deadline = time.monotonic() + wait
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = await sub.next_msg(timeout=left)
+            except Exception:  # nats-py's timeout, or a reconnect: either way, no more answers
+                break
+            with contextlib.suppress(msgspec.DecodeError):
+                ids.add(str(_ping_decoder.decode(msg.data).get("id")))
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return len(ids)

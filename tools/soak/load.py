@@ -1,0 +1,268 @@
+"""The soak's clients: a few NATS connections, each with many requests in flight, every reply checked.
+
+Each request draws its kind (segment or snowflake), tag, count (a batch) and format from a seeded random
+generator. A share of requests carry a ``request_id``; such a request is sent again with the same body
+after a timeout or a retryable error, as a careful client would. Figures go to the phase that was
+current when the request was sent, its outcome (reply, error, timeout) to that phase too unless a fault
+was injected while it was in flight (see :meth:`LoadGenerator._outcome_phase`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+import nats
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from soak.ledger import RangeSet, check_reply
+from soak.plan import Phase, Profile
+
+__all__ = ["LoadGenerator", "PhaseStats", "Problem"]
+
+Kind = Literal["segment", "snowflake"]
+Format = Literal["ids", "ranges"]
+
+MAX_PROBLEMS = 50
+"""Problems kept verbatim for the report (all are counted)."""
+_NO_RESPONDER_PAUSE_S = 0.05
+MAX_RETRIES = 3
+"""A request with a ``request_id`` is sent at most this many more times."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """A reply that fails the run: malformed, a non-retryable error, or an error without a code."""
+
+    phase: str
+    kind: str
+    tag: str
+    what: str
+
+
+@dataclass(slots=True)
+class PhaseStats:
+    """What the clients saw during one phase."""
+
+    phase: Phase
+    started: float = 0.0
+    """``time.monotonic()`` at the start."""
+    ended: float | None = None
+    requests: int = 0
+    """Requests sent during the phase."""
+    good: int = 0
+    """Replies holding the IDs asked for."""
+    ids: Counter[str] = field(default_factory=Counter)
+    """IDs received, by kind."""
+    errors: Counter[str] = field(default_factory=Counter)
+    """Error replies, by code."""
+    timeouts: int = 0
+    no_responders: int = 0
+    transport: Counter[str] = field(default_factory=Counter)
+    """Client-side NATS errors (while reconnecting, …), by exception name."""
+    malformed: int = 0
+    bad_errors: int = 0
+    """Error replies that are not retryable or lack a code (each one fails the run)."""
+    latencies_ns: array[int] = field(default_factory=lambda: array("q"))
+    """Send-to-reply time of every reply received (good or error)."""
+    notes: dict[str, Any] = field(default_factory=dict)
+    """What the fault injection reported (seconds it took, recovery time, clock offset)."""
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds the phase lasted (so far)."""
+        end = self.ended if self.ended is not None else time.monotonic()
+        return end - self.started
+
+    @property
+    def failed_requests(self) -> int:
+        """Requests that got no IDs: error replies, timeouts and transport errors."""
+        return sum(self.errors.values()) + self.timeouts + self.no_responders + sum(self.transport.values())
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    kind: Kind
+    tag: str
+    count: int
+    format: Format
+    request_id: str | None
+
+    def body(self) -> bytes:
+        fields: dict[str, Any] = {"count": self.count}
+        if self.format != "ids":
+            fields["format"] = self.format
+        if self.request_id is not None:
+            fields["request_id"] = self.request_id
+        return msgspec.json.encode(fields)
+
+
+class LoadGenerator:
+    """Clients that keep ``profile.clients x profile.inflight`` requests outstanding until stopped.
+
+    Args:
+        profile: How much load, of which kinds.
+        nats_url: The NATS server.
+        seed: Seeds every requester's random choices.
+        subject_prefix: The workers' subject prefix.
+    """
+
+    def __init__(self, profile: Profile, nats_url: str, seed: int, subject_prefix: str = "leaf") -> None:
+        self.profile = profile
+        self.nats_url = nats_url
+        self.seed = seed
+        self.prefix = subject_prefix
+        self.phase: PhaseStats | None = None
+        """The phase new requests count towards; set by the schedule."""
+        self.ledger: dict[str, RangeSet] = {}
+        """IDs received, by namespace: ``segment:<tag>`` (unique per tag) and ``snowflake`` (all tags)."""
+        self.problems: list[Problem] = []
+        self.client_errors: Counter[str] = Counter()
+        """Errors the NATS connections reported (connection refused while NATS restarts, …), by name."""
+        self._stopping = False
+        self._connections: list[Client] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def total_ids(self) -> int:
+        """IDs received so far, all kinds."""
+        return sum(ranges.ids for ranges in self.ledger.values())
+
+    async def start(self) -> None:
+        """Connect the clients and start the requesters."""
+        for client in range(self.profile.clients):
+            nc = await nats.connect(
+                self.nats_url,
+                name=f"soak-client-{client}",
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+                # nats-py's default callbacks log every failed reconnect attempt as an error with a
+                # traceback; during a NATS restart that is expected, and counted here instead.
+                error_cb=self._on_client_error,
+            )
+            self._connections.append(nc)
+            for slot in range(self.profile.inflight):
+                rng = random.Random(f"{self.seed}/{client}/{slot}")
+                name = f"c{client}s{slot}"
+                self._tasks.append(asyncio.create_task(self._requester(nc, rng, name), name=name))
+
+    async def stop(self) -> None:
+        """Let every requester finish its request in flight, then close the connections."""
+        self._stopping = True
+        timeout = self.profile.request_timeout_s + 5.0
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout)
+        for task in self._tasks:
+            task.cancel()
+        results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for nc in self._connections:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+
+    async def _on_client_error(self, exc: Exception) -> None:
+        self.client_errors[type(exc).__name__] += 1
+
+    def _draw(self, rng: random.Random, name: str, serial: int) -> _Request:
+        profile = self.profile
+        kind: Kind = "snowflake" if rng.random() < profile.snowflake_share else "segment"
+        tags = profile.snowflake_tags if kind == "snowflake" else profile.segment_tags
+        fmt: Format = "ranges" if rng.random() < profile.ranges_share else "ids"
+        request_id = f"soak-{self.seed}-{name}-{serial}" if rng.random() < profile.request_id_share else None
+        return _Request(kind, rng.choice(tags), rng.randint(*profile.count_range), fmt, request_id)
+
+    def _namespace(self, request: _Request) -> RangeSet:
+        key = "snowflake" if request.kind == "snowflake" else f"segment:{request.tag}"
+        ranges = self.ledger.get(key)
+        if ranges is None:
+            ranges = self.ledger[key] = RangeSet()
+        return ranges
+
+    async def _requester(self, nc: Client, rng: random.Random, name: str) -> None:
+        timeout = self.profile.request_timeout_s
+        clock = time.perf_counter_ns
+        serial = 0
+        retry: _Request | None = None
+        retries = 0
+        while not self._stopping:
+            phase = self.phase
+            if phase is None:
+                await asyncio.sleep(0.01)
+                continue
+            if retry is not None and retries < MAX_RETRIES:
+                request, retry = retry, None
+                retries += 1
+            else:
+                serial += 1
+                request, retry, retries = self._draw(rng, name, serial), None, 0
+            subject = f"{self.prefix}.{request.kind}.{request.tag}"
+            phase.requests += 1
+            started = clock()
+            try:
+                msg = await nc.request(subject, request.body(), timeout=timeout)
+            except NatsTimeout:
+                phase = self._outcome_phase(phase)
+                phase.timeouts += 1
+                retry = request if request.request_id is not None else None
+                continue
+            except NoRespondersError:
+                phase = self._outcome_phase(phase)
+                phase.no_responders += 1
+                retry = request if request.request_id is not None else None
+                await asyncio.sleep(_NO_RESPONDER_PAUSE_S)
+                continue
+            except NatsError as exc:  # reconnecting, closed, buffer full: the client's side of a fault
+                phase = self._outcome_phase(phase)
+                phase.transport[type(exc).__name__] += 1
+                retry = request if request.request_id is not None else None
+                await asyncio.sleep(_NO_RESPONDER_PAUSE_S)
+                continue
+            phase = self._outcome_phase(phase)
+            phase.latencies_ns.append(clock() - started)
+            checked = check_reply(
+                msg.data, msg.headers, tag=request.tag, count=request.count, fmt=request.format
+            )
+            if checked.outcome == "ids":
+                phase.good += 1
+                phase.ids[request.kind] += request.count
+                self._namespace(request).add(checked.runs)
+            elif checked.outcome == "error":
+                phase.errors[checked.code or "<no code>"] += 1
+                if checked.reason or not checked.retryable:
+                    phase.bad_errors += 1
+                    what = f"error reply {checked.code!r} retryable={checked.retryable}"
+                    self._problem(phase, request, f"{what} {checked.reason}".strip())
+                elif request.request_id is not None:
+                    retry = request
+            else:
+                phase.malformed += 1
+                self._problem(phase, request, f"malformed reply: {checked.reason}")
+
+    def _outcome_phase(self, sent_in: PhaseStats) -> PhaseStats:
+        """The phase a request's outcome counts towards.
+
+        The phase it was sent in, unless a fault was injected while it was in flight: then the fault's
+        phase, so that a request cut off by a SIGKILL shows up where the SIGKILL is (and a clean phase
+        is not blamed for the tail of the fault before it).
+        """
+        current = self.phase
+        if current is None or current is sent_in or current.phase.fault is None:
+            return sent_in
+        return current
+
+    def _problem(self, phase: PhaseStats, request: _Request, what: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(Problem(phase.phase.name, request.kind, request.tag, what))
