@@ -1,4 +1,4 @@
-"""Real servers for tests and ``dispenser dev``: NATS, PostgreSQL, ZooKeeper and Kafka on 127.0.0.1, as subprocesses.
+"""Real servers for tests and ``dispenser dev``: NATS, PostgreSQL (alone or a Patroni cluster), ZooKeeper and Kafka on 127.0.0.1, as subprocesses.
 
 Synchronous on purpose (no event loop needed): pytest fixtures and the CLI start them, wait for readiness,
 and stop them by the PID they started.
@@ -12,6 +12,7 @@ from dispenser.testing.servers._process import (
 )
 from dispenser.testing.servers.kafka import KafkaBroker, fetch_kafka_jars
 from dispenser.testing.servers.nats import NatsServer, find_nats_server
+from dispenser.testing.servers.patroni import PatroniCluster, PatroniNode
 from dispenser.testing.servers.postgres import PostgresInstall, PostgresServer, find_postgres_installs
 from dispenser.testing.servers.zookeeper import ZooKeeperServer, fetch_zookeeper_jars
 
@@ -19,6 +20,8 @@ __all__ = [
     "DevServerError",
     "KafkaBroker",
     "NatsServer",
+    "PatroniCluster",
+    "PatroniNode",
     "PostgresInstall",
     "PostgresServer",
     "ServerNotFoundError",

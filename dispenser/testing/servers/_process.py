@@ -189,6 +189,23 @@ def _stat_fields(pid: int) -> list[str] | None:
     return raw[raw.rindex(")") + 2 :].split()
 
 
+def process_id(pid: int) -> ProcessId | None:
+    """Return ``pid`` with its start time, or None when no such process runs (Linux ``/proc``)."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] == "Z":
+        return None
+    return (pid, int(fields[19]))
+
+
+def command_line(pid: int) -> str:
+    """Return the command line (its title, for PostgreSQL's processes) of ``pid``; empty if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return ""
+    return raw.replace(b"\0", b" ").decode("utf-8", errors="replace").strip()
+
+
 def children_of(pid: int) -> list[ProcessId]:
     """Return the direct children of ``pid`` (Linux ``/proc``; empty elsewhere)."""
     found: list[ProcessId] = []
