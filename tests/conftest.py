@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +41,30 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 _Server = TypeVar("_Server", bound=ServerProcess[Any])
+
+_OWN_BASETEMP = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the session a temporary directory of its own, unless ``--basetemp`` says where.
+
+    pytest's default, ``/tmp/pytest-of-<user>/pytest-<N>``, keeps the last three sessions' directories and
+    deletes older ones when a session starts: a second session on the same machine can delete a running
+    one's PostgreSQL data directory under it (seen: "terminating connection because of crash of another
+    server process"). xdist workers inherit the controller's directory.
+    """
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        own = Path(tempfile.mkdtemp(prefix="leaf-pytest-"))
+        config.option.basetemp = str(own)
+        config.stash[_OWN_BASETEMP] = own
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the session's own temporary directory after a passing run (a failing run keeps it to read)."""
+    own = config.stash.get(_OWN_BASETEMP, None)
+    if own is not None and config.stash.get(_PASSED, False):
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def _started(server: _Server) -> _Server:
@@ -118,6 +143,7 @@ def private_postgres(tmp_path: Path, _postgres_template: Path) -> Iterator[Postg
 _secret_scan = SecretScanHandler(SECRETS)
 _BASETEMP = pytest.StashKey[Path]()
 _LEAKS = pytest.StashKey[list[Leak]]()
+_PASSED = pytest.StashKey[bool]()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -150,6 +176,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if basetemp is not None:
         leaks += scan_log_files(basetemp, SECRETS)
     session.config.stash[_LEAKS] = leaks
+    session.config.stash[_PASSED] = session.exitstatus == pytest.ExitCode.OK and not leaks
     if leaks:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if session.config.pluginmanager.get_plugin("terminalreporter") is None:
