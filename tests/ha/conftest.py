@@ -9,6 +9,9 @@ Fixtures:
     patroni_cluster: the session's cluster (use ``ha_cluster`` in tests).
     ha_cluster: the cluster, healthy (3 nodes, one synchronous standby) when the test starts.
     ha_dsn: a fresh database of the test's own on the cluster, as a multi-host read-write DSN.
+    nats_cluster, zk_ensemble, kafka_cluster: three routed NATS servers, a 3-server ZooKeeper ensemble and
+        three KRaft Kafka nodes, shared by the session (see ``cluster_support``); a test that kills a member
+        restarts it before it ends.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import pytest
 
 from dispenser.testing.servers import DevServerError
 from dispenser.testing.servers.patroni import PatroniCluster
+from tests.ha.cluster_support import kafka_cluster, nats_cluster, zk_ensemble
+
+__all__ = ["ha_cluster", "ha_dsn", "kafka_cluster", "nats_cluster", "patroni_cluster", "zk_ensemble"]
 
 
 @pytest.fixture(scope="session")

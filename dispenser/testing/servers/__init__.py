@@ -1,5 +1,8 @@
 """Real servers for tests and ``dispenser dev``: NATS, PostgreSQL (alone or a Patroni cluster), ZooKeeper and Kafka on 127.0.0.1, as subprocesses.
 
+Clusters too: :class:`NatsCluster` (routed NATS servers), :class:`ZooKeeperEnsemble` and :class:`KafkaCluster`
+(KRaft nodes, replication factor 3), whose members are the single servers, each killable and restartable.
+
 Synchronous on purpose (no event loop needed): pytest fixtures and the CLI start them, wait for readiness,
 and stop them by the PID they started.
 """
@@ -11,14 +14,19 @@ from dispenser.testing.servers._process import (
     free_port,
 )
 from dispenser.testing.servers.kafka import KafkaBroker, fetch_kafka_jars
+from dispenser.testing.servers.kafka_cluster import KafkaCluster
 from dispenser.testing.servers.nats import NatsServer, find_nats_server
+from dispenser.testing.servers.nats_cluster import NatsCluster
 from dispenser.testing.servers.patroni import PatroniCluster, PatroniNode
 from dispenser.testing.servers.postgres import PostgresInstall, PostgresServer, find_postgres_installs
 from dispenser.testing.servers.zookeeper import ZooKeeperServer, fetch_zookeeper_jars
+from dispenser.testing.servers.zookeeper_ensemble import ZooKeeperEnsemble
 
 __all__ = [
     "DevServerError",
     "KafkaBroker",
+    "KafkaCluster",
+    "NatsCluster",
     "NatsServer",
     "PatroniCluster",
     "PatroniNode",
@@ -26,6 +34,7 @@ __all__ = [
     "PostgresServer",
     "ServerNotFoundError",
     "ServerStartError",
+    "ZooKeeperEnsemble",
     "ZooKeeperServer",
     "fetch_kafka_jars",
     "fetch_zookeeper_jars",

@@ -13,19 +13,18 @@ from __future__ import annotations
 import base64
 import os
 import secrets
-import socket
-import struct
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from dispenser.testing.servers._kafka_wire import metadata
 from dispenser.testing.servers._maven import cache_dir, fetch_command, fetch_jars, is_complete
 from dispenser.testing.servers._process import LOOPBACK, ServerNotFoundError, ServerStartError, free_port
 from dispenser.testing.servers._server import ServerProcess
 from dispenser.testing.servers.zookeeper import find_java
 
-__all__ = ["KAFKA_VERSION", "KafkaBroker", "fetch_kafka_jars", "metadata_brokers"]
+__all__ = ["KAFKA_VERSION", "KafkaBroker", "fetch_kafka_jars", "metadata_brokers", "new_cluster_id"]
 
 KAFKA_VERSION = os.environ.get("DISPENSER_KAFKA_VERSION", "4.4.0")
 """The Kafka release to run (``DISPENSER_KAFKA_VERSION``; 3.9.x works too and picks its logging profile)."""
@@ -81,7 +80,7 @@ def _find_jars(version: str) -> Path:
     return fetch_kafka_jars(version=version)
 
 
-def _cluster_id() -> str:
+def new_cluster_id() -> str:
     """16 random bytes, base64url without padding; never starting with '-' (the tool would take it as an option)."""
     while True:
         cluster = base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
@@ -95,22 +94,8 @@ def metadata_brokers(port: int, timeout: float = 1.0) -> int | None:
     ``None`` when nothing answers a well-formed response. A KRaft broker lists itself only once it has
     caught up with the controller and is unfenced, which is when clients can use it.
     """
-    client_id = b"leaf-probe"
-    # Request header v1 (api_key 3 = Metadata, version 1, correlation id, client id) + an empty topic array.
-    body = struct.pack(">hhih", 3, 1, 7, len(client_id)) + client_id + struct.pack(">i", 0)
-    try:
-        with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
-            sock.sendall(struct.pack(">i", len(body)) + body)
-            data = b""
-            while len(data) < 12:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    return None
-                data += chunk
-    except OSError:
-        return None
-    _size, correlation, brokers = struct.unpack(">iii", data[:12])
-    return brokers if correlation == 7 else None
+    answer = metadata(port, timeout=timeout)
+    return None if answer is None else len(answer.brokers)
 
 
 class KafkaBroker(ServerProcess[tuple[Path, Path]]):
@@ -129,6 +114,12 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         jars: Directory of the jars, instead of fetching them.
         config: Extra ``server.properties`` settings, written last.
         java: The ``java`` executable; :func:`~dispenser.testing.servers.zookeeper.find_java` when omitted.
+        node_id: This node's ID (a member of a cluster: see
+            :class:`~dispenser.testing.servers.kafka_cluster.KafkaCluster`).
+        controller_port: The controller listener's port; a free one when omitted.
+        voters: ``controller.quorum.voters`` of a cluster (``1@host:port,2@…``); this node alone when omitted.
+        cluster_id: The cluster ID the storage is formatted with (the same for every member); random
+            when omitted.
         start_timeout: Seconds to wait until the broker lists itself in its metadata.
         stop_timeout: Seconds to wait after SIGTERM before SIGKILL.
     """
@@ -142,6 +133,10 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         jars: Path | None = None,
         config: Mapping[str, str] | None = None,
         java: Path | None = None,
+        node_id: int = 1,
+        controller_port: int | None = None,
+        voters: str | None = None,
+        cluster_id: str | None = None,
         start_timeout: float = 60.0,
         stop_timeout: float = 20.0,
     ) -> None:
@@ -151,7 +146,11 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         self._jars = jars
         self.config = dict(config or {})
         self._java = java
-        self.controller_port = free_port()
+        self.node_id = node_id
+        self._auto_controller_port = controller_port is None
+        self.controller_port = free_port() if controller_port is None else controller_port
+        self.voters = voters
+        self.cluster_id = cluster_id
 
     @property
     def bootstrap(self) -> str:
@@ -182,8 +181,8 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         controller = f"{LOOPBACK}:{self.controller_port}"
         settings = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@{controller}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.voters or f"{self.node_id}@{controller}",
             "listeners": f"PLAINTEXT://{self.bootstrap},CONTROLLER://{controller}",
             "advertised.listeners": f"PLAINTEXT://{self.bootstrap}",
             "controller.listener.names": "CONTROLLER",
@@ -240,7 +239,7 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
 
     def _launch(self, java_and_jars: tuple[Path, Path], offset: int) -> None:
         java, jars = java_and_jars
-        if not self._ever_started:
+        if not self._ever_started and self._auto_controller_port:
             # Until the first start, both ports are ours to re-pick (the base class re-picks the client one).
             self.controller_port = free_port()
         self._write_config()
@@ -261,7 +260,7 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
             "kafka.tools.StorageTool",
             "format",
             "-t",
-            _cluster_id(),
+            self.cluster_id or new_cluster_id(),
             "-c",
             str(self._properties.resolve()),
         ]
@@ -277,8 +276,8 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
             )
 
     def _ready(self, proc: subprocess.Popen[bytes], offset: int) -> bool:
-        brokers = metadata_brokers(self._port, timeout=1.0)
-        return brokers is not None and brokers >= 1
+        answer = metadata(self._port, timeout=1.0)
+        return answer is not None and self.node_id in answer.brokers
 
     def __repr__(self) -> str:
         return f"KafkaBroker(bootstrap={self.bootstrap!r}, version={self.version!r}, pid={self.pid})"

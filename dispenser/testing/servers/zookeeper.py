@@ -12,7 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dispenser.testing.servers._maven import cache_dir, fetch_command, fetch_jars, is_complete
@@ -38,6 +38,7 @@ JARS_ENV = "DISPENSER_ZOOKEEPER_JARS"
 """Environment variable naming a directory of ZooKeeper jars to use instead of fetching (e.g. a mirror)."""
 
 _MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+_QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 # Small JVM, quick start: the test server holds a few hundred znodes at most.
 _JVM_OPTIONS = ("-Xms16m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 
@@ -104,8 +105,10 @@ def _find_jars() -> Path:
     return fetch_zookeeper_jars()
 
 
-def srvr(port: int, timeout: float = 1.0) -> str | None:
+def srvr(port: int, timeout: float = 1.0, word: bytes = b"srvr") -> str | None:
     """Send the four-letter word ``srvr`` to ``127.0.0.1:port`` and return the answer, or None if no answer.
+
+    Another four-letter word (``mntr``, ``stat``) may be given as ``word``.
 
     ZooKeeper answers ``This ZooKeeper instance is not currently serving requests`` while it loads its
     database, and ``Zookeeper version: …`` once it serves. ``ruok`` is no readiness check: it says
@@ -114,7 +117,7 @@ def srvr(port: int, timeout: float = 1.0) -> str | None:
     """
     try:
         with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
-            sock.sendall(b"srvr")
+            sock.sendall(word)
             chunks = []
             while chunk := sock.recv(4096):
                 chunks.append(chunk)
@@ -146,8 +149,12 @@ class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
         tick_time_ms: ZooKeeper's basic time unit.
         min_session_timeout_ms: The shortest session timeout a client may ask for.
         max_session_timeout_ms: The longest session timeout a client may ask for.
-        config: Extra ``zoo.cfg`` settings, written last.
+        config: Extra ``zoo.cfg`` settings, written last (an ensemble's ``server.N`` lines go here).
         java: The ``java`` executable; :func:`find_java` when omitted.
+        server_id: This server's number in an ensemble: it is written to ``data/myid`` and the server runs
+            ``QuorumPeerMain`` (see :class:`~dispenser.testing.servers.zookeeper_ensemble.ZooKeeperEnsemble`).
+            None: a standalone ``ZooKeeperServerMain``.
+        jvm_options: The JVM's options (heap, collector).
         start_timeout: Seconds to wait until ``srvr`` reports a serving server.
         stop_timeout: Seconds to wait after SIGTERM before SIGKILL.
     """
@@ -163,6 +170,8 @@ class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
         max_session_timeout_ms: int = 30000,
         config: Mapping[str, str] | None = None,
         java: Path | None = None,
+        server_id: int | None = None,
+        jvm_options: Sequence[str] = _JVM_OPTIONS,
         start_timeout: float = 30.0,
         stop_timeout: float = 5.0,
     ) -> None:
@@ -174,6 +183,8 @@ class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
         self.max_session_timeout_ms = max_session_timeout_ms
         self.config = dict(config or {})
         self._java = java
+        self.server_id = server_id
+        self.jvm_options = tuple(jvm_options)
 
     @property
     def hosts(self) -> str:
@@ -204,6 +215,8 @@ class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
         java = self._java if self._java is not None else find_java()
         jars = self._jars if self._jars is not None else _find_jars()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.server_id is not None:
+            (self.data_dir / "myid").write_text(f"{self.server_id}\n")
         return java, jars
 
     def _write_config(self) -> None:
@@ -215,7 +228,7 @@ class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
             "clientPort": str(self._port),
             "clientPortAddress": LOOPBACK,
             "admin.enableServer": "false",
-            "4lw.commands.whitelist": "srvr,ruok,stat",
+            "4lw.commands.whitelist": "srvr,ruok,stat,mntr",
             **self.config,
         }
         self.config_path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
@@ -225,7 +238,7 @@ class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
         self._write_config()
         cmd = [
             str(java),
-            *_JVM_OPTIONS,
+            *self.jvm_options,
             # slf4j-simple (see the pom) logs to stderr, which goes to our log file.
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
@@ -233,7 +246,7 @@ class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
             "-Dzookeeper.jmx.log4j.disable=true",
             "-cp",
             str(jars.resolve() / "*"),
-            _MAIN_CLASS,
+            _MAIN_CLASS if self.server_id is None else _QUORUM_MAIN_CLASS,
             str(self.config_path.resolve()),
         ]
         self._spawn(cmd, offset=offset, cwd=self.workdir, what=f"ZooKeeper on {self.hosts}")
@@ -241,6 +254,14 @@ class ZooKeeperServer(ServerProcess[tuple[Path, Path]]):
     def _ready(self, proc: subprocess.Popen[bytes], offset: int) -> bool:
         answer = srvr(self._port, timeout=0.5)
         return answer is not None and answer.startswith("Zookeeper version:")
+
+    def mode(self, timeout: float = 1.0) -> str | None:
+        """What ``srvr`` says this server is: ``leader``, ``follower``, ``standalone``; None when not serving."""
+        answer = srvr(self._port, timeout=timeout) if self.running else None
+        for line in (answer or "").splitlines():
+            if line.startswith("Mode:"):
+                return line.partition(":")[2].strip()
+        return None
 
     def __repr__(self) -> str:
         return f"ZooKeeperServer(hosts={self.hosts!r}, pid={self.pid})"
