@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dispenser.testing.servers._group import ServerGroup
 from dispenser.testing.servers._process import LOOPBACK, ServerStartError, free_port
-from dispenser.testing.servers.zookeeper import ZooKeeperServer
+from dispenser.testing.servers.zookeeper import ZooKeeperServer, srvr
 
 __all__ = ["ENSEMBLE_JVM_OPTIONS", "ZooKeeperEnsemble"]
 
@@ -53,7 +53,13 @@ class ZooKeeperEnsemble(ServerGroup[ZooKeeperServer]):
         self.workdir = Path(workdir)
         quorum = {n: (free_port(), free_port()) for n in range(1, size + 1)}
         lines = {f"server.{n}": f"{LOOPBACK}:{q}:{e}" for n, (q, e) in quorum.items()}
-        settings = {"initLimit": "5", "syncLimit": "2", **lines}
+        # `cons` lists each connection with its session ID: how a test finds the member a client is on.
+        settings = {
+            "initLimit": "5",
+            "syncLimit": "2",
+            "4lw.commands.whitelist": "srvr,ruok,stat,mntr,cons",
+            **lines,
+        }
         super().__init__(
             [
                 ZooKeeperServer(
@@ -105,6 +111,15 @@ class ZooKeeperEnsemble(ServerGroup[ZooKeeperServer]):
             if member.port == port:
                 return member
         raise KeyError(f"no ensemble member has client port {port}")
+
+    def member_with_session(self, session_id: int) -> ZooKeeperServer | None:
+        """The member a client's session is connected to (asked with ``cons``), or None if none lists it."""
+        wanted = f"sid=0x{session_id:x},"
+        for member in self.running:
+            answer = srvr(member.port, word=b"cons")
+            if answer is not None and wanted in answer:
+                return member
+        return None
 
     def __repr__(self) -> str:
         return f"ZooKeeperEnsemble(hosts={self.hosts!r}, modes={self.modes()})"
