@@ -7,7 +7,8 @@ import contextlib
 import dataclasses
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any
 
 import msgspec
 
@@ -26,20 +27,22 @@ from dispenser.config import Config
 from dispenser.core.errors import DispenserError, PeerClockUnverified
 from dispenser.core.peers import check_peer_clocks
 from dispenser.core.step import StepPolicy
+from dispenser.messages import Kind
 from dispenser.ports import Clock, IdSource, ReplayStore, SegmentStore, SystemClock
 from dispenser.redaction import redact
 from dispenser.registries import SnowflakeRegistration, open_registration
 from dispenser.service.decode import decode_handler
 from dispenser.service.dispatch import Dispatcher, Limits
-from dispenser.service.rates import RateBook, RatePublisher, RateSettings
+from dispenser.service.rates import EventSink, RateBook, RatePublisher, RateSettings
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 
-__all__ = ["Worker", "run_enricher", "run_worker"]
+__all__ = ["Run", "Worker", "run_enricher", "run_until_signal", "run_worker"]
 
 log = logging.getLogger(__name__)
 
 _MAX_SNOWFLAKE_METERS = 512
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Worker:
@@ -75,22 +78,30 @@ class Worker:
             ),
         )
         """This worker's consumption rates, its peers', and the adaptive step."""
+        # Set by start() as each part comes up (None: that part is off, or not started). What start()
+        # opens, it registers on this stack with its clean-up; stop() unwinds it.
         self.rate_publisher: RatePublisher | None = None
         self.metrics: MetricsServer | None = None
-        self._rate_sinks: list[KafkaRateSink] = []
-        self.store: SegmentStore | None = None
-        self._pg: PostgresSegmentStore | None = None
-        """The PostgreSQL pool (the segment store's, or one opened for the replay store only)."""
+        self.postgres: PostgresSegmentStore | None = None
+        """The PostgreSQL pool: the segment store's, or one opened for the replay store only."""
         self.replay_store: ReplayStore | None = None
         self.allocator: SegmentAllocator | None = None
         self.nc: Connection | None = None
         self.service: NatsIdService | None = None
         self.snowflake: SnowflakeGenerator | None = None
         self.registration: SnowflakeRegistration | None = None
-        self._background: list[asyncio.Task[None]] = []
+        self._stack = contextlib.AsyncExitStack()
+
+    @property
+    def store(self) -> SegmentStore | None:
+        """The segment store (the PostgreSQL pool), if segments are on."""
+        return self.postgres if self.config.segment.enabled else None
 
     async def start(self) -> None:
         """Connect to everything and start serving; on failure, release what was opened and re-raise.
+
+        Every step registers its own clean-up as soon as it has something to release, so a start that
+        fails half-way releases exactly what it opened (see :meth:`stop`).
 
         Raises:
             OSError: NATS cannot be reached.
@@ -98,12 +109,25 @@ class Worker:
                 layout is refused (see :meth:`_start_snowflake`).
         """
         try:
-            await self._start()
+            await self._start(self._stack)
         except BaseException:
-            await self.stop()
+            try:
+                await self.stop()
+            except Exception:  # the start's own error is the one to report; this one is logged
+                log.exception("could not release everything after a failed start")
             raise
 
-    async def _start(self) -> None:
+    async def stop(self) -> None:
+        """Stop taking requests, answer those in flight, close every connection.
+
+        The clean-ups run in the reverse order of the start (Kafka and NATS services first, the PostgreSQL
+        pool last), every one of them even if an earlier one raises; the last failure is raised at the end
+        (with the earlier ones as its context). A second call does nothing.
+        """
+        stack, self._stack = self._stack, contextlib.AsyncExitStack()
+        await stack.aclose()
+
+    async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         config = self.config
         limits = Limits(
             max_ids=config.limits.max_ids,
@@ -113,28 +137,10 @@ class Worker:
         )
         dispatchers: dict[str, Dispatcher] = {}
         if config.segment.enabled:
-            self.store = self._pg = await self._connect_postgres()
-            await self._restore_peaks(self._pg)
-            self.allocator = SegmentAllocator(
-                self.store,
-                self.clock,
-                AllocatorSettings(
-                    prefetch_threshold=config.segment.prefetch_threshold,
-                    refresh_interval=config.segment.refresh_interval,
-                    retry_max=config.segment.retry_max,
-                ),
-                sizer=self.rates.size,
-                meters=self.rates.segment_meter,
-            )
-            try:
-                await self.allocator.refresh()
-                log.info("serving %d segment tags", len(self.allocator.tags))
-            except DispenserError as exc:
-                log.warning("could not load the tag list yet (will retry): %s", exc)
-            self._background.append(asyncio.create_task(self.allocator.run_refresh_loop()))
-        self.replay_store = await self._open_replay_store()
+            self.allocator = await self._start_segments(stack, await self._postgres(stack))
+        self.replay_store = await self._open_replay_store(stack)
 
-        def dispatcher(source: IdSource, kind: str, kind_limits: Limits) -> Dispatcher:
+        def dispatcher(source: IdSource, kind: Kind, kind_limits: Limits) -> Dispatcher:
             return Dispatcher(
                 source,
                 self.clock,
@@ -147,11 +153,12 @@ class Worker:
         if self.allocator is not None:
             dispatchers["segment"] = dispatcher(self.allocator, "segment", limits)
         if config.nats.enabled and (self.serve or config.snowflake.enabled):
-            self.nc = await connect(config.nats)
+            self.nc = nc = await connect(config.nats)
+            stack.push_async_callback(_drain, nc)
             log.info("connected to NATS at %s", redact(config.nats.url))
         special = {}
         if config.snowflake.enabled:
-            self.snowflake = await self._start_snowflake()
+            self.snowflake = await self._start_snowflake(stack)
             snowflake_limits = dataclasses.replace(limits, deadline=config.snowflake.wait_deadline)
             dispatchers["snowflake"] = dispatcher(self.snowflake, "snowflake", snowflake_limits)
             # The same body limit as an ID request's (decode_handler's own default is only a default).
@@ -159,14 +166,16 @@ class Worker:
             special["snowflake"] = {"decode": decode}
         self.dispatchers = dispatchers
         if config.rate.enabled:
-            await self._start_rates()
+            await self._start_rates(stack)
         if config.metrics.port is not None:
             self.metrics = MetricsServer(self, config.metrics.host, config.metrics.port)
+            stack.push_async_callback(self.metrics.stop)
             await self.metrics.start()
         if not self.serve:
             return
         if self.nc is not None:
             self.service = NatsIdService(self.nc, config.nats, dispatchers, special_tags=special)
+            stack.push_async_callback(self.service.stop)
             await self.service.start()
             prefix = config.nats.subject_prefix
             log.info(
@@ -181,19 +190,50 @@ class Worker:
                 max_body_bytes=config.limits.max_body_bytes,
                 request_max_age=config.kafka.request_max_age,
             )
+            # Registered before start(): stop() also closes the clients of a start that failed half-way.
+            stack.push_async_callback(self.kafka.stop)
             await self.kafka.start()
         if self.nc is None and self.kafka is None:
             log.warning("neither NATS (nats.enabled) nor Kafka (kafka.enabled) is on: nothing to serve")
 
-    async def _connect_postgres(self) -> PostgresSegmentStore:
-        pg = self.config.postgres
-        store = await PostgresSegmentStore.connect(
-            pg.dsn, min_size=pg.pool_min, max_size=pg.pool_max, command_timeout=pg.command_timeout
-        )
-        log.info("connected to PostgreSQL at %s", redact(pg.dsn))
-        return store
+    async def _postgres(self, stack: contextlib.AsyncExitStack) -> PostgresSegmentStore:
+        """The PostgreSQL pool, opened on first need (segments, the replay store) and closed last."""
+        if self.postgres is None:
+            pg = self.config.postgres
+            self.postgres = await PostgresSegmentStore.connect(
+                pg.dsn, min_size=pg.pool_min, max_size=pg.pool_max, command_timeout=pg.command_timeout
+            )
+            stack.push_async_callback(self.postgres.close)
+            log.info("connected to PostgreSQL at %s", redact(pg.dsn))
+        return self.postgres
 
-    async def _open_replay_store(self) -> ReplayStore | None:
+    async def _start_segments(
+        self, stack: contextlib.AsyncExitStack, store: PostgresSegmentStore
+    ) -> SegmentAllocator:
+        """The segment allocator, its tag list loaded if PostgreSQL answers, and its refresh loop."""
+        config = self.config
+        await self._restore_peaks(store)
+        allocator = SegmentAllocator(
+            store,
+            self.clock,
+            AllocatorSettings(
+                prefetch_threshold=config.segment.prefetch_threshold,
+                refresh_interval=config.segment.refresh_interval,
+                retry_max=config.segment.retry_max,
+            ),
+            sizer=self.rates.size,
+            meters=self.rates.segment_meter,
+        )
+        stack.push_async_callback(allocator.close)
+        try:
+            await allocator.refresh()
+            log.info("serving %d segment tags", len(allocator.tags))
+        except DispenserError as exc:
+            log.warning("could not load the tag list yet (will retry): %s", exc)
+        _background(stack, allocator.run_refresh_loop(), "segment-refresh")
+        return allocator
+
+    async def _open_replay_store(self, stack: contextlib.AsyncExitStack) -> ReplayStore | None:
         """The fleet-wide store of answers to requests with a ``request_id`` (``limits.dedup_store``)."""
         config = self.config
         choice = config.limits.dedup_store
@@ -209,10 +249,8 @@ class Worker:
                     "that reaches another worker gets new IDs; set it to 'postgres' for fleet-wide retries"
                 )
             return None
-        if self._pg is None:
-            self._pg = await self._connect_postgres()
-        store = PostgresReplayStore(self._pg)
-        self._background.append(asyncio.create_task(self._sweep_replays(store), name="replay-sweep"))
+        store = PostgresReplayStore(await self._postgres(stack))
+        _background(stack, self._sweep_replays(store), "replay-sweep")
         return store
 
     async def _sweep_replays(self, store: PostgresReplayStore) -> None:
@@ -239,26 +277,28 @@ class Worker:
         if peaks:
             log.info("restored the rate peaks of %d tag(s)", len(peaks))
 
-    async def _start_rates(self) -> None:
+    async def _start_rates(self, stack: contextlib.AsyncExitStack) -> None:
         """Publish this worker's rate events and listen to its peers' (NATS, and Kafka when enabled)."""
         config = self.config
-        sinks = []
+        sinks: list[EventSink] = []
         if self.nc is not None:
+            # The subscription ends with the connection's drain.
             await subscribe_rates(self.nc, config.nats.subject_prefix, self.rates.observe)
             sinks.append(rate_sink(self.nc, config.nats.subject_prefix))
         if config.kafka.enabled:
             sink = KafkaRateSink(config.kafka, config.rate.kafka_topic)
             await sink.start()
-            self._rate_sinks.append(sink)
+            stack.push_async_callback(sink.close)
             sinks.append(sink)
         self.rate_publisher = RatePublisher(self.rates, self.allocator, sinks, peak_store=self.store)
-        self._background.append(asyncio.create_task(self.rate_publisher.run(), name="rate-events"))
+        _background(stack, self.rate_publisher.run(), "rate-events")
 
-    async def _start_snowflake(self) -> SnowflakeGenerator:
+    async def _start_snowflake(self, stack: contextlib.AsyncExitStack) -> SnowflakeGenerator:
         """Register the worker ID, check the clock against the record and the peers, start the generator."""
         config = self.config
         sf = config.snowflake
         self.registration = registration = await open_registration(sf, config.postgres, self.clock)
+        stack.push_async_callback(registration.close)
         lease = registration.lease
         clock_subject = f"{config.nats.subject_prefix}.snowflake-clock"
         if self.nc is not None:
@@ -297,6 +337,7 @@ class Worker:
             persist_clean_stop=registration.persist_clean_stop,
         )
         await generator.start()
+        stack.push_async_callback(generator.stop)
         generator.on_issue = self._snowflake_meter
         if registration.from_cache:
             generator.relocate(pause=False)  # keep trying the registry; the cached ID stays ours
@@ -317,57 +358,81 @@ class Worker:
         if meters.known("snowflake", tag) or meters.count("snowflake") < _MAX_SNOWFLAKE_METERS:
             meters.meter("snowflake", tag).record(self.clock.monotonic(), count)
 
-    async def stop(self) -> None:
-        """Stop taking requests, answer those in flight, close every connection."""
-        if self.metrics is not None:
-            await self.metrics.stop()
-        if self.kafka is not None:
-            await self.kafka.stop()
-        if self.service is not None:
-            await self.service.stop()
-        if self.snowflake is not None:
-            await self.snowflake.stop()
-        if self.registration is not None:
-            await self.registration.close()
-        for task in self._background:
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
-        for sink in self._rate_sinks:
-            await sink.close()
-        if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await self.nc.drain()
-        if self.allocator is not None:
-            await self.allocator.close()
-        if self.store is not None:
-            await self.store.close()
-        if self._pg is not None:
-            await self._pg.close()
+
+def _background(stack: contextlib.AsyncExitStack, work: Coroutine[Any, Any, None], name: str) -> None:
+    """Run ``work`` in a task of its own, cancelled (and awaited) on stop."""
+    task = asyncio.create_task(work, name=name)
+    stack.push_async_callback(_cancel, task)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def _drain(nc: Connection) -> None:
+    """Drain the NATS connection (its subscriptions first): a connection already gone is no failure."""
+    with contextlib.suppress(Exception):
+        await nc.drain()
+
+
+@contextlib.contextmanager
+def _stop_on_signal() -> Iterator[asyncio.Event]:
+    """An event set by SIGTERM or SIGINT while the block runs (the handlers are removed after it)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield stop
+    finally:
+        for sig in _STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+Run = Callable[[asyncio.Event], Awaitable[None]]
+"""The work of a command once started: runs until the stop event is set (then winds down, and returns)."""
+
+
+async def run_until_signal(start: Callable[[contextlib.AsyncExitStack], Awaitable[Run]]) -> int:
+    """Start a command, run it until SIGTERM or SIGINT, release what it opened; returns the exit status.
+
+    Args:
+        start: opens what the command needs, registering each clean-up on the stack it is given (they run
+            in reverse order when the command ends, however it ends), and returns the command's work.
+            An ``OSError`` or :class:`DispenserError` from it is a start-up failure: logged in one line,
+            exit status 1.
+    """
+    with _stop_on_signal() as stop:
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                run = await start(stack)
+            except (OSError, DispenserError) as exc:
+                log.error("cannot start: %s", exc)  # the stack releases what was opened
+                return 1
+            await run(stop)
+        return 0
 
 
 async def run_worker(config: Config, on_ready: Callable[[Worker], None] | None = None) -> int:
     """Run a worker until SIGTERM or SIGINT; returns the exit status."""
-    worker = Worker(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        try:
-            await worker.start()
-        except (OSError, DispenserError) as exc:
-            log.error("cannot start: %s", exc)  # start() has released what it opened
-            return 1
+
+    async def start(stack: contextlib.AsyncExitStack) -> Run:
+        worker = Worker(config)
+        await worker.start()  # releases what it opened if it fails
+        stack.push_async_callback(worker.stop)
         if on_ready is not None:
             on_ready(worker)
-        await stop.wait()
-        log.info("shutting down: answering requests in flight")
-        await worker.stop()
-        log.info("stopped")
-        return 0
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+
+        async def serve(stop: asyncio.Event) -> None:
+            await stop.wait()
+            log.info("shutting down: answering requests in flight")
+            await worker.stop()
+            log.info("stopped")
+
+        return serve
+
+    return await run_until_signal(start)
 
 
 async def run_enricher(config: Config, settings: EnrichSettings) -> int:
@@ -383,36 +448,33 @@ async def run_enricher(config: Config, settings: EnrichSettings) -> int:
         # Kafka is there by definition: the rate events go to its topic (requests are not served).
         kafka=msgspec.structs.replace(config.kafka, enabled=True),
     )
-    worker = Worker(config, serve=False)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    enricher: Enricher | None = None
-    try:
-        try:
-            await worker.start()
-            if worker.allocator is not None:
-                await worker.allocator.resolve(settings.tag)  # an unknown tag is a start-up error
-            source = worker.allocator if segment else worker.snowflake
-            assert source is not None
-            enricher = Enricher(config.kafka, settings, source)
-            await enricher.start()
-        except (OSError, DispenserError) as exc:
-            log.error("cannot start: %s", exc)
-            return 1
-        await enricher.run(stop)
-        stats = enricher.stats
-        log.info(
-            "stopped: %d records enriched, %d dead-lettered, %d transactions",
-            stats.enriched,
-            stats.dead_lettered,
-            stats.transactions,
-        )
-        return 0
-    finally:
-        if enricher is not None:
-            await enricher.close()
-        await worker.stop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+
+    async def start(stack: contextlib.AsyncExitStack) -> Run:
+        worker = Worker(config, serve=False)
+        await worker.start()
+        stack.push_async_callback(worker.stop)
+        source: IdSource
+        if worker.allocator is not None:
+            await worker.allocator.resolve(settings.tag)  # an unknown tag is a start-up error
+            source = worker.allocator
+        elif worker.snowflake is not None:
+            source = worker.snowflake
+        else:  # not reachable: the config above turns exactly one generator on
+            raise DispenserError(f"no {settings.kind} generator started")
+        enricher = Enricher(config.kafka, settings, source)
+        stack.push_async_callback(enricher.close)  # the enricher is closed before the worker stops
+        await enricher.start()
+
+        async def enrich(stop: asyncio.Event) -> None:
+            await enricher.run(stop)
+            stats = enricher.stats
+            log.info(
+                "stopped: %d records enriched, %d dead-lettered, %d transactions",
+                stats.enriched,
+                stats.dead_lettered,
+                stats.transactions,
+            )
+
+        return enrich
+
+    return await run_until_signal(start)
