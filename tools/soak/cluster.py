@@ -1,7 +1,9 @@
 """The soak's processes: NATS, PostgreSQL and ZooKeeper servers and three workers, and the faults done to them.
 
 Everything listens on 127.0.0.1, on free ports, under one work directory. Servers are
-:mod:`dispenser.testing.servers` objects (restartable on the same port and data); workers are
+:mod:`dispenser.testing.servers` objects (restartable on the same port and data): one of each, or in the
+``ha`` topology a 3-node NATS cluster, a 3-server ZooKeeper ensemble, a 3-node Patroni cluster (strict
+synchronous replication, the ensemble as its DCS, sessions capped at 6 s) and three Kafka brokers. Workers are
 ``python -m dispenser serve`` children (:class:`dispenser.bench.nats_load.Child`). Nothing is signalled
 but a process started here, through its own ``Popen`` handle.
 """
@@ -10,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +30,21 @@ from dispenser.core.peers import PeerReading
 from dispenser.testing.servers import NatsServer, PostgresServer, ZooKeeperServer
 from dispenser.testing.servers._process import kill_process
 from dispenser.testing.servers._server import ServerProcess
+from dispenser.testing.servers.kafka import KafkaBroker
+from dispenser.testing.servers.kafka_cluster import KafkaCluster
+from dispenser.testing.servers.nats_cluster import NatsCluster
+from dispenser.testing.servers.patroni import PatroniCluster, PatroniNode
+from dispenser.testing.servers.zookeeper_ensemble import ZooKeeperEnsemble
 from soak.faketime import FaketimeClock
 from soak.plan import (
     CLOCK_WORKER,
     WORKERS,
     ClockStep,
     Fault,
+    KillLeader,
     KillWorker,
     Profile,
+    Rejoin,
     RestartServer,
     ServerName,
     StartServer,
@@ -51,6 +62,11 @@ SERVICE_NAME = "leaf-dispenser"
 REGISTRY_NAME = "soak"
 """The snowflake registry namespace in ZooKeeper."""
 READY_TIMEOUT_S = 60.0
+KAFKA_REQUEST_TOPIC = "leaf.requests"
+KAFKA_REPLY_TOPIC = "leaf.replies"
+ZOOKEEPER_SESSION_CAP_MS = 6000
+"""The ensemble's ``maxSessionTimeout``: Patroni's leader key (and a dead worker's ephemeral node) expires
+after 6 s instead of Patroni's ttl of 20 s (HA.md: a failover then takes ~6-7 s)."""
 
 
 class SoakError(RuntimeError):
@@ -69,29 +85,65 @@ class SoakCluster:
     def __init__(self, workdir: Path, profile: Profile, libfaketime: Path) -> None:
         self.workdir = workdir
         self.profile = profile
-        self.nats = NatsServer(workdir / "nats")
-        self.postgres = PostgresServer(workdir / "pgdata")
-        self.zookeeper = ZooKeeperServer(workdir / "zookeeper")
+        self.ha = profile.topology == "ha"
+        self.nats: NatsServer | NatsCluster
+        self.zookeeper: ZooKeeperServer | ZooKeeperEnsemble
+        self.postgres: PostgresServer | PatroniCluster
+        self.kafka: KafkaCluster | None = None
+        if self.ha:
+            self.nats = NatsCluster(workdir / "nats")
+            self.zookeeper = ZooKeeperEnsemble(
+                workdir / "zookeeper", max_session_timeout_ms=ZOOKEEPER_SESSION_CAP_MS
+            )
+            self.postgres = PatroniCluster(workdir / "patroni", zookeeper_hosts=self.zookeeper.hosts)
+            self.kafka = KafkaCluster(workdir / "kafka")
+        else:
+            self.nats = NatsServer(workdir / "nats")
+            self.postgres = PostgresServer(workdir / "pgdata")
+            self.zookeeper = ZooKeeperServer(workdir / "zookeeper")
         (workdir / "workers").mkdir(parents=True, exist_ok=True)
         self.clock = FaketimeClock(workdir / "workers" / "faketime.rc", libfaketime)
         self.workers: dict[str, Child] = {}
         self.restarts: dict[str, int] = dict.fromkeys(WORKERS, 0)
 
+    @property
+    def nats_urls(self) -> list[str]:
+        """Every NATS server's URL (one in the single topology)."""
+        return self.nats.urls if isinstance(self.nats, NatsCluster) else [self.nats.url]
+
+    @property
+    def describe(self) -> str:
+        """One line naming the servers."""
+        kafka = f", Kafka {self.kafka.bootstrap}" if self.kafka is not None else ""
+        return (
+            f"NATS {','.join(self.nats_urls)}, PostgreSQL {self.postgres.dsn}, "
+            f"ZooKeeper {self.zookeeper.hosts}{kafka}"
+        )
+
     # -- servers ---------------------------------------------------------------------------------------
 
     def server(self, name: ServerName) -> ServerProcess[Any]:
-        """The server called ``name``."""
-        servers: dict[ServerName, ServerProcess[Any]] = {
+        """The server called ``name`` (single topology only: a cluster's members are faulted one by one)."""
+        servers: dict[str, object] = {
             "nats": self.nats,
             "postgres": self.postgres,
             "zookeeper": self.zookeeper,
         }
-        return servers[name]
+        server = servers.get(name)
+        if not isinstance(server, ServerProcess):
+            raise SoakError(f"{name} is a cluster here: stop, start and restart are single-topology faults")
+        return server
 
     def start_servers(self) -> None:
-        """Start NATS, PostgreSQL and ZooKeeper (blocking; ZooKeeper's jars are fetched if missing)."""
-        for server in (self.nats, self.postgres, self.zookeeper):
-            server.start()
+        """Start every server (blocking; the jars and Patroni's venv are fetched if missing).
+
+        In the ``ha`` topology the ensemble comes first: Patroni keeps its leader key in it.
+        """
+        self.nats.start()
+        self.zookeeper.start()
+        self.postgres.start()
+        if self.kafka is not None:
+            self.kafka.start()
 
     async def prepare_database(self) -> None:
         """Create the schema and the soak's segment tags."""
@@ -109,7 +161,7 @@ class SoakCluster:
         # The user's own DISPENSER_* settings (a config file, another NATS) must not leak into the soak.
         env = {key: value for key, value in os.environ.items() if not key.startswith("DISPENSER_")}
         env |= {
-            "DISPENSER_NATS_URL": self.nats.url,
+            "DISPENSER_NATS_URL": ",".join(self.nats_urls),
             "DISPENSER_POSTGRES_DSN": self.postgres.dsn,
             "DISPENSER_SEGMENT_ENABLED": "false" if name == CLOCK_WORKER else "true",
             "DISPENSER_SNOWFLAKE_ENABLED": "true",
@@ -122,6 +174,14 @@ class SoakCluster:
             "DISPENSER_RATE_SEGMENT_SECONDS": str(self.profile.segment_seconds),
             "DISPENSER_LOG_LEVEL": "INFO",
         }
+        if self.kafka is not None and name != CLOCK_WORKER:
+            env |= {
+                "DISPENSER_KAFKA_ENABLED": "true",
+                "DISPENSER_KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap,
+                "DISPENSER_KAFKA_REQUEST_TOPIC": KAFKA_REQUEST_TOPIC,
+                "DISPENSER_KAFKA_REPLY_TOPIC": KAFKA_REPLY_TOPIC,
+                "DISPENSER_KAFKA_REPLICATION_FACTOR": "3",
+            }
         if name == CLOCK_WORKER:
             env |= self.clock.env()
         return env
@@ -170,9 +230,10 @@ class SoakCluster:
     def stop_all(self) -> dict[str, int | None]:
         """Stop the workers (SIGTERM, then SIGKILL), then the servers; return the workers' exit statuses."""
         statuses = {name: child.stop(timeout=10.0) for name, child in self.workers.items()}
-        for server in (self.zookeeper, self.postgres, self.nats):
-            with contextlib.suppress(Exception):
-                server.stop()
+        for server in (self.kafka, self.postgres, self.zookeeper, self.nats):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    server.stop()
         return statuses
 
     # -- faults ----------------------------------------------------------------------------------------
@@ -204,12 +265,80 @@ class SoakCluster:
                 await asyncio.sleep(down_s)
                 await asyncio.to_thread(server.start)
                 notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
+            case KillLeader(server=name):
+                notes |= await self._kill_leader(name, nc, began)
+            case Rejoin(server=name):
+                notes["rejoined_s"] = await asyncio.to_thread(self._rejoin, name)
             case ClockStep(delta_ms=delta_ms):
                 self.clock.step(delta_ms)
                 notes["clock_offset_ms"] = self.clock.offset_ms
                 notes["clock_seen_ms"] = await self._await_step(nc, self.clock.offset_ms)
         notes["action_s"] = round(time.monotonic() - began, 3)
         return notes
+
+    async def _kill_leader(self, name: ServerName, nc: Client, began: float) -> dict[str, Any]:
+        """SIGKILL the member of the ``name`` cluster whose loss costs most; figures of the failover.
+
+        ``failover_s``: seconds until the cluster has a new leader (PostgreSQL: a writable primary; ZooKeeper:
+        an elected leader; Kafka: a new leader of the request partition); for NATS, ``recovery``: seconds
+        until every worker answers ``$SRV.PING`` again.
+        """
+        notes: dict[str, Any] = {}
+        if name == "postgres" and isinstance(self.postgres, PatroniCluster):
+            patroni = self.postgres
+            killed: PatroniNode = await asyncio.to_thread(patroni.kill_leader)
+            notes["killed"] = killed.name
+            new = await asyncio.to_thread(patroni.wait_leader, other_than=killed, timeout=90.0)
+            notes["failover_s"] = round(time.monotonic() - began, 2)
+            notes["new_leader"] = new.name
+        elif name == "zookeeper" and isinstance(self.zookeeper, ZooKeeperEnsemble):
+            ensemble = self.zookeeper
+            zk_leader = await asyncio.to_thread(ensemble.leader)
+            await asyncio.to_thread(zk_leader.kill)
+            notes["killed"] = zk_leader.hosts
+            await asyncio.to_thread(ensemble.leader, 60.0)
+            notes["failover_s"] = round(time.monotonic() - began, 2)
+        elif name == "nats" and isinstance(self.nats, NatsCluster):
+            member = await asyncio.to_thread(_busiest, self.nats)
+            await asyncio.to_thread(member.kill)
+            notes["killed"] = member.url
+            notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
+        elif name == "kafka" and self.kafka is not None:
+            kafka = self.kafka
+            victim: KafkaBroker = await asyncio.to_thread(kafka.leader_of, KAFKA_REQUEST_TOPIC, 0)
+            await asyncio.to_thread(victim.kill)
+            notes["killed"] = victim.bootstrap
+            deadline = time.monotonic() + 60.0
+            while time.monotonic() < deadline:
+                now_leading = await asyncio.to_thread(_leader_or_none, kafka, KAFKA_REQUEST_TOPIC)
+                if now_leading is not None and now_leading is not victim:
+                    notes["failover_s"] = round(time.monotonic() - began, 2)
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                notes["failover_s"] = "no new leader within 60 s"
+        else:
+            raise SoakError(f"kill -9 of the {name} leader needs the ha topology")
+        return notes
+
+    def _rejoin(self, name: ServerName) -> float:
+        """Start the killed members of the ``name`` cluster again; seconds until it is whole."""
+        began = time.monotonic()
+        if name == "postgres" and isinstance(self.postgres, PatroniCluster):
+            for node in self.postgres.nodes:
+                if not node.running:
+                    node.start()
+            self.postgres.wait_healthy(timeout=120.0)
+        elif name == "zookeeper" and isinstance(self.zookeeper, ZooKeeperEnsemble):
+            self.zookeeper.start()
+        elif name == "nats" and isinstance(self.nats, NatsCluster):
+            self.nats.start()
+        elif name == "kafka" and self.kafka is not None:
+            self.kafka.start()
+            self.kafka.wait_in_sync([KAFKA_REQUEST_TOPIC, KAFKA_REPLY_TOPIC], timeout=60.0)
+        else:
+            raise SoakError(f"rejoining {name} needs the ha topology")
+        return round(time.monotonic() - began, 2)
 
     async def _await_step(self, nc: Client, offset_ms: int, limit_s: float = 5.0) -> dict[str, int]:
         """The workers' clock offsets once the step shows (libfaketime applies it within its cache time)."""
@@ -240,6 +369,28 @@ class SoakCluster:
         """Seconds from ``began`` until all workers answer ``$SRV.PING`` again."""
         await self.wait_workers(nc)
         return round(time.monotonic() - began, 3)
+
+
+def _busiest(cluster: NatsCluster) -> NatsServer:
+    """The member with the most client connections (from its monitoring endpoint's ``/varz``)."""
+
+    def connections(port: int) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=1.0) as answer:
+                return int(json.load(answer).get("connections", 0))
+        except OSError:
+            return -1
+
+    counts = [connections(port) for port in cluster.monitor_ports]
+    return cluster.member(counts.index(max(counts)) + 1)
+
+
+def _leader_or_none(kafka: KafkaCluster, topic: str) -> KafkaBroker | None:
+    """The partition's leader now, or None while there is none (an election, no member answering)."""
+    try:
+        return kafka.leader_of(topic, 0, timeout=0.5)
+    except Exception:  # no leader yet, or the member asked was the one killed
+        return None
 
 
 _ping_decoder = msgspec.json.Decoder(dict[str, Any])

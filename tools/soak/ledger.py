@@ -88,7 +88,13 @@ def _check_runs(runs: Sequence[tuple[int, int]], count: int) -> str:
 
 
 def check_reply(
-    data: bytes, headers: dict[str, str] | None, *, tag: str, count: int, fmt: Literal["ids", "ranges"]
+    data: bytes,
+    headers: dict[str, str] | None,
+    *,
+    tag: str,
+    count: int,
+    fmt: Literal["ids", "ranges"],
+    nats: bool = True,
 ) -> Checked:
     """Check one reply against the request it answers.
 
@@ -110,7 +116,7 @@ def check_reply(
         problems = []
         if not error.code:
             problems.append("no error code")
-        if status is None:
+        if status is None and nats:  # Kafka replies carry the error in the body only
             problems.append("no Nats-Service-Error-Code header")
         return Checked(
             "error", code=error.code, retryable=error.retryable, status=status, reason="; ".join(problems)

@@ -25,7 +25,9 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from soak.ledger import RangeSet, check_reply
+from dispenser.client import KafkaIdClient
+from dispenser.config import KafkaConfig
+from soak.ledger import Checked, RangeSet, check_reply
 from soak.plan import Phase, Profile
 
 __all__ = ["LoadGenerator", "PhaseStats", "Problem"]
@@ -36,6 +38,7 @@ Format = Literal["ids", "ranges"]
 MAX_PROBLEMS = 50
 """Problems kept verbatim for the report (all are counted)."""
 _NO_RESPONDER_PAUSE_S = 0.05
+_reply_json = msgspec.json.Encoder()
 MAX_RETRIES = 3
 """A request with a ``request_id`` is sent at most this many more times."""
 
@@ -68,6 +71,8 @@ class PhaseStats:
     """Error replies, by code."""
     timeouts: int = 0
     no_responders: int = 0
+    kafka_requests: int = 0
+    """Of :attr:`requests`, those sent over Kafka."""
     transport: Counter[str] = field(default_factory=Counter)
     """Client-side NATS errors (while reconnecting, …), by exception name."""
     malformed: int = 0
@@ -112,14 +117,24 @@ class LoadGenerator:
 
     Args:
         profile: How much load, of which kinds.
-        nats_url: The NATS server.
+        nats_urls: The NATS servers (any member of a cluster).
         seed: Seeds every requester's random choices.
         subject_prefix: The workers' subject prefix.
     """
 
-    def __init__(self, profile: Profile, nats_url: str, seed: int, subject_prefix: str = "leaf") -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        nats_urls: list[str],
+        seed: int,
+        subject_prefix: str = "leaf",
+        kafka: KafkaConfig | None = None,
+    ) -> None:
         self.profile = profile
-        self.nats_url = nats_url
+        self.nats_urls = nats_urls
+        self.kafka = kafka
+        """Where to ask over Kafka too (``profile.kafka_inflight`` requesters), or None."""
+        self._kafka_client: KafkaIdClient | None = None
         self.seed = seed
         self.prefix = subject_prefix
         self.phase: PhaseStats | None = None
@@ -142,7 +157,7 @@ class LoadGenerator:
         """Connect the clients and start the requesters."""
         for client in range(self.profile.clients):
             nc = await nats.connect(
-                self.nats_url,
+                self.nats_urls,
                 name=f"soak-client-{client}",
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
@@ -156,6 +171,16 @@ class LoadGenerator:
                 rng = random.Random(f"{self.seed}/{client}/{slot}")
                 name = f"c{client}s{slot}"
                 self._tasks.append(asyncio.create_task(self._requester(nc, rng, name), name=name))
+        if self.kafka is not None and self.profile.kafka_inflight:
+            # One client for every Kafka requester, as a service would hold one: it reads its own replies.
+            self._kafka_client = KafkaIdClient(self.kafka, timeout=self.profile.request_timeout_s)
+            await self._kafka_client.start()
+            for slot in range(self.profile.kafka_inflight):
+                rng = random.Random(f"{self.seed}/kafka/{slot}")
+                name = f"k{slot}"
+                self._tasks.append(
+                    asyncio.create_task(self._kafka_requester(self._kafka_client, rng, name), name=name)
+                )
 
     async def stop(self) -> None:
         """Let every requester finish its request in flight, then close the connections."""
@@ -169,6 +194,9 @@ class LoadGenerator:
         for nc in self._connections:
             with contextlib.suppress(Exception):
                 await nc.close()
+        if self._kafka_client is not None:
+            with contextlib.suppress(Exception):
+                await self._kafka_client.close()
         for result in results:
             if isinstance(result, Exception):
                 raise result
@@ -224,7 +252,10 @@ class LoadGenerator:
                 retry = request if request.request_id is not None else None
                 await asyncio.sleep(_NO_RESPONDER_PAUSE_S)
                 continue
-            except NatsError as exc:  # reconnecting, closed, buffer full: the client's side of a fault
+            except (NatsError, RuntimeError) as exc:
+                # Reconnecting, closed, buffer full: the client's side of a fault. RuntimeError: nats-py
+                # on uvloop may still write to the transport of a server just killed (seen in the ha soak:
+                # "unable to perform operation on <TCPTransport closed=True>"); the next request reconnects.
                 phase = self._outcome_phase(phase)
                 phase.transport[type(exc).__name__] += 1
                 retry = request if request.request_id is not None else None
@@ -235,21 +266,76 @@ class LoadGenerator:
             checked = check_reply(
                 msg.data, msg.headers, tag=request.tag, count=request.count, fmt=request.format
             )
-            if checked.outcome == "ids":
-                phase.good += 1
-                phase.ids[request.kind] += request.count
-                self._namespace(request).add(checked.runs)
-            elif checked.outcome == "error":
-                phase.errors[checked.code or "<no code>"] += 1
-                if checked.reason or not checked.retryable:
-                    phase.bad_errors += 1
-                    what = f"error reply {checked.code!r} retryable={checked.retryable}"
-                    self._problem(phase, request, f"{what} {checked.reason}".strip())
-                elif request.request_id is not None:
-                    retry = request
+            self._count(phase, request, checked)
+            if checked.outcome == "error" and not checked.reason and checked.retryable and request.request_id:
+                retry = request
+
+    async def _kafka_requester(self, client: KafkaIdClient, rng: random.Random, name: str) -> None:
+        """Segment requests over Kafka request/reply, checked into the same ledger as the NATS ones."""
+        serial = 0
+        retry: _Request | None = None
+        retries = 0
+        while not self._stopping:
+            phase = self.phase
+            if phase is None:
+                await asyncio.sleep(0.01)
+                continue
+            if retry is not None and retries < MAX_RETRIES:
+                request, retry = retry, None
+                retries += 1
             else:
-                phase.malformed += 1
-                self._problem(phase, request, f"malformed reply: {checked.reason}")
+                serial += 1
+                drawn = self._draw(rng, name, serial)  # its kind and tag are redrawn: Kafka asks for segments
+                tag = rng.choice(self.profile.segment_tags)
+                request = _Request("segment", tag, drawn.count, drawn.format, drawn.request_id)
+                retry, retries = None, 0
+            phase.requests += 1
+            phase.kafka_requests += 1
+            started = time.perf_counter_ns()
+            try:
+                reply = await client.request(
+                    request.tag, request.count, format=request.format, request_id=request.request_id
+                )
+            except TimeoutError:
+                phase = self._outcome_phase(phase)
+                phase.timeouts += 1
+                retry = request if request.request_id is not None else None
+                continue
+            except OSError as exc:  # the request could not be sent (a broker is away)
+                phase = self._outcome_phase(phase)
+                phase.transport[f"kafka {type(exc).__name__}"] += 1
+                retry = request if request.request_id is not None else None
+                await asyncio.sleep(_NO_RESPONDER_PAUSE_S)
+                continue
+            phase = self._outcome_phase(phase)
+            phase.latencies_ns.append(time.perf_counter_ns() - started)
+            checked = check_reply(
+                _reply_json.encode(reply),
+                None,
+                tag=request.tag,
+                count=request.count,
+                fmt=request.format,
+                nats=False,
+            )
+            self._count(phase, request, checked)
+            if checked.outcome == "error" and not checked.reason and checked.retryable and request.request_id:
+                retry = request
+
+    def _count(self, phase: PhaseStats, request: _Request, checked: Checked) -> None:
+        """Count a checked reply into ``phase`` (and its IDs into the ledger)."""
+        if checked.outcome == "ids":
+            phase.good += 1
+            phase.ids[request.kind] += request.count
+            self._namespace(request).add(checked.runs)
+        elif checked.outcome == "error":
+            phase.errors[checked.code or "<no code>"] += 1
+            if checked.reason or not checked.retryable:
+                phase.bad_errors += 1
+                what = f"error reply {checked.code!r} retryable={checked.retryable}"
+                self._problem(phase, request, f"{what} {checked.reason}".strip())
+        else:
+            phase.malformed += 1
+            self._problem(phase, request, f"malformed reply: {checked.reason}")
 
     def _outcome_phase(self, sent_in: PhaseStats) -> PhaseStats:
         """The phase a request's outcome counts towards.

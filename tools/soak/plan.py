@@ -9,9 +9,11 @@ __all__ = [
     "PROFILES",
     "ClockStep",
     "Fault",
+    "KillLeader",
     "KillWorker",
     "Phase",
     "Profile",
+    "Rejoin",
     "RestartServer",
     "ServerName",
     "StartServer",
@@ -20,7 +22,11 @@ __all__ = [
     "scaled",
 ]
 
-ServerName = Literal["nats", "postgres", "zookeeper"]
+ServerName = Literal["nats", "postgres", "zookeeper", "kafka"]
+"""``kafka`` only in the ``ha`` profiles (the workers then also answer over Kafka)."""
+Topology = Literal["single", "ha"]
+"""``single``: one server of each kind. ``ha``: a 3-node NATS cluster, a 3-server ZooKeeper ensemble, a
+3-node Patroni cluster (strict synchronous replication, the ensemble as its DCS) and three Kafka brokers."""
 WorkerName = Literal["segment-1", "segment-2", "snowflake"]
 """The three worker processes: two serve segments and snowflake IDs, one only snowflake IDs (under
 libfaketime, so its clock can be stepped)."""
@@ -96,7 +102,37 @@ class ClockStep:
         return f"clock {sign}{amount}"
 
 
-Fault = KillWorker | StopServer | StartServer | RestartServer | ClockStep
+@dataclass(frozen=True, slots=True)
+class KillLeader:
+    """SIGKILL the member of a cluster whose loss costs most (``ha`` only), and leave it down.
+
+    PostgreSQL: the Patroni leader (its Patroni and its postmaster's whole tree): a failover.
+    ZooKeeper: the ensemble's leader. NATS: the node with the most client connections.
+    Kafka: the leader of the request topic's partition 0.
+    """
+
+    server: ServerName
+
+    @property
+    def label(self) -> str:
+        """What the table shows."""
+        role = {"postgres": "primary", "zookeeper": "leader", "nats": "busiest node", "kafka": "leader"}
+        return f"kill -9 {self.server} {role[self.server]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejoin:
+    """Start the members of a cluster that were killed, on their ports and data (``ha`` only)."""
+
+    server: ServerName
+
+    @property
+    def label(self) -> str:
+        """What the table shows."""
+        return f"rejoin {self.server}"
+
+
+Fault = KillWorker | StopServer | StartServer | RestartServer | ClockStep | KillLeader | Rejoin
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +163,7 @@ class Profile:
     """A whole soak run.
 
     Attributes:
-        name: ``short`` or ``long``.
+        name: ``short``, ``long``, ``ha-short`` or ``ha``.
         phases: In order.
         min_ids: The run fails if the clients received fewer IDs (both kinds together).
         max_extra_s: When the phases are over before ``min_ids``, a last steady phase runs at most this long.
@@ -147,6 +183,9 @@ class Profile:
     phases: tuple[Phase, ...]
     min_ids: int
     max_extra_s: float
+    topology: Topology = "single"
+    kafka_inflight: int = 0
+    """Requests outstanding over Kafka (request/reply through the workers), ``ha`` profiles only."""
     clients: int = 4
     inflight: int = 16
     count_range: tuple[int, int] = (1_000, 10_000)
@@ -211,8 +250,55 @@ def _long() -> Profile:
     return Profile(name="long", phases=tuple(phases), min_ids=200_000_000, max_extra_s=300)
 
 
-PROFILES: dict[str, Profile] = {"short": _short(), "long": _long()}
-"""``short``: about 70 s of load (CI); ``long``: about 14 minutes (by hand)."""
+def _ha_cycle(round_no: int, killed: WorkerName, scale: float) -> list[Phase]:
+    """One pass over the clustered faults: each kill is followed by a phase in which the member rejoins."""
+    suffix = "" if round_no == 1 else f" #{round_no}"
+
+    def s(seconds: float) -> float:
+        return round(seconds * scale, 1)
+
+    return [
+        Phase(f"pg-failover{suffix}", s(14), KillLeader("postgres")),
+        Phase(f"pg-rejoin{suffix}", s(8), Rejoin("postgres")),
+        Phase(f"nats-node-kill{suffix}", s(6), KillLeader("nats")),
+        Phase(f"nats-rejoin{suffix}", s(5), Rejoin("nats")),
+        Phase(f"zk-leader-kill{suffix}", s(6), KillLeader("zookeeper")),
+        Phase(f"zk-rejoin{suffix}", s(5), Rejoin("zookeeper")),
+        Phase(f"kafka-broker-kill{suffix}", s(10), KillLeader("kafka")),
+        Phase(f"kafka-rejoin{suffix}", s(6), Rejoin("kafka")),
+        Phase(f"kill-worker{suffix}", s(8), KillWorker(killed, down_s=1.0)),
+        Phase(f"clock+1s{suffix}", s(5), ClockStep(1000)),
+        Phase(f"clock-10ms{suffix}", s(5), ClockStep(-10)),
+    ]
+
+
+def _ha(rounds: int, scale: float, min_ids: int) -> Profile:
+    # segment_seconds 20: a failover (~6-10 s with 6 s ZooKeeper sessions) must cost a tag holding IDs
+    # nothing, so the buffers hold more than a failover's worth (issue 16, item 4).
+    phases = [Phase("steady", round(8 * scale, 1))]
+    victims: tuple[WorkerName, ...] = ("segment-1", "segment-2", "snowflake")
+    for round_no in range(1, rounds + 1):
+        phases += _ha_cycle(round_no, victims[(round_no - 1) % len(victims)], scale)
+    phases.append(Phase("recovered", round(8 * scale, 1), must_be_clean=True))
+    return Profile(
+        name="ha" if rounds > 1 else "ha-short",
+        phases=tuple(phases),
+        min_ids=min_ids,
+        max_extra_s=120,
+        topology="ha",
+        kafka_inflight=8,
+        segment_seconds=20.0,
+    )
+
+
+PROFILES: dict[str, Profile] = {
+    "short": _short(),
+    "long": _long(),
+    "ha-short": _ha(1, 0.8, 10_000_000),
+    "ha": _ha(2, 1.0, 100_000_000),
+}
+"""``short``: about 70 s of load (CI); ``long``: about 14 minutes (by hand); ``ha``: every clustered
+failover twice on the clustered stack (by hand, ~3 minutes of load); ``ha-short``: each once (CI)."""
 
 
 def scaled(profile: Profile, factor: float) -> Profile:

@@ -115,6 +115,7 @@ def phase_dict(stats: PhaseStats) -> dict[str, Any]:
         "planned_s": stats.phase.duration_s,
         "duration_s": round(stats.duration_s, 3),
         "requests": stats.requests,
+        "kafka_requests": stats.kafka_requests,
         "good": stats.good,
         "ids": dict(stats.ids),
         "ids_total": sum(stats.ids.values()),
@@ -209,8 +210,14 @@ def _notes(notes: dict[str, Any]) -> str:
         parts.append(f"all back in {recovery:.1f} s")
     elif recovery is not None:
         parts.append("NOT BACK")
-    elif notes.get("action_s", 0) >= 0.5 and "clock_seen_ms" not in notes:
+    elif notes.get("action_s", 0) >= 0.5 and not {"clock_seen_ms", "failover_s", "rejoined_s"} & notes.keys():
         parts.append(f"took {notes['action_s']:.1f} s")
+    failover = notes.get("failover_s")
+    if failover is not None:
+        parts.append(f"new leader after {failover} s" if isinstance(failover, float) else str(failover))
+    rejoined = notes.get("rejoined_s")
+    if rejoined is not None:
+        parts.append(f"whole again after {rejoined:.1f} s")
     seen = notes.get("clock_seen_ms")
     if seen is not None:
         parts.append("clocks " + " ".join(f"w{w}:{ms:+d}ms" for w, ms in seen.items()))

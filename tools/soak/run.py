@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import logging
 import os
 import platform
 import shutil
@@ -26,9 +27,10 @@ import nats
 from nats.aio.client import Client
 
 from dispenser.bench.stats import write_json
+from dispenser.config import KafkaConfig
 from dispenser.runner import run_async
 from dispenser.testing.servers import DevServerError
-from soak.cluster import SoakCluster, SoakError, count_workers
+from soak.cluster import KAFKA_REPLY_TOPIC, KAFKA_REQUEST_TOPIC, SoakCluster, SoakError, count_workers
 from soak.faketime import FaketimeMissing, ensure_libfaketime
 from soak.load import LoadGenerator, PhaseStats
 from soak.plan import PROFILES, WORKERS, Phase, Profile, scaled
@@ -134,14 +136,21 @@ async def _soak(options: SoakOptions, cluster: SoakCluster) -> tuple[list[PhaseS
         """Reconnect attempts fail while NATS restarts: expected, and not worth a traceback each."""
 
     control = await nats.connect(
-        cluster.nats.url,
+        cluster.nats_urls,
         name="soak-control",
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
         error_cb=quiet,
     )
     phases: list[PhaseStats] = []
-    load = LoadGenerator(profile, cluster.nats.url, options.seed)
+    kafka = None
+    if cluster.kafka is not None:
+        kafka = KafkaConfig(
+            bootstrap_servers=cluster.kafka.bootstrap,
+            request_topic=KAFKA_REQUEST_TOPIC,
+            reply_topic=KAFKA_REPLY_TOPIC,
+        )
+    load = LoadGenerator(profile, cluster.nats_urls, options.seed, kafka=kafka)
     try:
         took = await cluster.wait_workers(control)
         await _wait_for_ids(control, profile)
@@ -183,10 +192,7 @@ def run(options: SoakOptions) -> SoakReport:
     report: SoakReport | None = None
     try:
         cluster.start_servers()
-        _say(
-            options,
-            f"servers: NATS {cluster.nats.url}, PostgreSQL {cluster.postgres.dsn}, ZooKeeper {cluster.zookeeper.hosts}",
-        )
+        _say(options, f"servers: {cluster.describe}")
         phases, load, answering = run_async(_soak(options, cluster))
         alive = {name: not child.exited for name, child in cluster.workers.items()}
     finally:
@@ -230,12 +236,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scripts/soak",
         description=(
-            "Soak test: real NATS, PostgreSQL and ZooKeeper, three worker processes, millions of IDs "
+            "Soak test: real NATS, PostgreSQL and ZooKeeper (clustered, with Kafka, in the ha profiles), "
+            "three worker processes, millions of IDs "
             "requested while faults are injected on a schedule; fails on any duplicate ID, malformed "
             "reply, or error reply that is not retryable. Prints a table per phase."
         ),
     )
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="short", help="short (CI) or long")
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="short",
+        help="short (CI), long, ha-short (clustered servers, each failover once; CI) or ha (each twice)",
+    )
     parser.add_argument("--json", type=Path, dest="json_path", metavar="PATH", help="write the report here")
     parser.add_argument("--seed", type=int, default=1, help="seeds the clients' random requests (default 1)")
     parser.add_argument(
@@ -270,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         install=not args.no_install,
         quiet=args.quiet,
     )
+    # aiokafka logs every refused connection to a killed broker at WARNING, many a second: the soak's
+    # Kafka requesters count what they see (timeouts, transport errors) per phase instead.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         report = run(options)
     except (SoakError, DevServerError, FaketimeMissing) as exc:
