@@ -143,6 +143,15 @@ def _parser() -> argparse.ArgumentParser:
         help="start a Kafka broker too (needs Java 17 and Maven) and serve on it",
     )
     dev.add_argument("--kafka-port", type=int, default=None, help="Kafka port (default 9092, or a free one)")
+    dev.add_argument(
+        "--ha",
+        action="store_true",
+        help=(
+            "clustered instead: 3 NATS nodes, 3 ZooKeeper servers, 3 PostgreSQL nodes under Patroni (run as "
+            "root: PostgreSQL runs as user postgres), with --kafka 3 brokers; prints each member's PID to "
+            "kill -9 for a failover (docs/ha.md)"
+        ),
+    )
 
     get = sub.add_parser("get", help="ask the running service for IDs and print them, one per line")
     get.add_argument("tag")
@@ -279,6 +288,10 @@ def _dev(args: argparse.Namespace, config: Config) -> int:
     from dispenser.testing.servers import DevServerError  # noqa: PLC0415 - imports the server harness
 
     try:
+        if args.ha:
+            from dispenser.devstack_ha import run_dev_ha  # noqa: PLC0415 - starts servers; only when asked
+
+            return run_dev_ha(config, args.data_dir, kafka=args.kafka)
         return run_dev(
             config,
             args.data_dir,

@@ -18,7 +18,7 @@ from dispenser.core.errors import TagExists
 from dispenser.testing.servers import KafkaBroker, NatsServer, PostgresServer
 from dispenser.testing.servers._process import port_is_free
 
-__all__ = ["DEMO_TAG", "run_dev"]
+__all__ = ["DEMO_TAG", "prepare_demo", "run_dev"]
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,8 @@ DEV_KAFKA_PORT = 9092
 DEV_METRICS_PORT = 9464
 
 
-async def _prepare(dsn: str) -> None:
+async def prepare_demo(dsn: str) -> None:
+    """Create the schema and the demo tag (once)."""
     from dispenser.adapters.postgres.schema import migrate  # noqa: PLC0415
     from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
 
@@ -131,7 +132,7 @@ def run_dev(
             postgres=msgspec.structs.replace(config.postgres, dsn=postgres.dsn),
             snowflake=snowflake,
         )
-        asyncio.run(_prepare(postgres.dsn))
+        asyncio.run(prepare_demo(postgres.dsn))
         return run_async(run_worker(config, on_ready=lambda _worker: print(_banner(config), file=sys.stderr)))
     finally:
         if broker is not None:
