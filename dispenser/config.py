@@ -153,8 +153,9 @@ class KafkaConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Create the request and default reply topics at start if they are missing."""
     topic_partitions: AtLeastOne = 1
     """Partitions of topics the dispenser creates (more partitions, more workers sharing the load)."""
-    replication_factor: AtLeastOne = 1
-    """Replication factor of topics the dispenser creates."""
+    replication_factor: AtLeastOne | None = None
+    """Replication factor of topics the dispenser creates; unset: the smaller of 3 and the number of brokers
+    in the cluster when the topic is created (3 on a cluster of three or more, 1 on a single dev broker)."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
     sasl_username: str | None = None

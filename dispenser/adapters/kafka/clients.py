@@ -24,6 +24,7 @@ from dispenser.messages import RateEvent
 __all__ = [
     "CONTENT_TYPE",
     "CORRELATION_ID",
+    "DEFAULT_REPLICATION_FACTOR",
     "REPLY_PARTITION",
     "REPLY_TOPIC",
     "Headers",
@@ -117,6 +118,9 @@ def _admin_options(config: KafkaConfig) -> dict[str, Any]:
 async def ensure_topics(config: KafkaConfig, topics: Mapping[str, int]) -> list[str]:
     """Create the topics that do not exist yet (name → partitions); returns the names created.
 
+    Their replication factor is ``config.replication_factor``, or when unset the smaller of 3 and the number of
+    brokers the cluster has now.
+
     Raises:
         OSError: the cluster could not be reached, or refused a topic for another reason than that it
             exists already (the message says which and why).
@@ -125,13 +129,14 @@ async def ensure_topics(config: KafkaConfig, topics: Mapping[str, int]) -> list[
     try:
         await admin.start()
         existing = set(await admin.list_topics())
-        wanted = [
-            NewTopic(name, num_partitions=partitions, replication_factor=config.replication_factor)
-            for name, partitions in topics.items()
-            if name not in existing
-        ]
-        if not wanted:
+        missing = {name: partitions for name, partitions in topics.items() if name not in existing}
+        if not missing:
             return []
+        factor = config.replication_factor or await _default_replication_factor(admin)
+        wanted = [
+            NewTopic(name, num_partitions=partitions, replication_factor=factor)
+            for name, partitions in missing.items()
+        ]
         response = await admin.create_topics(wanted)
         created = []
         # create_topics answers errors per topic instead of raising (KAFKA.md gotcha 6).
@@ -142,12 +147,23 @@ async def ensure_topics(config: KafkaConfig, topics: Mapping[str, int]) -> list[
                 message = rest[0] if rest and rest[0] else f"error code {code}"
                 raise OSError(f"Kafka refused to create topic {name!r}: {message}")
         if created:
-            log.info("created Kafka topic(s) %s", ", ".join(created))
+            log.info("created Kafka topic(s) %s (replication factor %d)", ", ".join(created), factor)
         return created
     except KafkaError as exc:
         raise OSError(f"cannot reach Kafka at {config.bootstrap_servers}: {exc}") from exc
     finally:
         await admin.close()
+
+
+DEFAULT_REPLICATION_FACTOR: Final = 3
+"""The replication factor of created topics on a cluster of three or more brokers (``kafka.replication_factor``
+unset): one broker may fail, and with ``min.insync.replicas=2`` on the cluster an acknowledged write is on two."""
+
+
+async def _default_replication_factor(admin: AIOKafkaAdminClient) -> int:
+    """``min(3, live brokers)``: 3 on a cluster, 1 on a single (dev) broker."""
+    brokers = (await admin.describe_cluster()).get("brokers") or []
+    return max(1, min(DEFAULT_REPLICATION_FACTOR, len(brokers)))
 
 
 async def topic_partitions(config: KafkaConfig, topic: str) -> int:
