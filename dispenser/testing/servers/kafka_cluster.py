@@ -57,10 +57,20 @@ class KafkaCluster(ServerGroup[KafkaBroker]):
         size: Number of nodes (3: one may fail with replication factor 3 and two replicas in sync).
         version: The Kafka release.
         start_timeout: Seconds each member may take to list itself in its metadata.
+        stop_timeout: Seconds each member may take to stop after SIGTERM before it is killed. Members
+            stopped together cannot all shut down cleanly (the last ones lose the controller quorum and
+            wait for it: 15 s measured with 20 s here), so the default is short; a killed member recovers
+            its logs at the next start.
     """
 
     def __init__(
-        self, workdir: Path, size: int = 3, *, version: str = KAFKA_VERSION, start_timeout: float = 90.0
+        self,
+        workdir: Path,
+        size: int = 3,
+        *,
+        version: str = KAFKA_VERSION,
+        start_timeout: float = 90.0,
+        stop_timeout: float = 5.0,
     ) -> None:
         self.workdir = Path(workdir)
         self.start_timeout = start_timeout
@@ -80,6 +90,7 @@ class KafkaCluster(ServerGroup[KafkaBroker]):
                     voters=voters,
                     cluster_id=cluster_id,
                     start_timeout=start_timeout,
+                    stop_timeout=stop_timeout,
                 )
                 for n, port in controllers.items()
             ]
