@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,13 +22,13 @@ SOAK_TIMEOUT_S = 420
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 
-@pytest.mark.timeout(SOAK_TIMEOUT_S + 30)
-def test_short_soak_passes(tmp_path: Path) -> None:
-    """10 M+ IDs through kill -9, PostgreSQL, ZooKeeper and NATS outages and clock steps: no duplicate."""
+def _soak(tmp_path: Path, profile: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], str]:
+    """Run ``scripts/soak --profile <profile>`` as CI would; its result, JSON report and output."""
     report_path = tmp_path / "soak.json"
+    tmp_path.chmod(0o755)  # PostgreSQL (and Patroni) run as their own user below it when we are root
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "soak", "--profile", "short", "--seed", "7"),
+            *(sys.executable, "-m", "soak", "--profile", profile, "--seed", "7"),
             *("--json", str(report_path), "--workdir", str(tmp_path / "work"), "--quiet"),
         ],
         capture_output=True,
@@ -41,8 +42,12 @@ def test_short_soak_passes(tmp_path: Path) -> None:
     )
     output = f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-5000:]}"
     assert done.returncode == 0, output
-    report = json.loads(report_path.read_text())
-    assert report["passed"] is True, output
+    return done, json.loads(report_path.read_text()), output
+
+
+def _assert_clean(report: dict[str, Any]) -> None:
+    """Passed, enough IDs of both kinds, nothing malformed or non-retryable, 0 duplicates, all workers up."""
+    assert report["passed"] is True, report["failures"]
     assert report["failures"] == []
     totals = report["totals"]
     assert totals["ids_total"] >= 10_000_000
@@ -54,6 +59,16 @@ def test_short_soak_passes(tmp_path: Path) -> None:
     for name, found in report["duplicates"].items():
         assert found["ids"] == 0, name
         assert found["received"] > 0, name
+    assert all(worker["alive_at_end"] for worker in report["workers"].values())
+    assert report["workers_answering_at_end"] == 3
+
+
+@pytest.mark.timeout(SOAK_TIMEOUT_S + 30)
+def test_short_soak_passes(tmp_path: Path) -> None:
+    """10 M+ IDs through kill -9, PostgreSQL, ZooKeeper and NATS outages and clock steps: no duplicate."""
+    done, report, output = _soak(tmp_path, "short")
+    assert report["passed"] is True, output
+    _assert_clean(report)
     faults = {phase["fault"] for phase in report["phases"]}
     assert faults >= {
         "kill -9 segment-1",
@@ -69,6 +84,29 @@ def test_short_soak_passes(tmp_path: Path) -> None:
         assert phase["p50_ms"] is not None, phase["name"]
         if phase["fault"] in ("clock +1 s", "clock -10 ms"):
             assert phase["notes"]["clock_offset_ms"] in (1000, 990)
-    assert all(worker["alive_at_end"] for worker in report["workers"].values())
-    assert report["workers_answering_at_end"] == 3
+    assert "PASS" in done.stdout
+
+
+@pytest.mark.ha
+@pytest.mark.kafka
+@pytest.mark.timeout(SOAK_TIMEOUT_S + 30)
+def test_ha_short_soak_passes(tmp_path: Path) -> None:
+    """The clustered stack under NATS and Kafka load: every leader killed and rejoined, no duplicate ID.
+
+    The PostgreSQL primary, the busiest NATS node, the ZooKeeper leader and the Kafka partition leader are
+    each killed (kill -9) and started again; each failover must find a new leader.
+    """
+    done, report, _ = _soak(tmp_path, "ha-short")
+    _assert_clean(report)
+    phases = {phase["fault"]: phase for phase in report["phases"] if phase["fault"]}
+    for fault in (
+        "kill -9 postgres primary",
+        "kill -9 zookeeper leader",
+        "kill -9 kafka leader",
+    ):
+        assert isinstance(phases[fault]["notes"]["failover_s"], float), phases[fault]["notes"]
+    assert isinstance(phases["kill -9 nats busiest node"]["notes"]["recovery"], float)
+    for server in ("postgres", "nats", "zookeeper", "kafka"):
+        assert isinstance(phases[f"rejoin {server}"]["notes"]["rejoined_s"], float)
+    assert sum(phase["kafka_requests"] for phase in report["phases"]) > 0
     assert "PASS" in done.stdout
