@@ -294,7 +294,7 @@ def _ha(rounds: int, scale: float, min_ids: int) -> Profile:
 PROFILES: dict[str, Profile] = {
     "short": _short(),
     "long": _long(),
-    "ha-short": _ha(1, 0.8, 10_000_000),
+    "ha-short": _ha(1, 0.5, 10_000_000),
     "ha": _ha(2, 1.0, 100_000_000),
 }
 """``short``: about 70 s of load (CI); ``long``: about 14 minutes (by hand); ``ha``: every clustered
