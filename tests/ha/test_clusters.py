@@ -52,10 +52,13 @@ def test_zookeeper_ensemble_has_one_leader(zk_ensemble: ZooKeeperEnsemble) -> No
 
 
 async def test_kafka_topics_replicate_on_all_three(kafka_cluster: KafkaCluster) -> None:
-    topic = unique("harness")
+    """The dispenser's default replication factor on three brokers is 3; a configured one is used as is."""
+    topic, two = unique("harness"), unique("harness-rf2")
+    await ensure_topics(KafkaConfig(bootstrap_servers=kafka_cluster.bootstrap), {topic: 1})
     await ensure_topics(
-        KafkaConfig(bootstrap_servers=kafka_cluster.bootstrap, replication_factor=3), {topic: 1}
+        KafkaConfig(bootstrap_servers=kafka_cluster.bootstrap, replication_factor=2), {two: 1}
     )
+    assert len(kafka_cluster.partition(two).replicas) == 2
     kafka_cluster.wait_in_sync([topic])
     state = kafka_cluster.partition(topic)
     assert sorted(state.replicas) == [1, 2, 3]

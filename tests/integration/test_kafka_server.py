@@ -9,6 +9,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from dispenser.adapters.kafka.clients import ensure_topics
+from dispenser.config import KafkaConfig
+from dispenser.testing.servers._kafka_wire import metadata
 from dispenser.testing.servers._process import port_is_free
 from dispenser.testing.servers.kafka import KafkaBroker, default_jar_dir, fetch_kafka_jars, metadata_brokers
 
@@ -115,3 +118,13 @@ async def test_restart_keeps_ports_and_data_and_kill_is_survived(private_kafka: 
         (record,) = await reader.wait_for(1, timeout=_TIMEOUT)
     assert record.value == b"before"
     assert (broker.data_dir / "meta.properties").is_file()  # formatted once, kept
+
+
+async def test_created_topics_default_to_one_replica_on_a_single_broker(kafka_broker: KafkaBroker) -> None:
+    """``kafka.replication_factor`` unset: min(3, brokers), so a dev broker's topics get 1 (3 would be refused)."""
+    topic = unique("replicas")
+    assert await ensure_topics(KafkaConfig(bootstrap_servers=kafka_broker.bootstrap), {topic: 2}) == [topic]
+    answer = metadata(kafka_broker.port, [topic])
+    assert answer is not None
+    assert sorted(answer.partitions) == [(topic, 0), (topic, 1)]
+    assert all(state.replicas == (1,) for state in answer.partitions.values())
