@@ -31,11 +31,12 @@ _LAYOUT = SnowflakeLayout()
 
 @dataclass
 class Success:
-    """One answered request: when (monotonic seconds), on which subject, the IDs."""
+    """One answered request: when it was answered and sent (monotonic seconds), on which subject, the IDs."""
 
     at: float
     subject: str
     ids: list[int]
+    sent: float
 
 
 @dataclass
@@ -79,12 +80,15 @@ class LoadResult:
         return longest
 
     def first_from_worker(self, worker_id: int, after: float) -> float | None:
-        """When the first snowflake ID of ``worker_id`` was received after ``after`` (monotonic), if ever."""
+        """When the first snowflake ID of ``worker_id`` asked for after ``after`` (monotonic) came, if ever.
+
+        Asked for after: a reply received after ``after`` may have been sent before it.
+        """
         times = [
             s.at
             for per in self.successes
             for s in per
-            if s.at > after and ".snowflake." in s.subject and s.ids
+            if s.sent > after and ".snowflake." in s.subject and s.ids
             if _LAYOUT.decompose(s.ids[0]).worker_id == worker_id
         ]
         return min(times, default=None)
@@ -113,6 +117,7 @@ async def _requester(
     while not stop.is_set():
         subject = subjects[turn % len(subjects)]
         turn += 1
+        sent = time.monotonic()
         try:
             msg = await nc.request(subject, body, timeout=timeout)
         except NoRespondersError:
@@ -140,7 +145,7 @@ async def _requester(
         if len(ids) != count:
             result.malformed.append(msg.data)
             continue
-        mine.append(Success(time.monotonic(), subject, ids))
+        mine.append(Success(time.monotonic(), subject, ids, sent))
 
 
 @contextlib.asynccontextmanager
