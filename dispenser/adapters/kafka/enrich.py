@@ -8,7 +8,18 @@ dead letters and its consumed offset in one transaction of producer ``<prefix>.<
 * a new owner of *p* (after a rebalance, a crash, a restart) first calls ``init_transactions`` with that
   ID, which aborts whatever the previous owner left open and fences it: a zombie can no longer commit;
 * only then does it read *p*'s committed offset, so it resumes exactly after the last committed
-  transaction, and records of an aborted one are processed again;
+  transaction, and records of an aborted one are processed again. ``init_transactions`` returns only
+  once the previous owner's last transaction is complete (its markers written), so the offset that
+  transaction committed is in place, or the aborted one's is gone;
+* the offset is read strictly (:mod:`~dispenser.adapters.kafka.offsets`): an answer counts only if the
+  group coordinator gives one for *p* with no error, neither for the group nor for the partition. Just
+  after a broker restart the coordinator is still loading and says so at the top level, which
+  ``AIOKafkaConsumer.committed()`` ignores and reports as ``None``, "never committed": taken at its
+  word, the partition would start over and every committed record would be enriched twice. Unknown is
+  therefore never read as "none": the take-over is retried until the coordinator answers for real.
+  (Checking the answer against the last ``leaf-source`` header in the output would only help against a
+  coordinator that answers wrongly *without* an error, which Kafka does not do; and that header can be
+  turned off.);
 * output read with ``isolation_level=read_committed`` therefore holds each input record exactly once.
 
 Order: input partition *p*'s records go, in order, to output partition ``p mod <output partitions>``
@@ -35,6 +46,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError, ProducerFenced
 
 from dispenser.adapters.kafka.clients import client_options, ensure_topics, topic_partitions
+from dispenser.adapters.kafka.offsets import CommittedOffsets
 from dispenser.config import EnrichConfig, KafkaConfig
 from dispenser.core.errors import DispenserError
 from dispenser.ports import IdSource
@@ -147,6 +159,7 @@ class Enricher:
         self._source = source
         self.stats = EnrichStats()
         self._consumer: AIOKafkaConsumer | None = None
+        self._offsets = CommittedOffsets(kafka, settings.group)
         self._partitions: dict[TopicPartition, _Partition] = {}
         self._lock = asyncio.Lock()
         self._out_partitions = 1
@@ -231,6 +244,8 @@ class Enricher:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()
             self._consumer = None
+        with contextlib.suppress(Exception):
+            await self._offsets.close()
 
     # -- partitions come and go ------------------------------------------------------------------------
 
@@ -251,24 +266,18 @@ class Enricher:
     async def _own(self, tp: TopicPartition) -> None:
         """Take over ``tp``: fence its previous owner, then resume after its last committed transaction."""
         assert self._consumer is not None
-        producer = AIOKafkaProducer(
-            **client_options(self._kafka),
-            transactional_id=self.settings.transactional_id(tp.partition),
-            transaction_timeout_ms=self.settings.transaction_timeout_ms,
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=5,
-            # Batches are built here (see _Batches); one may hold the largest record allowed.
-            max_batch_size=max(262_144, self.settings.max_record_bytes + 65_536),
-            max_request_size=max(1_048_576, self.settings.max_record_bytes + 65_536),
-        )
         delay = 0.2
         while True:
+            # A new producer for each attempt: once stopped, an AIOKafkaProducer started again could never be
+            # stopped (its stop() is a no-op after the first), leaking its connections and sender task.
+            producer = self._producer(tp)
             try:
                 # start() runs InitProducerId: the broker aborts the previous owner's open transaction
                 # and bumps the epoch, so the previous owner can no longer commit.
                 await producer.start()
-                committed = await self._consumer.committed(tp)
+                # Not consumer.committed(): it answers None ("never committed") while the coordinator is
+                # still loading after a broker restart, and the partition would start over (see offsets.py).
+                committed = await self._offsets.committed(tp)
                 break
             except KafkaError as exc:
                 log.warning("cannot take over %s yet: %s", _name(tp), exc)
@@ -287,6 +296,20 @@ class Enricher:
         self._consumer.resume(tp)
         log.info(
             "enriching %s from offset %s", _name(tp), "the beginning" if committed is None else committed
+        )
+
+    def _producer(self, tp: TopicPartition) -> AIOKafkaProducer:
+        """A new transactional producer for input partition ``tp`` (not started)."""
+        return AIOKafkaProducer(
+            **client_options(self._kafka),
+            transactional_id=self.settings.transactional_id(tp.partition),
+            transaction_timeout_ms=self.settings.transaction_timeout_ms,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=5,
+            # Batches are built here (see _Batches); one may hold the largest record allowed.
+            max_batch_size=max(262_144, self.settings.max_record_bytes + 65_536),
+            max_request_size=max(1_048_576, self.settings.max_record_bytes + 65_536),
         )
 
     async def _release(self, part: _Partition) -> None:
