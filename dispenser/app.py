@@ -189,6 +189,7 @@ class Worker:
                 dispatchers,
                 max_body_bytes=config.limits.max_body_bytes,
                 request_max_age=config.kafka.request_max_age,
+                reply_timeout=config.kafka.reply_timeout,
             )
             # Registered before start(): stop() also closes the clients of a start that failed half-way.
             stack.push_async_callback(self.kafka.stop)

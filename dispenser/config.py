@@ -149,6 +149,9 @@ class KafkaConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     request_max_age: float = 60.0
     """Seconds after which a request is no longer answered (its requester has given up): on arrival,
     and while its reply cannot be delivered."""
+    reply_timeout: Positive = 1.0
+    """Seconds a reply may wait for its topic's metadata (a reply topic that does not exist) before it is
+    given up as undeliverable (counted and logged); the worker answers other requests meanwhile."""
     create_topics: bool = True
     """Create the request and default reply topics at start if they are missing."""
     topic_partitions: AtLeastOne = 1

@@ -8,7 +8,8 @@ event loop, so a scrape reads a consistent state and needs no thread.
 Metrics (all prefixed ``leaf_``): ``ids_total`` and ``requests_total`` by kind and tag; ``errors_total`` and
 ``request_seconds`` (histogram) and ``replays_unsettled_total`` by kind; ``segment_fetches_total``, ``segment_fetch_seconds_total``,
 ``segment_step``, ``segment_configured_step``, ``ids_buffered``, ``runway_seconds``, ``rate_ids_per_second``
-and ``peak_ids_per_second`` by tag; ``snowflake_clock_waits_total`` and ``snowflake_rollbacks_refused_total``.
+and ``peak_ids_per_second`` by tag; ``snowflake_clock_waits_total`` and ``snowflake_rollbacks_refused_total``;
+``kafka_replies_undeliverable_total`` when Kafka requests are served.
 """
 
 from __future__ import annotations
@@ -34,6 +35,24 @@ from dispenser.service.snowflake import SnowflakeGenerator
 __all__ = ["MetricsServer", "WorkerCollector"]
 
 log = logging.getLogger(__name__)
+
+
+class KafkaRequestCounts(Protocol):
+    """What the metrics read of the Kafka request service's counters."""
+
+    @property
+    def undeliverable(self) -> int:
+        """Replies dropped because they could not be delivered."""
+        ...
+
+
+class KafkaRequests(Protocol):
+    """The Kafka request service, as the metrics see it."""
+
+    @property
+    def stats(self) -> KafkaRequestCounts:
+        """Its counters."""
+        ...
 
 
 class Worker(Protocol):
@@ -62,6 +81,11 @@ class Worker(Protocol):
     @property
     def snowflake(self) -> SnowflakeGenerator | None:
         """Its snowflake generator, if snowflake is on."""
+        ...
+
+    @property
+    def kafka(self) -> KafkaRequests | None:
+        """Its Kafka request service, if Kafka requests are served."""
         ...
 
 
@@ -102,6 +126,13 @@ class WorkerCollector(Collector):
                 "leaf_snowflake_rollbacks_refused",
                 "Takes refused: the clock went back too far",
                 snowflake.rollbacks_refused,
+            )
+        kafka = worker.kafka
+        if kafka is not None:
+            yield CounterMetricFamily(
+                "leaf_kafka_replies_undeliverable",
+                "Kafka replies dropped: no such reply topic or partition, or still failing at the request's max age",
+                kafka.stats.undeliverable,
             )
 
     def _dispatch(self) -> Iterator[Metric]:

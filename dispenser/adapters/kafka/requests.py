@@ -9,6 +9,13 @@ the batches before it) has been acknowledged by the broker. A worker that dies b
 batch again after the rebalance; the requester keeps the first reply per correlation ID and the second
 batch of IDs is skipped, never reissued. While the broker is away, replies are retried until it is back
 or the request is older than ``request_max_age`` (its requester has given up by then).
+
+One client's bad reply address never holds up the others: the consume loop never waits for a topic's
+metadata. A reply to a topic the producer has no metadata for is handed to a task of its own, which gives
+it up as undeliverable if the topic is still unknown after ``reply_timeout`` (one lookup per topic, shared
+by every reply waiting for it); a reply to a partition the topic does not have is given up at once.
+Undeliverable replies are counted (``RequestStats.undeliverable``, the metric
+``leaf_kafka_replies_undeliverable_total``) and logged once per topic and minute.
 """
 
 from __future__ import annotations
@@ -71,6 +78,10 @@ class RequestStats:
     by_code: dict[str, int] = field(default_factory=dict)
 
 
+_LOG_EVERY = 60.0
+"""Seconds between two log lines about undeliverable replies to the same topic (the rest are counted)."""
+
+
 @dataclass(slots=True)
 class _Reply:
     topic: str
@@ -105,6 +116,7 @@ class KafkaRequestService:
         max_body_bytes: int = 4096,
         request_max_age: float = 60.0,
         commit_interval: float = 0.2,
+        reply_timeout: float = 1.0,
     ) -> None:
         """Prepare the service.
 
@@ -114,12 +126,19 @@ class KafkaRequestService:
             max_body_bytes: larger request bodies get a ``too_large`` error reply.
             request_max_age: seconds after which a request (or its undelivered reply) is given up.
             commit_interval: seconds between offset commits.
+            reply_timeout: seconds a reply may wait for its topic's metadata (a topic that does not exist)
+                before it is given up as undeliverable.
         """
         self._config = config
         self._dispatchers = dispatchers
         self._max_body = max_body_bytes
         self._max_age = request_max_age
         self._commit_interval = commit_interval
+        self._reply_timeout = reply_timeout
+        self._lookups: dict[str, asyncio.Future[bool]] = {}
+        """Topic metadata lookups under way, shared by the replies waiting for them."""
+        self._unlogged: dict[str, tuple[float, int]] = {}
+        """By topic: when an undeliverable reply to it was last logged, and how many were not logged since."""
         self.stats = RequestStats()
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -324,15 +343,21 @@ class KafkaRequestService:
         if batch is None:
             await self._deliver(reply)
             return
+        partitions = self._partitions(reply.topic)
+        if partitions is None:
+            # send() would wait here for the topic's metadata, up to request_timeout_ms (30 s) for a topic
+            # that does not exist, and every request behind this one with it: wait in a task instead.
+            batch.pending.append((asyncio.create_task(self._deliver(reply)), None))
+            return
+        if reply.partition is not None and reply.partition not in partitions:
+            self._undeliverable(reply, f"it has no partition {reply.partition}")
+            return
         assert self._producer is not None
         try:
             future = await self._producer.send(
                 reply.topic, reply.value, key=reply.key, partition=reply.partition, headers=reply.headers
             )
-        except (
-            KafkaError,
-            AssertionError,
-        ):  # not even queued: the slow path retries (or gives up) and says why
+        except KafkaError:  # not even queued: the slow path retries (or gives up) and says why
             batch.pending.append((asyncio.create_task(self._deliver(reply)), None))
             return
         batch.pending.append((future, reply))
@@ -349,14 +374,20 @@ class KafkaRequestService:
         assert self._producer is not None
         delay = 0.1
         while True:
+            partitions = self._partitions(reply.topic)
+            if partitions is None and await self._look_up(reply.topic):
+                partitions = self._partitions(reply.topic)
+            if partitions is None:
+                self._undeliverable(reply, f"no such topic (unknown after {self._reply_timeout:g} s)")
+                return
+            if reply.partition is not None and reply.partition not in partitions:
+                self._undeliverable(reply, f"it has no partition {reply.partition}")
+                return
             try:
                 delivery = await self._producer.send(
                     reply.topic, reply.value, key=reply.key, partition=reply.partition, headers=reply.headers
                 )
                 await delivery
-            except AssertionError:  # aiokafka asserts that the partition exists
-                self._undeliverable(reply, f"partition {reply.partition} does not exist")
-                return
             except KafkaError as exc:
                 if not (exc.retriable or isinstance(exc, KafkaTimeoutError)):
                     self._undeliverable(reply, str(exc) or type(exc).__name__)
@@ -370,9 +401,46 @@ class KafkaRequestService:
             else:
                 return
 
+    def _partitions(self, topic: str) -> set[int] | None:
+        """``topic``'s partitions if the producer has its metadata (then send() waits for none), else None.
+
+        An explicit reply partition is checked against these rather than left to aiokafka's ``assert``
+        (which ``python -O`` removes).
+        """
+        assert self._producer is not None
+        partitions: set[int] | None = self._producer.client.cluster.partitions_for_topic(topic)
+        return partitions
+
+    async def _look_up(self, topic: str) -> bool:
+        """Whether ``topic``'s metadata arrives within ``reply_timeout`` (one lookup per topic at a time)."""
+        lookup = self._lookups.get(topic)
+        if lookup is None:
+            lookup = self._lookups[topic] = asyncio.ensure_future(self._wait_for_metadata(topic))
+            lookup.add_done_callback(lambda _done: self._lookups.pop(topic, None))
+        # Shielded: a cancelled reply task must not cancel the lookup the others share.
+        return await asyncio.shield(lookup)
+
+    async def _wait_for_metadata(self, topic: str) -> bool:
+        assert self._producer is not None
+        try:
+            async with asyncio.timeout(self._reply_timeout):
+                await self._producer.partitions_for(topic)
+        except (TimeoutError, KafkaError):
+            return False
+        return True
+
     def _undeliverable(self, reply: _Reply, why: str) -> None:
         self.stats.undeliverable += 1
-        log.warning("cannot deliver a reply to topic %r: %s", reply.topic, why)
+        now = time.monotonic()
+        logged, since = self._unlogged.get(reply.topic, (-_LOG_EVERY, 0))
+        if now - logged < _LOG_EVERY:
+            self._unlogged[reply.topic] = (logged, since + 1)
+            return
+        if len(self._unlogged) >= 1024:  # many bad names: forget those not logged lately
+            self._unlogged = {t: e for t, e in self._unlogged.items() if now - e[0] < _LOG_EVERY}
+        self._unlogged[reply.topic] = (now, 0)
+        more = f" ({since} more since the last report)" if since else ""
+        log.warning("cannot deliver a reply to topic %r: %s; reply dropped%s", reply.topic, why, more)
 
     async def _commit_loop(self) -> None:
         while True:
