@@ -9,12 +9,15 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any
+from pathlib import Path
 
 import msgspec
 
 from dispenser.adapters.kafka.clients import KafkaRateSink
 from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
 from dispenser.adapters.kafka.requests import KafkaRequestService
+from dispenser.adapters.local.grants import GrantFile
+from dispenser.adapters.local.statefile import default_state_dir
 from dispenser.adapters.nats.client import Connection
 from dispenser.adapters.nats.connection import connect
 from dispenser.adapters.nats.peers import collect_peer_clocks, serve_clock
@@ -37,7 +40,7 @@ from dispenser.service.rates import EventSink, RateBook, RatePublisher, RateSett
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 
-__all__ = ["Run", "Worker", "run_enricher", "run_until_signal", "run_worker"]
+__all__ = ["Run", "Worker", "open_grants", "run_enricher", "run_until_signal", "run_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,8 @@ class Worker:
         self.postgres: PostgresSegmentStore | None = None
         """The PostgreSQL pool: the segment store's, or one opened for the replay store only."""
         self.replay_store: ReplayStore | None = None
+        self.grants: GrantFile | None = None
+        """The segment grants this worker remembers (``segment.remember_grants``)."""
         self.allocator: SegmentAllocator | None = None
         self.nc: Connection | None = None
         self.service: NatsIdService | None = None
@@ -198,11 +203,24 @@ class Worker:
             log.warning("neither NATS (nats.enabled) nor Kafka (kafka.enabled) is on: nothing to serve")
 
     async def _postgres(self, stack: contextlib.AsyncExitStack) -> PostgresSegmentStore:
-        """The PostgreSQL pool, opened on first need (segments, the replay store) and closed last."""
+        """The PostgreSQL pool, opened on first need (segments, the replay store) and closed last.
+
+        With ``segment.remember_grants``, the pool remembers every grant in the state directory and repairs
+        a new primary that lost some (docs/ha.md).
+        """
         if self.postgres is None:
             pg = self.config.postgres
+            grants = open_grants(self.config)
+            if grants is not None:
+                stack.callback(grants.close)
+                self.grants = grants
             self.postgres = await PostgresSegmentStore.connect(
-                pg.dsn, min_size=pg.pool_min, max_size=pg.pool_max, command_timeout=pg.command_timeout
+                pg.dsn,
+                min_size=pg.pool_min,
+                max_size=pg.pool_max,
+                command_timeout=pg.command_timeout,
+                grants=grants,
+                new_primary_grace=pg.new_primary_grace if grants is not None else 0.0,
             )
             stack.push_async_callback(self.postgres.close)
             log.info("connected to PostgreSQL at %s", redact(pg.dsn))
@@ -413,6 +431,19 @@ async def run_until_signal(start: Callable[[contextlib.AsyncExitStack], Awaitabl
                 return 1
             await run(stop)
         return 0
+
+
+def open_grants(config: Config) -> GrantFile | None:
+    """The file where this worker remembers its segment grants, or None (``segment.remember_grants`` off).
+
+    Raises:
+        OSError: the state directory cannot be written, or all its slots are held.
+    """
+    segment = config.segment
+    if not (segment.enabled and segment.remember_grants):
+        return None
+    directory = segment.state_dir or config.snowflake.state_dir
+    return GrantFile.open(Path(directory) if directory else default_state_dir())
 
 
 async def run_worker(config: Config, on_ready: Callable[[Worker], None] | None = None) -> int:

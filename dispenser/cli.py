@@ -366,6 +366,8 @@ def _check(_args: argparse.Namespace, config: Config) -> int:
     failed = [r for r in results if not r.ok]
     for result in results:
         print(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {result.detail}")
+        if result.warning:
+            print(f"WARN {result.name}: {result.warning}")
     if failed:
         print(f"dispenser: cannot reach {', '.join(r.name for r in failed)}", file=sys.stderr)
         return 1

@@ -69,6 +69,9 @@ class PostgresConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     pool_max: AtLeastOne = 4
     command_timeout: Positive = 2.0
     """Seconds before a segment fetch counts as failed (and is retried)."""
+    new_primary_grace: Annotated[float, Meta(ge=0)] = 2.0
+    """After a failover (a primary on a new timeline), seconds to wait before fetching from it, so that every
+    live worker has restored the grants it remembers first (``segment.remember_grants``; docs/ha.md)."""
 
 
 class SegmentConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -79,6 +82,12 @@ class SegmentConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     fetch_deadline: Positive = 2.0
     refresh_interval: Positive = 60.0
     retry_max: Positive = 2.0
+    remember_grants: bool = True
+    """Remember the highest ``max_id`` granted per tag (in memory and in ``state_dir``) and restore it on a
+    PostgreSQL primary that lost it, as asynchronous replication can after a failover (docs/ha.md)."""
+    state_dir: str | None = None
+    """Where ``remember_grants`` keeps its file; default ``snowflake.state_dir``, else
+    ``~/.local/state/leaf-dispenser``. Never a temporary directory."""
 
 
 class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):

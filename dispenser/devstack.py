@@ -132,6 +132,10 @@ def run_dev(
             postgres=msgspec.structs.replace(config.postgres, dsn=postgres.dsn),
             snowflake=snowflake,
         )
+        if config.segment.state_dir is None:  # the remembered grants belong to this data dir's database
+            config = msgspec.structs.replace(
+                config, segment=msgspec.structs.replace(config.segment, state_dir=str(data_dir / "state"))
+            )
         asyncio.run(prepare_demo(postgres.dsn))
         return run_async(run_worker(config, on_ready=lambda _worker: print(_banner(config), file=sys.stderr)))
     finally:

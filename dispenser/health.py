@@ -18,6 +18,8 @@ class CheckResult:
     name: str
     ok: bool
     detail: str
+    warning: str | None = None
+    """Reachable, but something the operator should fix (printed as ``WARN``)."""
 
 
 async def _check_nats(config: Config) -> CheckResult:
@@ -54,9 +56,43 @@ async def _check_postgres(config: Config) -> CheckResult:
             dsn, command_timeout=config.postgres.command_timeout
         ) as store:
             tags = await store.list_tags()
+            replication = await store.replication()
     except (OSError, DispenserError) as exc:
         return CheckResult("postgres", False, str(exc))
-    return CheckResult("postgres", True, f"{redact(dsn)} (schema version {version}, {len(tags)} tags)")
+    detail = f"{redact(dsn)} (schema version {version}, {len(tags)} tags); primary {replication.primary}"
+    if replication.synchronous:
+        sync = f", {replication.sync_standbys} synchronous" if replication.sync_standbys else ""
+        detail += (
+            f", replicating synchronously to {replication.standbys} standby(s){sync} "
+            f"(synchronous_standby_names = {replication.standby_names!r})"
+        )
+        if replication.standbys == 0:
+            return CheckResult(
+                "postgres",
+                False,
+                f"{detail}: no standby is attached, so every commit waits (synchronous_mode_strict "
+                "without standbys): no segment can be fetched",
+            )
+        return CheckResult("postgres", True, detail)
+    if replication.standbys == 0:
+        return CheckResult("postgres", True, f"{detail}, no standbys (a single server: no failover)")
+    detail += f", replicating ASYNCHRONOUSLY to {replication.standbys} standby(s)"
+    repair = (
+        "each worker restores the grants it remembers (segment.remember_grants), not those of a worker "
+        "whose state directory is gone"
+        if config.segment.remember_grants
+        else "segment.remember_grants is off, so nothing restores them"
+    )
+    return CheckResult(
+        "postgres",
+        True,
+        detail,
+        warning=(
+            "a failover may promote a standby that lacks the last segment grants, and hand out DUPLICATE IDs: "
+            f"{repair}. Use synchronous replication (Patroni: synchronous_mode and synchronous_mode_strict; "
+            "see docs/ha.md)"
+        ),
+    )
 
 
 async def _check_snowflake(config: Config) -> CheckResult:

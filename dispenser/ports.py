@@ -18,6 +18,7 @@ from dispenser.core.segment import Segment
 __all__ = [
     "Allocation",
     "Clock",
+    "GrantMemory",
     "IdSource",
     "RangesBatch",
     "ReplayStore",
@@ -139,6 +140,35 @@ class SegmentStore(Protocol):
 
     async def close(self) -> None:
         """Release connections."""
+        ...
+
+
+class GrantMemory(Protocol):
+    """What a worker remembers of the segments it was granted, so that a primary that lost them is repaired.
+
+    With asynchronous replication a promoted replica can miss the last ``max_id`` updates; a worker that
+    remembers the highest ``max_id`` it was granted per tag raises the new primary's rows back before it
+    fetches again (see docs/ha.md).
+    """
+
+    def remembered(self, database: str) -> dict[str, int]:
+        """Tag → the highest ``max_id`` granted in ``database``.
+
+        Granted to this worker, and to any worker whose memory this one can read (one sharing its state
+        directory).
+        """
+        ...
+
+    async def remember(self, database: str, tag: str, max_id: int) -> None:
+        """Record a grant; returns once it is durable (a restarted worker will remember it)."""
+        ...
+
+    def server(self, database: str) -> str | None:
+        """The identity of the primary this worker last used for ``database`` (system ID and timeline)."""
+        ...
+
+    async def set_server(self, database: str, identity: str) -> None:
+        """Record the primary now in use for ``database``."""
         ...
 
 

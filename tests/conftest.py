@@ -138,6 +138,16 @@ def private_postgres(tmp_path: Path, _postgres_template: Path) -> Iterator[Postg
     yield from _running(PostgresServer(datadir))
 
 
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's workers keep their state (segment grants, snowflake cache) in a directory of its own.
+
+    The default state directory is ``$XDG_STATE_HOME/leaf-dispenser``: shared, a worker of one test would
+    restore the grants another test's worker remembered (in a database of the same name) into its own.
+    """
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
 # The secret check ---------------------------------------------------------------------------------------
 
 _secret_scan = SecretScanHandler(SECRETS)

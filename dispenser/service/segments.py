@@ -99,6 +99,8 @@ class TagAllocator:
         self._changed = asyncio.Event()
         self._wanted = 0  # the largest count a waiter needs; sizes the next fetch
         self._closed = False
+        self._failing_since = 0.0  # when the current streak of failed fetches began
+        self._failures = 0
 
     # -- the hot path ------------------------------------------------------------------------------
 
@@ -202,10 +204,20 @@ class TagAllocator:
                     return
                 except Exception as exc:
                     self.buffer.fetch_failed()
+                    # One line per outage (a failover retries for seconds): the first failure at WARNING,
+                    # the retries at DEBUG, then one line when it recovers.
+                    level = logging.WARNING if self.last_error is None else logging.DEBUG
+                    if self.last_error is None:
+                        self._failing_since = self._clock.monotonic()
+                        self._failures = 0
+                    self._failures += 1
                     if isinstance(exc, DispenserError):
                         self.last_error = exc
-                        log.warning(
-                            "segment fetch for %r failed, retrying in %.2fs: %s", self.tag, delay, exc
+                        log.log(
+                            level,
+                            "segment fetch for %r failed, retrying until the store answers: %s",
+                            self.tag,
+                            exc,
                         )
                     else:  # a bug, not an outage: say so loudly, but keep the tag alive
                         self.last_error = StoreUnavailable(f"unexpected {type(exc).__name__} while fetching")
@@ -234,7 +246,12 @@ class TagAllocator:
                     self._closed = True
                     return
                 if self.last_error is not None:
-                    log.info("segment fetch for %r recovered", self.tag)
+                    log.info(
+                        "segment fetch for %r recovered after %d failed attempt(s) in %.1f s",
+                        self.tag,
+                        self._failures,
+                        self._clock.monotonic() - self._failing_since,
+                    )
                 self.last_error = None
                 if self.buffer.remaining >= self._wanted:
                     self._wanted = 0

@@ -34,6 +34,7 @@ __all__ = [
     "WorkerIdentity",
     "default_state_dir",
     "state_file_path",
+    "write_atomically",
 ]
 
 RegistryMode = Literal["zookeeper", "zookeeper-lease", "postgres", "static"]
@@ -101,6 +102,31 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def write_atomically(path: Path, payload: bytes) -> None:
+    """Replace ``path`` with ``payload`` atomically and durably (temporary file, fsync, rename, fsync dir).
+
+    A reader sees the old content or the new, never a mix; once this returns, a power cut keeps the new.
+    The directory is created if missing.
+
+    Raises:
+        OSError: the directory or file could not be written; the old file, if any, is left intact.
+    """
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            tmp.write(payload)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    _fsync_dir(directory)
+
+
 class LocalStateFile:
     """Load and atomically save one :class:`LocalState` as JSON.
 
@@ -138,21 +164,7 @@ class LocalStateFile:
         Raises:
             OSError: the directory or file could not be written; the old file, if any, is left intact.
         """
-        directory = self.path.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        payload = _encoder.encode(_File(format=1, state=state)) + b"\n"
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as tmp:
-                tmp.write(payload)
-                tmp.flush()
-                os.fsync(tmp.fileno())
-            os.replace(tmp_name, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp_name)
-            raise
-        _fsync_dir(directory)
+        write_atomically(self.path, _encoder.encode(_File(format=1, state=state)) + b"\n")
 
     async def asave(self, state: LocalState) -> None:
         """:meth:`save` in a worker thread, so the event loop does not wait for the disk."""

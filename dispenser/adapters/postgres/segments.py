@@ -3,14 +3,25 @@
 asyncpg's exceptions (and ``OSError``, which covers timeouts) become :class:`StoreUnavailable` in one place,
 :func:`map_store_errors`; the DSN's password never appears in a message, a ``repr`` or a log line.
 The schema itself is created by :func:`dispenser.adapters.postgres.schema.migrate`.
+
+High availability (docs/ha.md): the DSN may name every node of a cluster with
+``target_session_attrs=read-write``; each new connection goes to whichever node is the primary. A fetch
+that fails for any reason is in doubt (the primary may have committed the UPDATE and died before answering):
+its range is never handed out, and the allocator fetches again, on the new primary once there is one.
+With a :class:`~dispenser.ports.GrantMemory`, every granted ``max_id`` is remembered before the segment is
+handed out, and every new connection first checks which primary it reached: one not seen before (another
+system identifier or timeline, i.e. after a failover) gets the remembered ``max_id`` of each tag restored
+(``GREATEST``) before any fetch, which closes the hole asynchronous replication leaves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -18,10 +29,17 @@ import asyncpg
 from dispenser.core.errors import DispenserError, StoreUnavailable, TagExists, UnknownTag
 from dispenser.core.segment import Segment
 from dispenser.core.store_rules import check_new_tag, check_step, no_room
-from dispenser.ports import Allocation, TagInfo
+from dispenser.ports import Allocation, GrantMemory, TagInfo
 from dispenser.redaction import redact
 
-__all__ = ["PostgresSegmentStore", "dsn_secrets", "invalid_settings", "map_store_errors", "scrub"]
+__all__ = [
+    "PostgresSegmentStore",
+    "PrimaryWatch",
+    "dsn_secrets",
+    "invalid_settings",
+    "map_store_errors",
+    "scrub",
+]
 
 # One statement, so one round trip once asyncpg has prepared it on the connection (its statement cache
 # keeps it per connection). COALESCE lets the caller ask for a step other than the configured one (the
@@ -61,6 +79,59 @@ _REMOVE_TAG = "DELETE FROM leaf_alloc WHERE biz_tag = $1 RETURNING biz_tag"
 
 _REDACTED = "***"
 
+# Which primary a connection reached: the cluster (system identifier, kept by physical replicas) and its
+# timeline (the WAL file name's first 8 hex digits; every promotion starts a new one). pg_walfile_name
+# refuses to run during recovery, hence the check first.
+_IDENTITY = """
+SELECT pg_is_in_recovery() AS standby, current_database() AS database,
+       (SELECT system_identifier::text FROM pg_control_system()) AS system,
+       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_lsn()) END AS walfile
+"""
+
+# Raise each remembered tag back to what this worker was granted; only rows that lost a grant change.
+_REPAIR = """
+UPDATE leaf_alloc AS a
+   SET max_id = r.max_id, update_time = now()
+  FROM unnest($1::text[], $2::bigint[]) AS r(tag, max_id)
+ WHERE a.biz_tag = r.tag AND a.max_id < r.max_id
+RETURNING a.biz_tag, r.max_id
+"""
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL = 1.0
+"""Seconds between the connection checks of a store that remembers grants (see ``PostgresSegmentStore._beat``)."""
+
+
+class _QuietPoolFloor(logging.Filter):
+    """Turns asyncpg's pool tracebacks at WARNING into one line at DEBUG.
+
+    The pool logs a full traceback each time it fails to reopen a connection in the background: during a
+    failover, one every few seconds per pool, for an outage the allocator already reports in one line.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING and record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+_pool_logger = logging.getLogger("asyncpg.pool")
+if not any(isinstance(f, _QuietPoolFloor) for f in _pool_logger.filters):
+    _pool_logger.addFilter(_QuietPoolFloor())
+
+
+def _host_count(dsn: str) -> int:
+    with contextlib.suppress(ValueError):
+        netloc = urllib.parse.urlsplit(dsn).netloc.rpartition("@")[2]
+        return max(1, len([h for h in netloc.split(",") if h]))
+    return 1
+
 
 def dsn_secrets(dsn: str) -> tuple[str, ...]:
     """The strings that must never appear in a message: the DSN's passwords, raw and percent-decoded.
@@ -98,10 +169,14 @@ def invalid_settings(exc: ValueError, where: str, secrets: Sequence[str]) -> Val
     return ValueError(scrub(f"invalid connection settings ({where}): {exc}", secrets))
 
 
-def _describe(exc: BaseException, timeout: float | None) -> str:
+def _describe(exc: BaseException, timeout: float | None, hosts: int = 1) -> str:
     if isinstance(exc, TimeoutError):
         return f"no answer within {timeout} s" if timeout is not None else "timed out"
     detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if hosts > 1 and isinstance(exc, (ConnectionRefusedError, asyncpg.TargetServerAttributeNotMatched)):
+        # asyncpg reports the last host's error only, e.g. "connection refused" from a dead old primary
+        # while the others answered as standbys: say what it means.
+        return f"no primary among the DSN's {hosts} hosts (each is down or a standby; last error {detail})"
     if isinstance(exc, asyncpg.UndefinedTableError):
         detail += " (was the schema migrated? see dispenser.adapters.postgres.schema.migrate)"
     return detail
@@ -115,6 +190,7 @@ def map_store_errors(
     secrets: Sequence[str] = (),
     timeout: float | None = None,
     unavailable: Callable[[str], DispenserError] = StoreUnavailable,
+    hosts: int = 1,
 ) -> Iterator[None]:
     """Turn the driver's exceptions raised inside the block into :class:`StoreUnavailable` (or ``unavailable``).
 
@@ -129,11 +205,12 @@ def map_store_errors(
         timeout: the timeout in force, to say how long we waited when one fires.
         unavailable: the error to raise, built from the message (the worker registry raises
             ``CoordinatorUnavailable``).
+        hosts: how many hosts the DSN names (a refused connection then means "no primary").
     """
     try:
         yield
     except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError) as exc:
-        raw = f"{action} ({where}): {_describe(exc, timeout)}"
+        raw = f"{action} ({where}): {_describe(exc, timeout, max(hosts, _host_count(where)))}"
         message = scrub(raw, secrets)
         if message == raw:
             raise unavailable(message) from exc
@@ -151,11 +228,129 @@ async def _keep_session(_conn: asyncpg.Connection[Any]) -> None:
     """
 
 
+_REPLICATION = """
+SELECT host(inet_server_addr()) AS host, inet_server_port() AS port,
+       (SELECT system_identifier::text FROM pg_control_system()) AS system,
+       pg_walfile_name(pg_current_wal_lsn()) AS walfile,
+       current_setting('synchronous_standby_names') AS standby_names,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       (SELECT count(*) FROM pg_stat_replication) AS standbys,
+       (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')) AS sync_standbys
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """How the primary a store reaches replicates (for ``dispenser check``)."""
+
+    primary: str
+    """``host:port`` of the primary as it sees itself."""
+    system: str
+    timeline: int
+    standbys: int
+    """Standbys streaming from it (``pg_stat_replication``)."""
+    sync_standbys: int
+    """Of those, how many it waits for (visible to a superuser or ``pg_monitor`` only; else 0)."""
+    standby_names: str
+    """``synchronous_standby_names``: empty means commits wait for no standby."""
+    synchronous_commit: str
+
+    @property
+    def synchronous(self) -> bool:
+        """Whether a commit waits for a standby to have it."""
+        return bool(self.standby_names.strip()) and self.synchronous_commit not in ("off", "local")
+
+
+class PrimaryWatch:
+    """Checks every new connection: which primary it reached, and repairs a new one's lost grants first.
+
+    Run by the pool on each connection it opens (asyncpg's ``init``), so no statement of this store runs on
+    a connection before the check: a standby is refused with a clear message, and a primary not seen
+    before (system identifier or timeline changed) gets the remembered grants back (see the module).
+    """
+
+    def __init__(self, where: str, grants: GrantMemory | None, grace: float = 0.0) -> None:
+        self._where = where
+        self.grants = grants
+        self.grace = grace
+        """Seconds to hold back connections to a primary on a new timeline (see :meth:`on_connect`)."""
+        self._usable_at = 0.0
+        self.database: str | None = None
+        """The database the DSN names (known once a connection has been made)."""
+        self.primary: str | None = None
+        """``<system identifier>/<timeline>`` of the primary the last new connection reached."""
+
+    async def on_connect(self, conn: asyncpg.Connection[Any]) -> None:
+        """Check (and repair) a new connection before the pool hands it out.
+
+        Raises:
+            StoreUnavailable: the connection reached a standby.
+        """
+        row = await conn.fetchrow(_IDENTITY)
+        assert row is not None
+        if row["standby"]:
+            raise StoreUnavailable(
+                f"connected to a standby, which cannot grant segments ({self._where}): name the primary, "
+                "or every node of the cluster with target_session_attrs=read-write (see docs/ha.md)"
+            )
+        database: str = row["database"]
+        identity = f"{row['system']}/{int(row['walfile'][:8], 16)}"
+        self.database = database
+        loop = asyncio.get_running_loop()
+        if identity != self.primary:
+            if self.primary is not None:
+                log.info("PostgreSQL primary is now system %s, timeline %s", *identity.split("/"))
+                # A failover: every live worker repairs this primary from its memory on its next
+                # connection (within a heartbeat); none of ours fetches before they have had the time.
+                self._usable_at = loop.time() + self.grace
+            self.primary = identity
+        await self._repair(conn, database, identity)
+        wait = self._usable_at - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    async def _repair(self, conn: asyncpg.Connection[Any], database: str, identity: str) -> None:
+        grants = self.grants
+        if grants is None or grants.server(database) == identity:
+            return
+        remembered = grants.remembered(database)
+        if remembered:
+            tags = sorted(remembered)
+            try:
+                raised = await conn.fetch(_REPAIR, tags, [remembered[t] for t in tags])
+            except asyncpg.UndefinedTableError:
+                return  # nothing to repair before `dispenser migrate`; try again on the next connection
+            if raised:
+                shown = ", ".join(f"{r['biz_tag']!r} to {r['max_id']}" for r in raised[:10])
+                more = f" and {len(raised) - 10} more" if len(raised) > 10 else ""
+                log.warning(
+                    "PostgreSQL primary (system %s, timeline %s) is new to this worker and had lost segments "
+                    "it granted (asynchronous replication?): raised max_id of %s%s before fetching",
+                    *identity.split("/"),
+                    shown,
+                    more,
+                )
+            else:
+                log.info(
+                    "PostgreSQL primary (system %s, timeline %s) is new to this worker and holds every "
+                    "segment it remembers granting (%d tags)",
+                    *identity.split("/"),
+                    len(tags),
+                )
+        await grants.set_server(database, identity)
+
+    async def granted(self, tag: str, max_id: int) -> None:
+        """Remember a grant (durably, when there is a memory) before its IDs are handed out."""
+        if self.grants is not None and self.database is not None:
+            await self.grants.remember(self.database, tag, max_id)
+
+
 class PostgresSegmentStore:
     """:class:`~dispenser.ports.SegmentStore` over an asyncpg pool.
 
-    Build one with :meth:`connect`. The pool reconnects by itself: after PostgreSQL restarts, the next
-    call that finds its connection closed opens a new one, so the same store object keeps working.
+    Build one with :meth:`connect`. The pool reconnects by itself: after PostgreSQL restarts, or after a
+    failover with a multi-host DSN (``target_session_attrs=read-write``), the next call that finds its
+    connection closed opens a new one, so the same store object keeps working.
     """
 
     def __init__(
@@ -165,6 +360,8 @@ class PostgresSegmentStore:
         where: str = "postgres",
         secrets: Sequence[str] = (),
         timeout: float | None = None,
+        hosts: int = 1,
+        watch: PrimaryWatch | None = None,
     ) -> None:
         """Wrap an existing pool (prefer :meth:`connect`, which builds the pool as this store needs).
 
@@ -173,12 +370,20 @@ class PostgresSegmentStore:
             where: how to name the database in messages (a redacted DSN).
             secrets: strings never to repeat in a message.
             timeout: seconds to wait for a pooled connection (opening one if needed).
+            hosts: how many hosts the DSN names.
+            watch: the pool's connection check (its ``init``), told of every grant.
         """
         self._pool = pool
         self._where = where
         self._secrets = tuple(secrets)
         self._timeout = timeout
+        self._hosts = hosts
+        self.watch = watch
+        """Which primary the pool last reached, and the remembered grants (None for a bare pool)."""
         self._closed = False
+        self._heartbeat: asyncio.Task[None] | None = None
+        if watch is not None and watch.grants is not None:
+            self._heartbeat = asyncio.create_task(self._beat(), name="postgres-heartbeat")
 
     @classmethod
     async def connect(
@@ -190,6 +395,8 @@ class PostgresSegmentStore:
         command_timeout: float = 5.0,
         connect_timeout: float = 5.0,
         application_name: str = "leaf-dispenser",
+        grants: GrantMemory | None = None,
+        new_primary_grace: float = 0.0,
     ) -> PostgresSegmentStore:
         """Open a pool to ``dsn`` and return a store over it.
 
@@ -201,14 +408,21 @@ class PostgresSegmentStore:
             command_timeout: seconds a statement may take before it is cancelled.
             connect_timeout: seconds to open a connection (at start and when reconnecting).
             application_name: shown in ``pg_stat_activity``.
+            grants: remember every grant there, and repair a new primary from it (see the module).
+            new_primary_grace: seconds to wait after reaching a primary on a new timeline before using it,
+                so that every live worker (each checks its connection every second) has repaired it first.
 
         Raises:
-            StoreUnavailable: the first ``min_size`` connections could not be opened.
+            StoreUnavailable: the first ``min_size`` connections could not be opened (or reached a standby).
             ValueError: the DSN or an option is malformed (the message hides the password).
         """
         where = redact(dsn)
         secrets = dsn_secrets(dsn)
-        with map_store_errors("connecting", where=where, secrets=secrets, timeout=connect_timeout):
+        hosts = _host_count(dsn)
+        watch = PrimaryWatch(where, grants, new_primary_grace)
+        with map_store_errors(
+            "connecting", where=where, secrets=secrets, timeout=connect_timeout, hosts=hosts
+        ):
             try:
                 pool = await asyncpg.create_pool(
                     dsn,
@@ -217,19 +431,29 @@ class PostgresSegmentStore:
                     command_timeout=command_timeout,
                     timeout=connect_timeout,
                     reset=_keep_session,
+                    init=watch.on_connect,
                     server_settings={"application_name": application_name},
                 )
             except ValueError as exc:
                 if isinstance(exc, OSError):
                     raise  # a TLS failure (e.g. certificate verify failed): unavailable, as at run time
                 raise invalid_settings(exc, where, secrets) from None
-        return cls(pool, where=where, secrets=secrets, timeout=connect_timeout + command_timeout)
+        return cls(
+            pool,
+            where=where,
+            secrets=secrets,
+            timeout=connect_timeout + command_timeout,
+            hosts=hosts,
+            watch=watch,
+        )
 
     def __repr__(self) -> str:
         return f"PostgresSegmentStore({self._where})"
 
     def _errors(self, action: str) -> contextlib.AbstractContextManager[None]:
-        return map_store_errors(action, where=self._where, secrets=self._secrets, timeout=self._timeout)
+        return map_store_errors(
+            action, where=self._where, secrets=self._secrets, timeout=self._timeout, hosts=self._hosts
+        )
 
     async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
         """Reserve the next segment of ``tag`` in one ``UPDATE … RETURNING`` round trip.
@@ -253,7 +477,29 @@ class PostgresSegmentStore:
                 raise no_room(tag, step) from None
         if row is None:
             raise UnknownTag(tag)
+        if self.watch is not None:
+            await self.watch.granted(tag, row["max_id"])
         return Allocation(Segment.from_max_id(row["max_id"], row["step_used"]), row["step"])
+
+    async def replication(self) -> Replication:
+        """Which primary this store reaches and how it replicates.
+
+        Raises:
+            StoreUnavailable: PostgreSQL could not be reached (or no primary is among the DSN's hosts).
+        """
+        with self._errors("reading the replication state"):
+            async with self._pool.acquire(timeout=self._timeout) as conn:
+                row = await conn.fetchrow(_REPLICATION)
+        assert row is not None
+        return Replication(
+            primary=f"{row['host'] or 'local socket'}:{row['port'] or ''}".rstrip(":"),
+            system=row["system"],
+            timeline=int(row["walfile"][:8], 16),
+            standbys=row["standbys"],
+            sync_standbys=row["sync_standbys"],
+            standby_names=row["standby_names"],
+            synchronous_commit=row["synchronous_commit"],
+        )
 
     async def list_tags(self) -> list[TagInfo]:
         """All tags ordered by name (code point order).
@@ -362,11 +608,33 @@ class PostgresSegmentStore:
                     return {}
         return {row["biz_tag"]: (row["peak"], row["at"]) for row in rows}
 
+    async def _beat(self) -> None:
+        """Use a connection every second, so that a failover is noticed (and repaired) promptly.
+
+        A worker whose buffers hold IDs may not fetch for minutes; its grants must still be restored on a
+        new primary before the other workers fetch there. Errors are not reported here: the allocator
+        reports outages, this only gets a new connection opened (and checked) as soon as one can be.
+        """
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            with contextlib.suppress(
+                DispenserError,
+                asyncpg.PostgresError,
+                asyncpg.InterfaceError,
+                asyncpg.InternalClientError,
+                OSError,
+            ):
+                async with self._pool.acquire(timeout=self._timeout) as conn:
+                    await conn.execute("SELECT 1")
+
     async def close(self) -> None:
         """Close the pool's connections (terminating them if PostgreSQL does not answer). Idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
         try:
             await asyncio.wait_for(self._pool.close(), self._timeout)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError):

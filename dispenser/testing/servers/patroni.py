@@ -268,6 +268,17 @@ class PatroniNode(ServerProcess[Path]):
         """Call this node's REST API: ``(HTTP status, JSON body)``; status 0 when it does not answer."""
         return _http(self.rest_port, path, method=method, body=body)
 
+    def sql(self, query: str, database: str = "postgres") -> str | None:
+        """Run one query with ``psql`` on this node; its unaligned output, or None if it failed."""
+        cmd = [str(_pg_bindir() / "psql"), "-XAtq", "-h", LOOPBACK, "-p", str(self.port), "-U", "postgres",
+               "-d", database, "-c", query]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=10, check=False)
+        except subprocess.TimeoutExpired:
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
     def postmaster(self) -> ProcessId | None:
         """The running postmaster of this node (from ``postmaster.pid``), or None."""
         try:
@@ -563,9 +574,17 @@ class PatroniCluster:
         return []
 
     def leader(self) -> PatroniNode | None:
-        """The node whose REST API says it is the writable leader (``/primary`` answers 200), or None."""
+        """The node that leads and whose PostgreSQL is out of recovery (writable), or None.
+
+        Patroni's ``/primary`` answers 200 as soon as the node holds the leader lock, a moment before its
+        PostgreSQL is promoted; a client that connects then finds only standbys. So PostgreSQL is asked too.
+        """
         for node in self.nodes:
-            if node.running and node.api("/primary")[0] == 200:
+            if (
+                node.running
+                and node.api("/primary")[0] == 200
+                and node.sql("SELECT pg_is_in_recovery()") == "f"
+            ):
                 return node
         return None
 
@@ -595,6 +614,17 @@ class PatroniCluster:
         leader = self.leader()
         assert leader is not None
         return leader
+
+    def wait_replayed(self, timeout: float = 30.0) -> None:
+        """Wait until every running replica reports no lag (it has replayed all the leader wrote)."""
+
+        def replayed() -> bool:
+            members = self.members()
+            running = {n.name for n in self.nodes if n.running}
+            replicas = [m for m in members if m.name in running and m.role != "leader"]
+            return len(replicas) == len(running) - 1 and all(m.lag == 0 for m in replicas)
+
+        self._wait(replayed, timeout, "every replica caught up")
 
     def wait_leader(self, *, other_than: PatroniNode | None = None, timeout: float = 60.0) -> PatroniNode:
         """Wait until a node other than ``other_than`` is the writable leader, and return it."""

@@ -1,0 +1,180 @@
+"""The segment grants a worker remembers in its state directory (:class:`~dispenser.ports.GrantMemory`).
+
+With asynchronous replication, a promoted replica may lack the last ``max_id`` updates of the old primary,
+and would grant those ranges again. Each worker therefore remembers, per database and tag, the highest
+``max_id`` it was granted, and raises the rows of a primary it has not seen before back to it (see
+:mod:`dispenser.adapters.postgres.segments`).
+
+One file per worker, ``segment-grants-<address>.json``, written atomically and durably before the segment
+is handed out (see :func:`~dispenser.adapters.local.statefile.write_atomically`). The address comes from a
+slot this process locks (:class:`~dispenser.adapters.local.statefile.WorkerIdentity`), so a restarted worker
+finds its own file again and two live workers never write the same one. :meth:`GrantFile.remembered`
+reads every worker's file in the directory: grants of a worker that shares the directory count even while
+it is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from dispenser.adapters.local.statefile import WorkerIdentity, write_atomically
+
+__all__ = ["GrantFile"]
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "segment-grants-"
+
+
+class _Database(msgspec.Struct, kw_only=True):
+    server: str | None = None
+    """The primary last used (``<system identifier>/<timeline>``)."""
+    max_ids: dict[str, Annotated[int, msgspec.Meta(ge=0)]] = {}
+
+
+class _File(msgspec.Struct, kw_only=True):
+    format: Literal[1]
+    databases: dict[str, _Database] = {}
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(_File)
+
+
+class GrantFile:
+    """This worker's remembered grants: in memory, and in its file in ``directory``.
+
+    Build one with :meth:`open` (it locks a slot of the directory until :meth:`close`).
+    """
+
+    def __init__(self, directory: Path, identity: WorkerIdentity) -> None:
+        self.directory = Path(directory)
+        self._identity = identity
+        self.path = self.directory / f"{_PREFIX}{_safe(identity.address)}.json"
+        self._data = _load(self.path) or _File(format=1)
+        self._version = 0  # bumped by every change
+        self._written = 0  # the version on disk
+        self._writer: asyncio.Task[None] | None = None
+        self._flushed = asyncio.Event()
+        self._failing = False
+
+    @classmethod
+    def open(cls, directory: Path) -> GrantFile:
+        """Lock a slot in ``directory`` (created if missing) and load its file.
+
+        Raises:
+            OSError: the directory cannot be written, or every slot is held.
+        """
+        return cls(directory, WorkerIdentity.claim(Path(directory), "segment-grants"))
+
+    def __repr__(self) -> str:
+        return f"GrantFile({str(self.path)!r})"
+
+    def _db(self, database: str) -> _Database:
+        found = self._data.databases.get(database)
+        if found is None:
+            found = self._data.databases[database] = _Database()
+        return found
+
+    def remembered(self, database: str) -> dict[str, int]:
+        """Tag → highest ``max_id``: this worker's, and every other file's in the directory."""
+        merged = dict(self._db(database).max_ids)
+        for other in sorted(self.directory.glob(f"{_PREFIX}*.json")):
+            if other == self.path:
+                continue
+            data = _load(other)
+            if data is None or database not in data.databases:
+                continue
+            for tag, max_id in data.databases[database].max_ids.items():
+                merged[tag] = max(merged.get(tag, 0), max_id)
+        return merged
+
+    def server(self, database: str) -> str | None:
+        """The primary last used for ``database``."""
+        return self._db(database).server
+
+    async def remember(self, database: str, tag: str, max_id: int) -> None:
+        """Record a grant in memory at once and on disk before returning (writes are coalesced).
+
+        A disk that refuses the write is logged (once per failing streak) and the grant stays in memory:
+        the repair still covers this process, not a restart of it.
+        """
+        known = self._db(database).max_ids
+        if known.get(tag, -1) >= max_id:
+            return
+        known[tag] = max_id
+        await self._flush()
+
+    async def set_server(self, database: str, identity: str) -> None:
+        """Record the primary now in use (durably, like a grant)."""
+        db = self._db(database)
+        if db.server == identity:
+            return
+        db.server = identity
+        await self._flush()
+
+    async def _flush(self) -> None:
+        self._version += 1
+        wanted = self._version
+        while self._written < wanted:
+            if self._writer is None:
+                self._writer = asyncio.create_task(self._write(), name="segment-grants-write")
+            flushed = self._flushed
+            await flushed.wait()
+
+    async def _write(self) -> None:
+        try:
+            while self._written < self._version:
+                version = self._version
+                payload = _encoder.encode(self._data) + b"\n"
+                try:
+                    await asyncio.to_thread(write_atomically, self.path, payload)
+                except OSError as exc:
+                    if not self._failing:
+                        log.error(
+                            "cannot save the segment grants to %s (%s): a restart of this worker would not "
+                            "remember them (this run still does)",
+                            self.path,
+                            exc.strerror or exc,
+                        )
+                    self._failing = True
+                else:
+                    if self._failing:
+                        log.info("segment grants saved to %s again", self.path)
+                    self._failing = False
+                self._written = version
+                done, self._flushed = self._flushed, asyncio.Event()
+                done.set()
+        finally:
+            self._writer = None
+
+    def close(self) -> None:
+        """Release the directory slot (the file stays for the next start)."""
+        self._identity.release()
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)
+
+
+def _load(path: Path) -> _File | None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("cannot read the segment grants in %s: %s", path, exc.strerror or exc)
+        return None
+    try:
+        return _decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        # Written atomically, so this is not a torn write: someone edited it. Remembering less only means
+        # a repair may miss these grants; say so rather than refuse to start.
+        log.error("ignoring %s: not a segment grants file (%s)", path, exc)
+        return None

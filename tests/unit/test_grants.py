@@ -1,0 +1,83 @@
+"""The remembered segment grants: durable before a segment is used, per database, shared through the directory."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+import dispenser.adapters.local.grants as module
+from dispenser.adapters.local.grants import GrantFile
+
+
+async def test_a_grant_is_on_disk_when_remember_returns(tmp_path: Path) -> None:
+    grants = GrantFile.open(tmp_path)
+    await grants.remember("ids", "order", 1001)
+    await grants.remember("ids", "order", 901)  # lower: the highest stays
+    await grants.set_server("ids", "7000/3")
+    grants.close()
+    again = GrantFile.open(tmp_path)  # the same slot, so the same file: a restart remembers
+    try:
+        assert again.path == grants.path
+        assert again.remembered("ids") == {"order": 1001}
+        assert again.server("ids") == "7000/3"
+        assert again.remembered("other") == {}
+        assert again.server("other") is None
+    finally:
+        again.close()
+
+
+async def test_concurrent_grants_all_reach_the_file(tmp_path: Path) -> None:
+    grants = GrantFile.open(tmp_path)
+    await asyncio.gather(*(grants.remember("ids", f"t{i}", i * 100) for i in range(1, 50)))
+    grants.close()
+    again = GrantFile.open(tmp_path)
+    try:
+        assert again.remembered("ids") == {f"t{i}": i * 100 for i in range(1, 50)}
+    finally:
+        again.close()
+
+
+async def test_workers_sharing_a_directory_see_each_others_grants(tmp_path: Path) -> None:
+    first = GrantFile.open(tmp_path)
+    second = GrantFile.open(tmp_path)  # a second live worker takes another slot, another file
+    try:
+        assert first.path != second.path
+        await first.remember("ids", "order", 500)
+        await second.remember("ids", "order", 700)
+        await second.remember("ids", "user", 50)
+        # The highest of every worker's, even of one that is down (its file stays).
+        second.close()
+        assert first.remembered("ids") == {"order": 700, "user": 50}
+    finally:
+        first.close()
+
+
+async def test_a_failed_write_is_logged_once_and_the_grant_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(path: Path, payload: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    grants = GrantFile.open(tmp_path)
+    monkeypatch.setattr(module, "write_atomically", refuse)
+    try:
+        with caplog.at_level(logging.ERROR):
+            await grants.remember("ids", "order", 10)
+            await grants.remember("ids", "order", 20)
+        assert grants.remembered("ids") == {"order": 20}
+        assert caplog.text.count("cannot save the segment grants") == 1
+    finally:
+        grants.close()
+
+
+def test_a_foreign_file_is_ignored_with_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "segment-grants-someone.json").write_text("not json")
+    grants = GrantFile.open(tmp_path)
+    try:
+        assert grants.remembered("ids") == {}
+        assert "not a segment grants file" in caplog.text
+    finally:
+        grants.close()
