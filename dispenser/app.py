@@ -8,8 +8,8 @@ import dataclasses
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -434,16 +434,26 @@ async def run_until_signal(start: Callable[[contextlib.AsyncExitStack], Awaitabl
 
 
 def open_grants(config: Config) -> GrantFile | None:
-    """The file where this worker remembers its segment grants, or None (``segment.remember_grants`` off).
+    """Where this worker remembers its segment grants, or None (``segment.remember_grants`` off).
 
-    Raises:
-        OSError: the state directory cannot be written, or all its slots are held.
+    A state directory that cannot be written is no reason not to serve: the grants are then remembered by
+    this process only (the repair still covers it, not a restart of it), said in one error line.
     """
     segment = config.segment
     if not (segment.enabled and segment.remember_grants):
         return None
-    directory = segment.state_dir or config.snowflake.state_dir
-    return GrantFile.open(Path(directory) if directory else default_state_dir())
+    configured = segment.state_dir or config.snowflake.state_dir
+    directory = Path(configured) if configured else default_state_dir()
+    try:
+        return GrantFile.open(directory)
+    except OSError as exc:
+        log.error(
+            "cannot keep the segment grants in %s (%s): remembering them in memory only, so a restart of this "
+            "worker will not repair a primary that lost them (set segment.state_dir; docs/ha.md)",
+            directory,
+            exc.strerror or exc,
+        )
+        return GrantFile.in_memory()
 
 
 async def run_worker(config: Config, on_ready: Callable[[Worker], None] | None = None) -> int:

@@ -30,6 +30,7 @@ from dispenser.messages import ErrorBody, IdRequest, Reply, decode_request, enco
 from dispenser.ports import Clock, IdSource, RangesBatch, ReplayStore
 from dispenser.service.answering import Answer, Answerer
 from dispenser.service.dedup import ReplayCache, reused_request_id
+from dispenser.service.timing import run_within
 
 __all__ = ["LATENCY_BUCKETS", "Answer", "Answerer", "Dispatcher", "Limits"]
 
@@ -196,14 +197,20 @@ class Dispatcher:
         if store is None:
             return batch
         assert request.request_id is not None
+        settle = store.settle(
+            (self.kind, tag, request.request_id),
+            request.count,
+            request.format,
+            tuple(batch.ranges),
+            self._replays.ttl,
+        )
         try:
-            settled = await store.settle(
-                (self.kind, tag, request.request_id),
-                request.count,
-                request.format,
-                tuple(batch.ranges),
-                self._replays.ttl,
-            )
+            # Within the request's deadline: the IDs are in hand, and a store that is failing over (or
+            # waiting for a synchronous standby) must not make a request wait longer than a fetch would.
+            try:
+                settled = await run_within(self._clock, settle, deadline - self._clock.monotonic())
+            except TimeoutError:
+                raise StoreUnavailable("no answer before the request's deadline") from None
         except StoreUnavailable as exc:
             # The IDs are in hand and unique whatever happens; failing the request would make every
             # client that sends request_ids (as retrying clients should) lose the double buffer's

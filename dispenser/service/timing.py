@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from dispenser.ports import Clock
 
-__all__ = ["wait_event"]
+__all__ = ["run_within", "wait_event"]
+
+T = TypeVar("T")
 
 
 async def wait_event(clock: Clock, event: asyncio.Event, timeout: float) -> bool:
@@ -28,3 +32,26 @@ async def wait_event(clock: Clock, event: asyncio.Event, timeout: float) -> bool
         waiter.cancel()
         timer.cancel()
     return event.is_set()
+
+
+async def run_within(clock: Clock, work: Awaitable[T], timeout: float) -> T:
+    """Await ``work`` for at most ``timeout`` seconds of ``clock`` time; cancel it when time is up.
+
+    Raises:
+        TimeoutError: the time ran out first (``work`` was cancelled).
+    """
+    task = asyncio.ensure_future(work)
+    if timeout <= 0:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise TimeoutError
+    timer = asyncio.ensure_future(clock.sleep(timeout))
+    try:
+        await asyncio.wait((task, timer), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise TimeoutError
+    return task.result()

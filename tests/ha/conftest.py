@@ -81,6 +81,13 @@ async def ha_dsn(ha_cluster: PatroniCluster, request: pytest.FixtureRequest) -> 
         await conn.execute(f'CREATE DATABASE "{name}"')
     finally:
         await conn.close()
+    # On every node before the test connects: asyncpg stops at a replica listed before the primary that
+    # answers "database does not exist" (an asynchronous one may not have replayed the CREATE yet).
+    query = f"SELECT count(*) FROM pg_database WHERE datname = '{name}'"
+    for _ in range(300):
+        if all(node.sql(query) == "1" for node in ha_cluster.nodes if node.running):
+            break
+        await asyncio.sleep(0.1)
     yield ha_cluster.dsn_for(name)
     # The cluster may have failed over meanwhile: wait for a primary, then drop (best effort).
     for _ in range(100):

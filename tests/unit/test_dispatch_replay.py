@@ -11,9 +11,10 @@ import pytest
 
 from dispenser.core.errors import StoreUnavailable
 from dispenser.messages import Reply
-from dispenser.ports import SystemClock
+from dispenser.ports import Settled, SystemClock
 from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
+from dispenser.testing.clock import ManualClock, settle
 from dispenser.testing.fakes import MemoryReplayStore, MemorySegmentStore
 
 
@@ -131,3 +132,38 @@ async def test_requests_without_request_id_never_touch_the_store(
         answer = await dispatcher.answer("order", b'{"count": 2}')
         assert answer.error is None
     assert len(replays) == 0
+
+
+class _HangingReplayStore(MemoryReplayStore):
+    """A replay store that never answers (a primary failing over, a commit waiting for a standby)."""
+
+    async def settle(self, *args: object, **kwargs: object) -> Settled:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_hanging_store_delays_a_request_no_longer_than_its_deadline() -> None:
+    """The IDs are in hand: a replay store that hangs costs the request its deadline at most, not more."""
+    segments = MemorySegmentStore()
+    await segments.add_tag("order", 100)
+    clock = ManualClock()
+    allocator = SegmentAllocator(segments, clock, AllocatorSettings())
+    await allocator.refresh()
+    dispatcher = Dispatcher(
+        allocator,
+        clock,
+        Limits(deadline=2.0),
+        kind="segment",
+        replay_store=_HangingReplayStore(clock.monotonic),
+    )
+    try:
+        answering = asyncio.create_task(dispatcher.answer("order", b'{"count": 3, "request_id": "r-1"}'))
+        await settle()
+        assert not answering.done()  # waiting on the store, within its deadline
+        await clock.advance(2.0)
+        answer = await asyncio.wait_for(answering, 5)
+        assert answer.error is None
+        assert reply_of(answer.body).ids == [1, 2, 3]
+        assert dispatcher.replays_unsettled == 1
+    finally:
+        await allocator.close()

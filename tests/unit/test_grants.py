@@ -10,6 +10,8 @@ import pytest
 
 import dispenser.adapters.local.grants as module
 from dispenser.adapters.local.grants import GrantFile
+from dispenser.app import open_grants
+from dispenser.config import load_config
 
 
 async def test_a_grant_is_on_disk_when_remember_returns(tmp_path: Path) -> None:
@@ -81,3 +83,20 @@ def test_a_foreign_file_is_ignored_with_an_error(tmp_path: Path, caplog: pytest.
         assert "not a segment grants file" in caplog.text
     finally:
         grants.close()
+
+
+async def test_an_unusable_state_directory_falls_back_to_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    config = load_config(environ={"DISPENSER_SEGMENT_STATE_DIR": str(not_a_dir / "state")})
+    grants = open_grants(config)
+    assert grants is not None
+    assert grants.path is None
+    await grants.remember("ids", "order", 10)
+    assert grants.remembered("ids") == {"order": 10}
+    assert "remembering them in memory only" in caplog.text
+    grants.close()
+    off = load_config(environ={"DISPENSER_SEGMENT_REMEMBER_GRANTS": "false"})
+    assert open_grants(off) is None

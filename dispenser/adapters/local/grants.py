@@ -53,11 +53,15 @@ class GrantFile:
     Build one with :meth:`open` (it locks a slot of the directory until :meth:`close`).
     """
 
-    def __init__(self, directory: Path, identity: WorkerIdentity) -> None:
-        self.directory = Path(directory)
+    def __init__(self, directory: Path | None, identity: WorkerIdentity | None) -> None:
+        self.directory = None if directory is None else Path(directory)
         self._identity = identity
-        self.path = self.directory / f"{_PREFIX}{_safe(identity.address)}.json"
-        self._data = _load(self.path) or _File(format=1)
+        self.path = (
+            None
+            if self.directory is None or identity is None
+            else self.directory / f"{_PREFIX}{_safe(identity.address)}.json"
+        )
+        self._data = (_load(self.path) if self.path is not None else None) or _File(format=1)
         self._version = 0  # bumped by every change
         self._written = 0  # the version on disk
         self._writer: asyncio.Task[None] | None = None
@@ -73,6 +77,11 @@ class GrantFile:
         """
         return cls(directory, WorkerIdentity.claim(Path(directory), "segment-grants"))
 
+    @classmethod
+    def in_memory(cls) -> GrantFile:
+        """Grants remembered by this process only (when no state directory can be written)."""
+        return cls(None, None)
+
     def __repr__(self) -> str:
         return f"GrantFile({str(self.path)!r})"
 
@@ -85,6 +94,8 @@ class GrantFile:
     def remembered(self, database: str) -> dict[str, int]:
         """Tag → highest ``max_id``: this worker's, and every other file's in the directory."""
         merged = dict(self._db(database).max_ids)
+        if self.directory is None:
+            return merged
         for other in sorted(self.directory.glob(f"{_PREFIX}*.json")):
             if other == self.path:
                 continue
@@ -120,6 +131,8 @@ class GrantFile:
         await self._flush()
 
     async def _flush(self) -> None:
+        if self.path is None:
+            return
         self._version += 1
         wanted = self._version
         while self._written < wanted:
@@ -130,11 +143,13 @@ class GrantFile:
 
     async def _write(self) -> None:
         try:
+            path = self.path
+            assert path is not None
             while self._written < self._version:
                 version = self._version
                 payload = _encoder.encode(self._data) + b"\n"
                 try:
-                    await asyncio.to_thread(write_atomically, self.path, payload)
+                    await asyncio.to_thread(write_atomically, path, payload)
                 except OSError as exc:
                     if not self._failing:
                         log.error(
@@ -156,7 +171,8 @@ class GrantFile:
 
     def close(self) -> None:
         """Release the directory slot (the file stays for the next start)."""
-        self._identity.release()
+        if self._identity is not None:
+            self._identity.release()
 
 
 def _safe(text: str) -> str:

@@ -35,6 +35,7 @@ from dispenser.redaction import redact
 __all__ = [
     "PostgresSegmentStore",
     "PrimaryWatch",
+    "Replication",
     "dsn_secrets",
     "invalid_settings",
     "map_store_errors",
