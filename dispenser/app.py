@@ -15,6 +15,7 @@ import msgspec
 
 from dispenser.adapters.kafka.clients import KafkaRateSink
 from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
+from dispenser.adapters.kafka.rates import KafkaRateListener
 from dispenser.adapters.kafka.requests import KafkaRequestService
 from dispenser.adapters.local.grants import GrantFile
 from dispenser.adapters.local.statefile import default_state_dir
@@ -84,6 +85,8 @@ class Worker:
         # Set by start() as each part comes up (None: that part is off, or not started). What start()
         # opens, it registers on this stack with its clean-up; stop() unwinds it.
         self.rate_publisher: RatePublisher | None = None
+        self.rate_listener: KafkaRateListener | None = None
+        """The peers' rate events from Kafka, when NATS (which carries them otherwise) is off."""
         self.metrics: MetricsServer | None = None
         self.postgres: PostgresSegmentStore | None = None
         """The PostgreSQL pool: the segment store's, or one opened for the replay store only."""
@@ -297,7 +300,7 @@ class Worker:
             log.info("restored the rate peaks of %d tag(s)", len(peaks))
 
     async def _start_rates(self, stack: contextlib.AsyncExitStack) -> None:
-        """Publish this worker's rate events and listen to its peers' (NATS, and Kafka when enabled)."""
+        """Publish this worker's rate events (NATS; Kafka too when on), hear its peers' (NATS, or else Kafka)."""
         config = self.config
         sinks: list[EventSink] = []
         if self.nc is not None:
@@ -309,6 +312,11 @@ class Worker:
             await sink.start()
             stack.push_async_callback(sink.close)
             sinks.append(sink)
+            if self.nc is None:  # Kafka-only: hear the peers there (with NATS, its subscription does)
+                listener = KafkaRateListener(config.kafka, config.rate.kafka_topic, self.rates.observe)
+                await listener.start()
+                stack.push_async_callback(listener.close)
+                self.rate_listener = listener
         self.rate_publisher = RatePublisher(self.rates, self.allocator, sinks, peak_store=self.store)
         _background(stack, self.rate_publisher.run(), "rate-events")
 
