@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -107,6 +108,10 @@ class TopicReader:
             isolation_level="read_committed" if committed else "read_uncommitted",
         )
         self._task: asyncio.Task[None] | None = None
+        # Per partition, the offset below which every record is in ``records``: the consumer's position,
+        # read by ``_read`` after it appended what ``getmany`` returned (so never ahead of the list).
+        self._read_to: dict[TopicPartition, int] = {}
+        self._progress = asyncio.Event()
 
     async def __aenter__(self) -> TopicReader:
         consumer = self._consumer
@@ -131,6 +136,10 @@ class TopicReader:
                 self.records.extend(
                     Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers)) for r in records
                 )
+            # Only this task consumes, so the positions read now cover exactly what was appended above
+            # (under read_committed they also step over commit markers and aborted records).
+            self._read_to = {tp: await self._consumer.position(tp) for tp in self.tps}
+            self._progress.set()
 
     async def wait_for(self, count: int, timeout: float) -> list[Record]:
         """Wait until at least ``count`` records were read; then until the reader is at the topic's end."""
@@ -145,17 +154,21 @@ class TopicReader:
         return self.records
 
     async def wait_caught_up(self, timeout: float = 10.0) -> None:
-        """Wait until the reader's position is at the end (last stable offset) of every partition."""
+        """Wait until every record visible now is in :attr:`records`: no time guessed, positions compared.
+
+        The ends are read once, now: under read_committed ``end_offsets`` is each partition's last stable
+        offset, below which every record is decided (committed or aborted). Then wait until the reader
+        has appended everything below those ends; a late duplicate already committed cannot be missed.
+        """
         deadline = time.monotonic() + max(timeout, 1.0)
-        while True:
-            ends = await self._consumer.end_offsets(self.tps)  # the LSO under read_committed
-            positions = {tp: await self._consumer.position(tp) for tp in self.tps}
-            if all(positions[tp] >= ends[tp] for tp in self.tps):
-                await asyncio.sleep(0.3)  # records fetched but not yet appended by _read
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.topic}: reader did not catch up ({positions} < {ends})")
-            await asyncio.sleep(0.1)
+        ends = await self._consumer.end_offsets(self.tps)  # the LSO under read_committed
+        while not all(self._read_to.get(tp, -1) >= ends[tp] for tp in self.tps):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"{self.topic}: reader did not catch up ({self._read_to} < {ends})")
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), remaining)
 
 
 class EnricherProcess:

@@ -97,6 +97,31 @@ async def test_read_committed_sees_committed_transactions_only(kafka_broker: Kaf
     assert [r.value for r in records] == [b"committed", b"aborted", b"after"]
 
 
+async def test_a_caught_up_reader_holds_every_committed_record(kafka_broker: KafkaBroker) -> None:
+    """``TopicReader.wait_caught_up`` waits on positions, not time: asked at once, nothing is missing.
+
+    An open transaction after the records holds the last stable offset back: the reader is caught up below
+    it and must not wait for it (nor see its record).
+    """
+    bootstrap = kafka_broker.bootstrap
+    topic = unique("caught-up")
+    await create_topics(bootstrap, {topic: 3})
+    await produce(bootstrap, topic, [(i % 3, None, str(i).encode(), []) for i in range(300)])
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=unique("open-txn"))
+    async with asyncio.timeout(_TIMEOUT):
+        await producer.start()
+        try:
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, b"open", partition=1)
+            async with TopicReader(bootstrap, topic) as reader:
+                await reader.wait_caught_up(_TIMEOUT)  # no count given: the positions alone say "done"
+                values = sorted(int(r.value or b"") for r in reader.records)
+            await producer.abort_transaction()
+        finally:
+            await producer.stop()
+    assert values == list(range(300))
+
+
 async def test_restart_keeps_ports_and_data_and_kill_is_survived(private_kafka: KafkaBroker) -> None:
     """Stop/start and kill/start keep the ports, the topics and the records; stop frees the port."""
     broker = private_kafka

@@ -189,7 +189,9 @@ async def test_a_reconnect_that_gets_no_handshake_answer_is_retried(
     session = registry.session.session_id
     proxy.partition()
     await poll_until(lambda: not registry.session.connected, 8.0)  # kazoo alone: a missed ping, ~T/3 later
-    await asyncio.sleep(0.5)  # reconnect attempts meanwhile: their connect requests are swallowed
+    attempts = proxy.accepted
+    # A reconnect attempt meanwhile: its connect request is swallowed.
+    await poll_until(lambda: proxy.accepted > attempts, 8.0)
     proxy.partitioned = False  # bytes pass again, but no connection is closed: an attempt may be waiting
     started = time.monotonic()
     await eventually(lambda: registry.report(AHEAD + 8_000), timeout=6, what="a report after the silence")

@@ -27,6 +27,8 @@ class PartitionProxy:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.partitioned = False
+        self.accepted = 0
+        """Connections accepted so far (each client connection attempt that reached the proxy)."""
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -48,6 +50,7 @@ class PartitionProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
 
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
         try:
             server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
