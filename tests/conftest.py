@@ -154,6 +154,8 @@ _secret_scan = SecretScanHandler(SECRETS)
 _BASETEMP = pytest.StashKey[Path]()
 _LEAKS = pytest.StashKey[list[Leak]]()
 _PASSED = pytest.StashKey[bool]()
+_WORKER_LEAKS = pytest.StashKey[list[Leak]]()
+_WORKEROUTPUT_KEY = "secret_scan_leaks"
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -178,19 +180,39 @@ def _secret_scan_stays_on() -> None:
     root.setLevel(logging.DEBUG)
 
 
+@pytest.hookimpl(trylast=True)  # after the session's fixtures (its servers) were torn down
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Fail the run if a secret reached a log record or a log file (the servers have stopped by now)."""
+    """Fail the run if a secret reached a log record or a log file (the servers have stopped by now).
+
+    Under pytest-xdist each worker scans its own records and files and hands what it found to the
+    controller (``workeroutput``, see :func:`pytest_testnodedown`), which fails the run: a worker's exit
+    status alone would not.
+    """
     logging.getLogger().removeHandler(_secret_scan)
     leaks = _secret_scan.leaks
     basetemp = session.config.stash.get(_BASETEMP, None)
-    if basetemp is not None:
+    if basetemp is not None:  # an xdist worker's base directory is its own (<the run's>/gw0, ...)
         leaks += scan_log_files(basetemp, SECRETS)
+    from_workers: list[Leak] = session.config.stash.get(_WORKER_LEAKS, [])
+    leaks += from_workers
     session.config.stash[_LEAKS] = leaks
     session.config.stash[_PASSED] = session.exitstatus == pytest.ExitCode.OK and not leaks
+    # Set on an xdist worker only: what its controller receives when the worker finishes.
+    workeroutput: dict[str, object] | None = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[_WORKEROUTPUT_KEY] = [(leak.secret, leak.where) for leak in leaks]
     if leaks:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if session.config.pluginmanager.get_plugin("terminalreporter") is None:
             print("\n".join(f"SECRET LEAKED: {leak}" for leak in leaks), file=sys.stderr)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """(xdist controller) Take in what a finished worker's secret scan found."""
+    found = getattr(node, "workeroutput", {}).get(_WORKEROUTPUT_KEY, [])
+    leaks = node.config.stash.setdefault(_WORKER_LEAKS, [])
+    leaks.extend(Leak(secret, where) for secret, where in found)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
@@ -200,3 +222,36 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.section("secrets leaked into logs: the run fails", red=True, bold=True)
         for leak in leaks:
             terminalreporter.write_line(f"SECRET LEAKED: {leak}", red=True)
+
+
+# Order ----------------------------------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Start the long tests first: those marked ``ha`` (see :func:`pytest_xdist_make_scheduler`) or ``slow``.
+
+    Otherwise in the order collected. Under pytest-xdist the long ones then start at once and the other
+    worker takes the many short ones; one started last would keep its worker busy alone at the end.
+    """
+    items.sort(
+        key=lambda item: (item.get_closest_marker("ha") is None, item.get_closest_marker("slow") is None)
+    )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """(xdist controller) Hand tests out one at a time as workers free up, but ``tests/ha/`` as one unit.
+
+    The cluster tests share session-scoped clusters (Patroni, three Kafka brokers, a ZooKeeper ensemble,
+    routed NATS servers): on one worker, only that worker starts them. (``--dist loadgroup`` with
+    ``xdist_group`` markers would say the same, but pytest-xdist 3.8 cannot rename pytest 9's node IDs,
+    so its groups are silently ignored.) Work units go out largest first (the cluster tests), then in
+    collection order; a worker gets another when it has two tests or fewer left.
+    """
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only under xdist
+
+    class _ClusterTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/ha" if nodeid.startswith("tests/ha/") else nodeid
+
+    return _ClusterTestsTogether(config, log)

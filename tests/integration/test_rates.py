@@ -5,6 +5,13 @@ paced load of R IDs/s, and checks the bars of the issue: the step of new segment
 round trip per S seconds, a rise followed within two segments, two workers sizing to their shares, the
 runway, a restart that starts from the saved peak, the events against their schema, `watch --once` and
 `/metrics`.
+
+Two tests pace real seconds end to end (the steady load, with events, `watch` and `/metrics`; the runway,
+which needs PostgreSQL's outage to take real time). The others run the workers on a
+:class:`~dispenser.testing.clock.ManualClock` (:func:`paced`): requests and segment fetches go over the real
+servers, but the rates, windows, events and steps are measured in virtual seconds that move only between
+requests. A database round trip then takes no virtual time, so each test takes a second or so and its
+figures no longer depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -28,10 +35,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from dispenser.app import Worker
 from dispenser.config import Config, load_config
 from dispenser.messages import RateEvent, Reply
+from dispenser.testing.clock import ManualClock
 from dispenser.testing.servers import NatsServer, PostgresServer
 from dispenser.watch import run_watch
 
-from .segment_support import client, prepare, request, running_worker
+from .segment_support import client, prepare, request, running_worker, wait_until
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.slow]
 
@@ -64,12 +72,44 @@ async def load(nc: Client, rate: float, seconds: float, per_request: int = 100) 
     body = msgspec.json.encode({"count": per_request, "format": "ranges"})
     while (due := start + n * interval) < start + seconds:
         await asyncio.sleep(max(0.0, due - time.monotonic()))
-        msg = await request(nc, "leaf.segment.order", body)
-        reply = msgspec.json.decode(msg.data, type=Reply)
-        assert reply.error is None, reply.error
-        assert reply.ranges is not None
-        ids += [i for first, last in reply.ranges for i in range(first, last + 1)]
+        ids += _ids_of((await request(nc, "leaf.segment.order", body)).data)
         n += 1
+    return ids
+
+
+def _ids_of(msg_data: bytes) -> list[int]:
+    reply = msgspec.json.decode(msg_data, type=Reply)
+    assert reply.error is None, reply.error
+    assert reply.ranges is not None
+    return [i for first, last in reply.ranges for i in range(first, last + 1)]
+
+
+async def paced(
+    nc: Client, clock: ManualClock, workers: list[Worker], rate: float, seconds: float
+) -> list[int]:
+    """:func:`load` on virtual time: ``rate`` IDs/s of ``clock``'s seconds for ``seconds`` of them; the IDs.
+
+    100 IDs a request, as :func:`load` asks by default.
+
+    After each reply the segment fetches it set off are let finish before the clock moves on: a round trip
+    to PostgreSQL takes no virtual time (in real time it takes a few milliseconds of S = 2 s).
+    """
+    ids: list[int] = []
+    interval = 100 / rate
+    body = msgspec.json.encode({"count": 100, "format": "ranges"})
+
+    def fetching() -> bool:
+        return any(
+            tag.buffer.fetching
+            for worker in workers
+            if worker.allocator is not None
+            for tag in worker.allocator.tags.values()
+        )
+
+    for _ in range(round(seconds / interval)):
+        ids += _ids_of((await request(nc, "leaf.segment.order", body)).data)
+        await wait_until(lambda: not fetching(), what="the segment fetches under way")
+        await clock.advance(interval)
     return ids
 
 
@@ -145,16 +185,19 @@ async def test_steady_load_sizes_segments_to_s_times_r(nats_server: NatsServer, 
 async def test_a_tenfold_rise_is_followed_within_two_segments(nats_server: NatsServer, pg_dsn: str) -> None:
     """R to 10 R: within two fetches segments are S x 10 R (±25%), and no request waits for a segment.
 
-    Every request is answered from the buffer, as at steady load.
+    Every request is answered from the buffer, as at steady load: the next segment is fetched before the
+    one in hand runs out. (Virtual time: see :func:`paced`.)
     """
     rate = 500.0
     await prepare(pg_dsn, [("order", 100)])
-    async with running_worker(rate_config(nats_server.url, pg_dsn)) as worker, client(nats_server.url) as nc:
-        await load(nc, rate, 5.0)
+    clock = ManualClock()
+    config = rate_config(nats_server.url, pg_dsn)
+    async with running_worker(config, clock) as worker, client(nats_server.url) as nc:
+        await paced(nc, clock, [worker], rate, 5.0)
         tag = worker.allocator.tags["order"]  # type: ignore[union-attr]
         dispatcher = worker.dispatchers["segment"]
         before, waited_before, inline_before = tag.fetches, sum(dispatcher.waited), dispatcher.inline
-        await load(nc, 10 * rate, 3.0)
+        await paced(nc, clock, [worker], 10 * rate, 3.0)
         after = list(tag.steps)[-(tag.fetches - before) :]
         assert sum(dispatcher.waited) == waited_before
         assert dispatcher.inline - inline_before >= 10 * rate * 3.0 / 100 * 0.9
@@ -164,16 +207,21 @@ async def test_a_tenfold_rise_is_followed_within_two_segments(nats_server: NatsS
 
 
 async def test_two_workers_size_to_their_shares(nats_server: NatsServer, pg_dsn: str) -> None:
-    """Two workers share 3,000 IDs/s: each sizes to its share; the sum of their steps is S x R (±25%)."""
+    """Two workers share 3,000 IDs/s: each sizes to its share; the sum of their steps is S x R (±25%).
+
+    (Virtual time, one clock for both: see :func:`paced`.)
+    """
     rate = 3000.0
     await prepare(pg_dsn, [("order", 100)])
     config = rate_config(nats_server.url, pg_dsn)
+    clock = ManualClock()
     async with (
-        running_worker(config) as first,
-        running_worker(config) as second,
+        running_worker(config, clock) as first,
+        running_worker(config, clock) as second,
         client(nats_server.url) as nc,
     ):
-        await asyncio.gather(load(nc, rate / 2, 8.0), load(nc, rate / 2, 8.0))
+        # One paced stream of R: the queue group splits it between the two workers.
+        await paced(nc, clock, [first, second], rate, 8.0)
         # Each worker's typical step: the median of its last three fetches. A single fetch's size follows
         # the rate of the moment it was made at (the queue group's split jitters, and the load generator
         # catches up in bursts on a busy machine), which put one step alone 55% over its share in CI.
@@ -221,14 +269,18 @@ async def test_the_runway_is_what_happens_when_the_database_goes(
 
 
 async def test_a_restart_at_peak_starts_from_the_saved_peak(nats_server: NatsServer, pg_dsn: str) -> None:
-    """The peak is saved in PostgreSQL: a restarted worker's first segment is already S x R (±25%)."""
+    """The peak is saved in PostgreSQL: a restarted worker's first segment is already S x R (±25%).
+
+    (Virtual time: see :func:`paced`.)
+    """
     rate = 2000.0
     await prepare(pg_dsn, [("order", 100)])
     config = rate_config(nats_server.url, pg_dsn)
+    clock = ManualClock()
     async with client(nats_server.url) as nc:
-        async with running_worker(config):
-            await load(nc, rate, 4.0)
-        async with running_worker(config) as restarted:
-            await load(nc, rate, 0.2)
+        async with running_worker(config, clock) as worker:
+            await paced(nc, clock, [worker], rate, 4.0)
+        async with running_worker(config, clock) as restarted:
+            await paced(nc, clock, [restarted], rate, 0.2)
             first = next(iter(order(restarted).steps))  # type: ignore[attr-defined]
     assert 0.75 * S * rate <= first <= 1.25 * S * rate, first

@@ -76,8 +76,15 @@ def test_log_files_are_scanned_across_reads_and_binary_files_skipped(
     assert scan_log_files(tmp_path / "missing", PLANTED) == []
 
 
-def test_a_leak_fails_the_session(tmp_path: Path) -> None:
-    """A session whose test logs a secret, or writes one into a log file, exits non-zero and names both."""
+@pytest.mark.parametrize(
+    "runner",
+    [pytest.param(["-n", "0"], id="serial"), pytest.param(["-n", "2"], id="xdist")],
+)
+def test_a_leak_fails_the_session(tmp_path: Path, runner: list[str]) -> None:
+    """A session whose test logs a secret, or writes one into a log file, exits non-zero and names both.
+
+    Under pytest-xdist too: the test runs in a worker process, whose findings must reach the controller.
+    """
     test_file = tmp_path / "test_leaky.py"
     test_file.write_text(
         textwrap.dedent(
@@ -108,6 +115,7 @@ def test_a_leak_fails_the_session(tmp_path: Path) -> None:
             "-c",
             str(ROOT / "pyproject.toml"),
             f"--basetemp={tmp_path / 'inner'}",
+            *runner,
             str(test_file),
         ],
         cwd=ROOT,
