@@ -10,7 +10,9 @@ from soak.ledger import RangeSet, check_reply, runs_of
 from soak.plan import (
     PROFILES,
     ClockStep,
+    KillLeader,
     KillWorker,
+    Rejoin,
     RestartServer,
     StartServer,
     StopServer,
@@ -104,14 +106,23 @@ def test_overlaps_agrees_with_counting_one_by_one(spans: list[tuple[int, int]]) 
 
 
 def test_profiles_inject_every_fault() -> None:
-    """Both profiles kill a worker, stop and start PostgreSQL and ZooKeeper, restart NATS, step the clock."""
+    """Every profile kills a worker and steps the clock, and injects its topology's server faults.
+
+    The single-stack ones stop and start PostgreSQL and ZooKeeper and restart NATS; the clustered ones kill
+    each cluster's leader and let it rejoin.
+    """
     for profile in PROFILES.values():
         faults = [phase.fault for phase in profile.phases if phase.fault is not None]
         assert any(isinstance(f, KillWorker) for f in faults)
-        for server in ("postgres", "zookeeper"):
-            assert StopServer(server) in faults or StopServer(server, kill=True) in faults
-            assert StartServer(server) in faults
-        assert any(isinstance(f, RestartServer) and f.server == "nats" for f in faults)
+        if profile.topology == "ha":
+            for cluster in ("postgres", "nats", "zookeeper", "kafka"):
+                assert KillLeader(cluster) in faults, (profile.name, cluster)
+                assert Rejoin(cluster) in faults, (profile.name, cluster)
+        else:
+            for server in ("postgres", "zookeeper"):
+                assert StopServer(server) in faults or StopServer(server, kill=True) in faults
+                assert StartServer(server) in faults
+            assert any(isinstance(f, RestartServer) and f.server == "nats" for f in faults)
         assert ClockStep(1000) in faults
         assert ClockStep(-10) in faults
         assert profile.phases[-1].must_be_clean
