@@ -7,19 +7,53 @@ synchronous mode, reached through one multi-host DSN with ``target_session_attrs
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
+from dataclasses import dataclass, field
 
 import msgspec
+import nats.errors
 import pytest
 
+from dispenser.messages import Reply
 from dispenser.testing.servers import NatsServer
 from dispenser.testing.servers.patroni import PatroniCluster
-from tests.integration.segment_support import prepare, running_worker, worker_config
+from tests.integration.segment_support import client, prepare, running_worker, worker_config
 
 from .load_support import LoadResult, load, until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.zookeeper, pytest.mark.nats, pytest.mark.ha, pytest.mark.slow]
+
+
+@dataclass
+class Idempotent:
+    """A requester of ``buffered`` that sends every request with a fresh ``request_id``."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    timeouts: int = 0
+    ids: list[int] = field(default_factory=list)
+
+
+async def ask_with_request_ids(url: str, seen: Idempotent, stop: asyncio.Event) -> None:
+    async with client(url) as nc:
+        for n in itertools.count():
+            if stop.is_set():
+                return
+            body = f'{{"count": 10, "request_id": "failover-{n}"}}'.encode()
+            started = time.monotonic()
+            try:
+                msg = await nc.request("leaf.segment.buffered", body, timeout=3.0)
+            except nats.errors.TimeoutError:
+                seen.timeouts += 1
+                continue
+            reply = msgspec.json.decode(msg.data, type=Reply)
+            if reply.error is not None:
+                seen.errors.append(reply.error.code)
+                continue
+            seen.latencies.append(time.monotonic() - started)
+            seen.ids.extend(reply.ids or [])
 
 
 def answered_after(result: LoadResult, moment: float) -> int:
@@ -46,7 +80,11 @@ async def test_leader_killed_under_load(
         load([url, url], ["leaf.segment.buffered"], timeout=3.0) as buffered,
         load([url, url], ["leaf.segment.dry"], timeout=3.0) as dry,
     ):
+        idempotent = Idempotent()
+        stop = asyncio.Event()
+        asking = asyncio.create_task(ask_with_request_ids(nats_server.url, idempotent, stop))
         await until(lambda: dry.answered() > 100 and buffered.answered() > 100, 30, "load running")
+        await until(lambda: len(idempotent.latencies) > 20, 30, "request_id load running")
         caplog.clear()
         killed_at = time.monotonic()
         old = await asyncio.to_thread(ha_cluster.kill_leader)
@@ -58,6 +96,8 @@ async def test_leader_killed_under_load(
         assert allocator is not None
         await until(lambda: allocator.tags["dry"].last_error is None, 30, "dry recovered")
         buffered_stall = buffered.stall(killed_at)
+        stop.set()
+        await asking
 
     assert dry.duplicates() == 0, "a dry-tag ID was handed out twice"
     assert buffered.duplicates() == 0, "a buffered-tag ID was handed out twice"
@@ -67,6 +107,13 @@ async def test_leader_killed_under_load(
     assert not buffered.errors
     assert not buffered.timeouts
     assert buffered_stall < 1.0, buffered_stall
+    # With a request_id, the fleet-wide replay store (PostgreSQL) is asked too: for no longer than the
+    # request's deadline (1 s here), so these requests are answered through the failover as well.
+    assert not idempotent.errors
+    assert not idempotent.timeouts
+    assert max(idempotent.latencies) < 1.6, max(idempotent.latencies)  # 2.04 s before the bound
+    assert len(idempotent.ids) == len(set(idempotent.ids))
+    assert set(idempotent.ids).isdisjoint(buffered.ids)
     # The empty one got only the coded, retryable answer, within its deadline (no request timed out).
     assert set(dry.errors) <= {"unavailable"}, dry.errors
     assert not dry.not_retryable
@@ -75,11 +122,12 @@ async def test_leader_killed_under_load(
     print(
         f"\nfailover {old.name} -> {new.name}: leader after {elected_at - killed_at:.1f} s, first dry-tag "
         f"reply from a new fetch {first - killed_at:.1f} s after the kill; {dry.errors['unavailable']} "
-        f"unavailable; buffered stall {buffered_stall:.3f} s; {len(dry.ids) + len(buffered.ids)} IDs"
+        f"unavailable; buffered stall {buffered_stall:.3f} s; request_id requests: longest "
+        f"{max(idempotent.latencies):.2f} s; {len(dry.ids) + len(buffered.ids)} IDs"
     )
     # One line per tag and outage: no traceback, and at most one warning per tag for the fetch failures.
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not [r for r in loud if r.exc_info], [r.getMessage() for r in loud if r.exc_info]
     fetch_warnings = [r for r in loud if "segment fetch for 'dry' failed" in r.getMessage()]
     assert len(fetch_warnings) == 1, [r.getMessage() for r in loud]
-    assert "'buffered'" not in " ".join(r.getMessage() for r in loud)
+    assert "segment fetch for 'buffered'" not in " ".join(r.getMessage() for r in loud)
