@@ -8,15 +8,16 @@ custom code. aiokafka's exceptions are converted here and in the two services bu
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from dispenser.config import KafkaConfig
 from dispenser.messages import RateEvent
@@ -125,34 +126,75 @@ async def ensure_topics(config: KafkaConfig, topics: Mapping[str, int]) -> list[
         OSError: the cluster could not be reached, or refused a topic for another reason than that it
             exists already (the message says which and why).
     """
-    admin = AIOKafkaAdminClient(**_admin_options(config))
-    try:
-        await admin.start()
-        existing = set(await admin.list_topics())
-        missing = {name: partitions for name, partitions in topics.items() if name not in existing}
-        if not missing:
-            return []
-        factor = config.replication_factor or await _default_replication_factor(admin)
-        wanted = [
-            NewTopic(name, num_partitions=partitions, replication_factor=factor)
-            for name, partitions in missing.items()
-        ]
-        response = await admin.create_topics(wanted)
-        created = []
-        # create_topics answers errors per topic instead of raising (KAFKA.md gotcha 6).
-        for name, code, *rest in response.topic_errors:
-            if code == 0:
-                created.append(name)
-            elif code != _TOPIC_ALREADY_EXISTS:
-                message = rest[0] if rest and rest[0] else f"error code {code}"
-                raise OSError(f"Kafka refused to create topic {name!r}: {message}")
-        if created:
-            log.info("created Kafka topic(s) %s (replication factor %d)", ", ".join(created), factor)
-        return created
-    except KafkaError as exc:
-        raise OSError(f"cannot reach Kafka at {config.bootstrap_servers}: {exc}") from exc
-    finally:
-        await admin.close()
+    return await _with_admin(config, lambda admin: _ensure_topics(admin, config, topics))
+
+
+async def _ensure_topics(
+    admin: AIOKafkaAdminClient, config: KafkaConfig, topics: Mapping[str, int]
+) -> list[str]:
+    existing = set(await admin.list_topics())
+    missing = {name: partitions for name, partitions in topics.items() if name not in existing}
+    if not missing:
+        return []
+    factor = config.replication_factor or await _default_replication_factor(admin)
+    wanted = [
+        NewTopic(name, num_partitions=partitions, replication_factor=factor)
+        for name, partitions in missing.items()
+    ]
+    response = await admin.create_topics(wanted)
+    created = []
+    # create_topics answers errors per topic instead of raising (KAFKA.md gotcha 6).
+    for name, code, *rest in response.topic_errors:
+        if code == 0:
+            created.append(name)
+        elif code != _TOPIC_ALREADY_EXISTS:
+            message = rest[0] if rest and rest[0] else f"error code {code}"
+            raise OSError(f"Kafka refused to create topic {name!r}: {message}")
+    if created:
+        log.info("created Kafka topic(s) %s (replication factor %d)", ", ".join(created), factor)
+    return created
+
+
+_ADMIN_RETRY_SECONDS: Final = 20.0
+"""How long an admin call that reached the cluster retries a retriable error: past the default broker
+session (9 s), during which the metadata still names a broker that has just died."""
+_ADMIN_REQUEST_TIMEOUT_MS: Final = 5_000
+"""An admin request's own limit: aiokafka waits this long for the node it picked (the dead one, if its
+metadata says so) to be ready, before a new client asks again."""
+
+_T = TypeVar("_T")
+
+
+async def _with_admin(config: KafkaConfig, work: Callable[[AIOKafkaAdminClient], Awaitable[_T]]) -> _T:
+    """Run ``work`` on a fresh admin client, again on a new one after a retriable error.
+
+    A cluster that cannot be reached at all fails at once. One that answers but whose metadata still lists a
+    broker that has just died (until the broker's session times out) sends some requests there and gets
+    ``NodeNotReadyError``; a new client, bootstrapped from the live brokers, asks again.
+
+    Raises:
+        OSError: the cluster could not be reached, or the error persisted (or was not retriable).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _ADMIN_RETRY_SECONDS
+    options = _admin_options(config)
+    options["request_timeout_ms"] = min(config.request_timeout_ms, _ADMIN_REQUEST_TIMEOUT_MS)
+    while True:
+        admin = AIOKafkaAdminClient(**options)
+        reached = False
+        try:
+            await admin.start()
+            reached = True
+            return await work(admin)
+        except (KafkaError, TimeoutError) as exc:
+            retriable = isinstance(exc, (TimeoutError, KafkaTimeoutError)) or getattr(exc, "retriable", False)
+            if not (reached and retriable) or loop.time() > deadline:
+                reason = exc or type(exc).__name__
+                raise OSError(f"cannot reach Kafka at {config.bootstrap_servers}: {reason}") from exc
+            log.info("Kafka admin request failed (%s); asking again", exc or type(exc).__name__)
+        finally:
+            await admin.close()
+        await asyncio.sleep(0.2)
 
 
 DEFAULT_REPLICATION_FACTOR: Final = 3
@@ -172,14 +214,7 @@ async def topic_partitions(config: KafkaConfig, topic: str) -> int:
     Raises:
         OSError: the cluster could not be reached, or has no such topic.
     """
-    admin = AIOKafkaAdminClient(**_admin_options(config))
-    try:
-        await admin.start()
-        described = await admin.describe_topics([topic])
-    except KafkaError as exc:
-        raise OSError(f"cannot reach Kafka at {config.bootstrap_servers}: {exc}") from exc
-    finally:
-        await admin.close()
+    described = await _with_admin(config, lambda admin: admin.describe_topics([topic]))
     for entry in described:
         if entry.get("topic") == topic and entry.get("error_code", 0) == 0 and entry.get("partitions"):
             return len(entry["partitions"])
