@@ -224,9 +224,19 @@ class Worker:
                 command_timeout=pg.command_timeout,
                 grants=grants,
                 new_primary_grace=pg.new_primary_grace if grants is not None else 0.0,
+                # A serving worker starts without PostgreSQL (no primary yet, a failover, a DSN naming
+                # only standbys) and answers `unavailable` until it can reach it: one line, not an exit.
+                lazy=self.serve,
             )
             stack.push_async_callback(self.postgres.close)
-            log.info("connected to PostgreSQL at %s", redact(pg.dsn))
+            if self.postgres.start_error is not None:
+                log.warning(
+                    "PostgreSQL cannot be reached yet, serving anyway: segment requests are answered "
+                    "'unavailable' (retryable) until it can (%s)",
+                    self.postgres.start_error.message,
+                )
+            else:
+                log.info("connected to PostgreSQL at %s", redact(pg.dsn))
         return self.postgres
 
     async def _start_segments(
@@ -234,7 +244,8 @@ class Worker:
     ) -> SegmentAllocator:
         """The segment allocator, its tag list loaded if PostgreSQL answers, and its refresh loop."""
         config = self.config
-        await self._restore_peaks(store)
+        if store.connected:  # else said once already (see _postgres); the allocator retries by itself
+            await self._restore_peaks(store)
         allocator = SegmentAllocator(
             store,
             self.clock,
@@ -248,8 +259,9 @@ class Worker:
         )
         stack.push_async_callback(allocator.close)
         try:
-            await allocator.refresh()
-            log.info("serving %d segment tags", len(allocator.tags))
+            if store.connected:
+                await allocator.refresh()
+                log.info("serving %d segment tags", len(allocator.tags))
         except DispenserError as exc:
             log.warning("could not load the tag list yet (will retry): %s", exc)
         _background(stack, allocator.run_refresh_loop(), "segment-refresh")

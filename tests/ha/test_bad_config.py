@@ -1,23 +1,23 @@
 """A cluster named wrongly, and what `dispenser check` says of a right one.
 
-A DSN that lists only standbys (or one standby alone) can never grant a segment: the answer must be coded,
-retryable (a failover may make one of them primary) and said once, never a traceback or a hang.
+A DSN that lists only standbys (or one standby alone) can never grant a segment: the worker starts anyway,
+its answer is coded and retryable (a failover may make one of them primary), said once in its log, never a
+traceback or a hang; `dispenser check` fails, naming the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
 from dispenser.adapters.postgres.schema import migrate
-from dispenser.app import Worker, run_worker
 from dispenser.cli import main
-from dispenser.core.errors import StoreUnavailable
 from dispenser.testing.servers import NatsServer
 from dispenser.testing.servers.patroni import PatroniCluster
-from tests.integration.segment_support import worker_config
+from tests.integration.segment_support import ask, client, running_worker, worker_config
 
 # Fixtures are what pytest passes; there is no call site to keep short.
 # ruff: noqa: PLR0917
@@ -55,16 +55,20 @@ async def test_a_dsn_without_the_primary_gets_one_clear_retryable_error(
         dsn = f"postgresql://postgres@{','.join(hosts)}/{database}?target_session_attrs=read-write"
     else:
         dsn = f"postgresql://postgres@{hosts[0]}/{database}"
-    config = worker_config(nats_server.url, dsn)
+    config = worker_config(nats_server.url, dsn, fetch_deadline=1.0)
 
-    worker = Worker(config)
-    with pytest.raises(StoreUnavailable, match=message) as caught:
-        await asyncio.wait_for(worker.start(), 30)
-    assert caught.value.code == "unavailable"
-    assert caught.value.retryable
-
+    # The worker starts all the same, says why in one line, and answers the coded retryable error.
     caplog.clear()
-    assert await asyncio.wait_for(run_worker(config), 30) == 1
+    async with running_worker(config) as worker, client(nats_server.url) as nc:
+        assert worker.postgres is not None
+        assert not worker.postgres.connected
+        started = time.monotonic()
+        reply = await ask(nc, "leaf.segment.order", b'{"count": 1}', timeout=10)
+        assert time.monotonic() - started < 8
+        assert reply.error is not None
+        assert reply.error.code == "unavailable"
+        assert reply.error.retryable
+        assert message in reply.error.message
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(loud) == 1, [r.getMessage() for r in loud]
     assert message in loud[0].getMessage()

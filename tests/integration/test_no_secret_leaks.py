@@ -67,6 +67,9 @@ async def test_discovery_and_error_replies_hold_no_secret(
         "DISPENSER_POSTGRES_COMMAND_TIMEOUT": "0.5",
         "DISPENSER_SEGMENT_FETCH_DEADLINE": "1.0",
         "DISPENSER_RATE_ENABLED": "false",
+        # Segments of the configured 10 IDs: on a slow machine the adaptive step measured the first two
+        # requests' rate and buffered hundreds, so the 50-ID request after the stop was served from them.
+        "DISPENSER_RATE_ADAPTIVE_STEP": "false",
     }
     with _password_server(tmp_path / "nats") as server:
         config = load_config(environ=env | {"DISPENSER_NATS_URL": server.url})

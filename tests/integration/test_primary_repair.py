@@ -7,6 +7,8 @@ is exactly what it does after a lossy failover (tests/ha/test_async_hole.py does
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
 import asyncpg
@@ -16,7 +18,8 @@ from dispenser.adapters.local.grants import GrantFile
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import StoreUnavailable
-from dispenser.testing.servers import free_port
+from dispenser.testing.servers import NatsServer, PostgresServer, free_port
+from tests.integration.segment_support import ask, client, prepare, running_worker, worker_config
 
 pytestmark = [pytest.mark.postgres]
 
@@ -88,3 +91,31 @@ async def test_no_primary_among_several_hosts_is_said_plainly() -> None:
         await PostgresSegmentStore.connect(dsn, connect_timeout=2)
     assert caught.value.retryable
     assert caught.value.code == "unavailable"
+
+
+@pytest.mark.nats
+async def test_a_worker_started_without_postgres_answers_unavailable_then_serves(
+    private_postgres: PostgresServer, nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No primary at start (a failover, a cluster still electing): one warning, coded answers, then IDs."""
+    await prepare(private_postgres.dsn, [("order", 100)])
+    await asyncio.to_thread(private_postgres.stop)
+    config = worker_config(nats_server.url, private_postgres.dsn, fetch_deadline=0.5)
+    caplog.clear()
+    async with running_worker(config) as worker, client(nats_server.url) as nc:
+        assert worker.postgres is not None
+        assert not worker.postgres.connected
+        reply = await ask(nc, "leaf.segment.order")
+        assert reply.error is not None
+        assert (reply.error.code, reply.error.retryable) == ("unavailable", True)
+        loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(loud) == 1, [r.getMessage() for r in loud]
+        assert "PostgreSQL cannot be reached yet, serving anyway" in loud[0].getMessage()
+        await asyncio.to_thread(private_postgres.start)
+        for _ in range(100):  # unknown tags are looked up at most once a second
+            reply = await ask(nc, "leaf.segment.order")
+            if reply.error is None:
+                break
+            await asyncio.sleep(0.2)
+        assert reply.ids == [1]
+        assert worker.postgres.connected

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -356,13 +356,14 @@ class PostgresSegmentStore:
 
     def __init__(
         self,
-        pool: asyncpg.Pool[asyncpg.Record],
+        pool: asyncpg.Pool[asyncpg.Record] | None,
         *,
         where: str = "postgres",
         secrets: Sequence[str] = (),
         timeout: float | None = None,
         hosts: int = 1,
         watch: PrimaryWatch | None = None,
+        open_pool: Callable[[], Awaitable[asyncpg.Pool[asyncpg.Record]]] | None = None,
     ) -> None:
         """Wrap an existing pool (prefer :meth:`connect`, which builds the pool as this store needs).
 
@@ -373,8 +374,15 @@ class PostgresSegmentStore:
             timeout: seconds to wait for a pooled connection (opening one if needed).
             hosts: how many hosts the DSN names.
             watch: the pool's connection check (its ``init``), told of every grant.
+            open_pool: opens the pool when ``pool`` is None (a lazy start; see :meth:`connect`).
         """
+        if pool is None and open_pool is None:
+            raise ValueError("a store needs a pool, or the means to open one")
         self._pool = pool
+        self._open_pool = open_pool
+        self._opening = asyncio.Lock()
+        self.start_error: StoreUnavailable | None = None
+        """Why PostgreSQL could not be reached at a lazy start (None: it could)."""
         self._where = where
         self._secrets = tuple(secrets)
         self._timeout = timeout
@@ -398,6 +406,7 @@ class PostgresSegmentStore:
         application_name: str = "leaf-dispenser",
         grants: GrantMemory | None = None,
         new_primary_grace: float = 0.0,
+        lazy: bool = False,
     ) -> PostgresSegmentStore:
         """Open a pool to ``dsn`` and return a store over it.
 
@@ -412,44 +421,85 @@ class PostgresSegmentStore:
             grants: remember every grant there, and repair a new primary from it (see the module).
             new_primary_grace: seconds to wait after reaching a primary on a new timeline before using it,
                 so that every live worker (each checks its connection every second) has repaired it first.
+            lazy: when PostgreSQL cannot be reached now, return the store anyway (its
+                :attr:`start_error` says why): every call tries to open the pool again, and raises
+                :class:`StoreUnavailable` until it can. A worker then serves, answering ``unavailable``.
 
         Raises:
-            StoreUnavailable: the first ``min_size`` connections could not be opened (or reached a standby).
+            StoreUnavailable: the first ``min_size`` connections could not be opened (or reached a standby),
+                unless ``lazy``.
             ValueError: the DSN or an option is malformed (the message hides the password).
         """
         where = redact(dsn)
         secrets = dsn_secrets(dsn)
         hosts = _host_count(dsn)
         watch = PrimaryWatch(where, grants, new_primary_grace)
-        with map_store_errors(
-            "connecting", where=where, secrets=secrets, timeout=connect_timeout, hosts=hosts
-        ):
-            try:
-                pool = await asyncpg.create_pool(
-                    dsn,
-                    min_size=min_size,
-                    max_size=max_size,
-                    command_timeout=command_timeout,
-                    timeout=connect_timeout,
-                    reset=_keep_session,
-                    init=watch.on_connect,
-                    server_settings={"application_name": application_name},
-                )
-            except ValueError as exc:
-                if isinstance(exc, OSError):
-                    raise  # a TLS failure (e.g. certificate verify failed): unavailable, as at run time
-                raise invalid_settings(exc, where, secrets) from None
-        return cls(
+
+        async def open_pool() -> asyncpg.Pool[asyncpg.Record]:
+            with map_store_errors(
+                "connecting", where=where, secrets=secrets, timeout=connect_timeout, hosts=hosts
+            ):
+                try:
+                    return await asyncpg.create_pool(
+                        dsn,
+                        min_size=min_size,
+                        max_size=max_size,
+                        command_timeout=command_timeout,
+                        timeout=connect_timeout,
+                        reset=_keep_session,
+                        init=watch.on_connect,
+                        server_settings={"application_name": application_name},
+                    )
+                except ValueError as exc:
+                    if isinstance(exc, OSError):
+                        raise  # a TLS failure (e.g. certificate verify failed): unavailable, as at run time
+                    raise invalid_settings(exc, where, secrets) from None
+
+        pool: asyncpg.Pool[asyncpg.Record] | None = None
+        error: StoreUnavailable | None = None
+        try:
+            pool = await open_pool()
+        except StoreUnavailable as exc:
+            if not lazy:
+                raise
+            error = exc
+        store = cls(
             pool,
             where=where,
             secrets=secrets,
             timeout=connect_timeout + command_timeout,
             hosts=hosts,
             watch=watch,
+            open_pool=open_pool,
         )
+        store.start_error = error
+        return store
 
     def __repr__(self) -> str:
         return f"PostgresSegmentStore({self._where})"
+
+    @property
+    def connected(self) -> bool:
+        """Whether the pool is open (false after a lazy start, until PostgreSQL could be reached)."""
+        return self._pool is not None
+
+    async def _ready(self) -> asyncpg.Pool[asyncpg.Record]:
+        """The pool, opening it first after a lazy start (one attempt at a time).
+
+        Raises:
+            StoreUnavailable: it cannot be opened yet.
+        """
+        pool = self._pool
+        if pool is not None:
+            return pool
+        async with self._opening:
+            if self._pool is None:
+                if self._closed:
+                    raise StoreUnavailable(f"the store is closed ({self._where})")
+                assert self._open_pool is not None
+                self._pool = await self._open_pool()
+                log.info("connected to PostgreSQL at %s", self._where)
+            return self._pool
 
     def _errors(self, action: str) -> contextlib.AbstractContextManager[None]:
         return map_store_errors(
@@ -472,7 +522,7 @@ class PostgresSegmentStore:
             check_step(step)
         with self._errors(f"fetching the next segment of {tag!r}"):
             try:
-                async with self._pool.acquire(timeout=self._timeout) as conn:
+                async with (await self._ready()).acquire(timeout=self._timeout) as conn:
                     row = await conn.fetchrow(_NEXT_SEGMENT, tag, step)
             except asyncpg.NumericValueOutOfRangeError:
                 raise no_room(tag, step) from None
@@ -489,7 +539,7 @@ class PostgresSegmentStore:
             StoreUnavailable: PostgreSQL could not be reached (or no primary is among the DSN's hosts).
         """
         with self._errors("reading the replication state"):
-            async with self._pool.acquire(timeout=self._timeout) as conn:
+            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
                 row = await conn.fetchrow(_REPLICATION)
         assert row is not None
         return Replication(
@@ -509,7 +559,7 @@ class PostgresSegmentStore:
             StoreUnavailable: PostgreSQL could not be reached.
         """
         with self._errors("listing tags"):
-            async with self._pool.acquire(timeout=self._timeout) as conn:
+            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
                 rows = await conn.fetch(_LIST_TAGS)
         return [_tag_info(row) for row in rows]
 
@@ -525,7 +575,7 @@ class PostgresSegmentStore:
         check_new_tag(tag, step, start, description)
         with self._errors(f"adding tag {tag!r}"):
             try:
-                async with self._pool.acquire(timeout=self._timeout) as conn:
+                async with (await self._ready()).acquire(timeout=self._timeout) as conn:
                     row = await conn.fetchrow(_ADD_TAG, tag, start, step, description)
             except asyncpg.UniqueViolationError:
                 raise TagExists(tag) from None
@@ -542,7 +592,7 @@ class PostgresSegmentStore:
         """
         check_step(step)
         with self._errors(f"setting the step of {tag!r}"):
-            async with self._pool.acquire(timeout=self._timeout) as conn:
+            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
                 row = await conn.fetchrow(_SET_STEP, tag, step)
         if row is None:
             raise UnknownTag(tag)
@@ -556,7 +606,7 @@ class PostgresSegmentStore:
             StoreUnavailable: PostgreSQL could not be reached.
         """
         with self._errors(f"removing tag {tag!r}"):
-            async with self._pool.acquire(timeout=self._timeout) as conn:
+            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
                 removed = await conn.fetchval(_REMOVE_TAG, tag)
         if removed is None:
             raise UnknownTag(tag)
@@ -573,7 +623,7 @@ class PostgresSegmentStore:
             StoreUnavailable: PostgreSQL could not be reached or did not answer in time.
         """
         with self._errors(action):
-            async with self._pool.acquire(timeout=self._timeout) as conn:
+            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
                 return await conn.fetchrow(query, *args)
 
     async def __aenter__(self) -> PostgresSegmentStore:
@@ -590,7 +640,7 @@ class PostgresSegmentStore:
         """
         tags = list(peaks)
         with self._errors("saving the rate peaks"):
-            async with self._pool.acquire(timeout=self._timeout) as conn:
+            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
                 await conn.execute(
                     _SAVE_PEAKS, tags, kind, [peaks[t][0] for t in tags], [peaks[t][1] for t in tags]
                 )
@@ -602,7 +652,7 @@ class PostgresSegmentStore:
             StoreUnavailable: PostgreSQL could not be reached.
         """
         with self._errors("loading the rate peaks"):
-            async with self._pool.acquire(timeout=self._timeout) as conn:
+            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
                 try:
                     rows = await conn.fetch(_LOAD_PEAKS, kind)
                 except asyncpg.UndefinedTableError:  # not migrated yet: no peaks, not an outage
@@ -625,7 +675,7 @@ class PostgresSegmentStore:
                 asyncpg.InternalClientError,
                 OSError,
             ):
-                async with self._pool.acquire(timeout=self._timeout) as conn:
+                async with (await self._ready()).acquire(timeout=self._timeout) as conn:
                     await conn.execute("SELECT 1")
 
     async def close(self) -> None:
@@ -636,11 +686,14 @@ class PostgresSegmentStore:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
+        pool = self._pool
+        if pool is None:
+            return
         try:
-            await asyncio.wait_for(self._pool.close(), self._timeout)
+            await asyncio.wait_for(pool.close(), self._timeout)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError):
             # A graceful close needs the server; without it, drop the sockets.
-            self._pool.terminate()
+            pool.terminate()
 
 
 def _tag_info(row: asyncpg.Record) -> TagInfo:
