@@ -15,6 +15,7 @@ import random
 import time
 from array import array
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -110,6 +111,30 @@ class _Request:
         if self.request_id is not None:
             fields["request_id"] = self.request_id
         return msgspec.json.encode(fields)
+
+
+@dataclass(slots=True)
+class _Requests:
+    """One requester's requests: a new draw, or again the last one when it failed and carries a ``request_id``."""
+
+    draw: Callable[[int], _Request]
+    serial: int = 0
+    retry: _Request | None = None
+    retries: int = 0
+
+    def next(self) -> _Request:
+        """The request to send now (a retry at most :data:`MAX_RETRIES` times in a row)."""
+        if self.retry is not None and self.retries < MAX_RETRIES:
+            request, self.retry = self.retry, None
+            self.retries += 1
+            return request
+        self.serial += 1
+        self.retry, self.retries = None, 0
+        return self.draw(self.serial)
+
+    def failed(self, request: _Request) -> None:
+        """``request`` got no answer or a retryable error: send it again if a retry can get the same IDs."""
+        self.retry = request if request.request_id is not None else None
 
 
 class LoadGenerator:
@@ -222,20 +247,13 @@ class LoadGenerator:
     async def _requester(self, nc: Client, rng: random.Random, name: str) -> None:
         timeout = self.profile.request_timeout_s
         clock = time.perf_counter_ns
-        serial = 0
-        retry: _Request | None = None
-        retries = 0
+        requests = _Requests(lambda serial: self._draw(rng, name, serial))
         while not self._stopping:
             phase = self.phase
             if phase is None:
                 await asyncio.sleep(0.01)
                 continue
-            if retry is not None and retries < MAX_RETRIES:
-                request, retry = retry, None
-                retries += 1
-            else:
-                serial += 1
-                request, retry, retries = self._draw(rng, name, serial), None, 0
+            request = requests.next()
             subject = f"{self.prefix}.{request.kind}.{request.tag}"
             phase.requests += 1
             started = clock()
@@ -244,12 +262,12 @@ class LoadGenerator:
             except NatsTimeout:
                 phase = self._outcome_phase(phase)
                 phase.timeouts += 1
-                retry = request if request.request_id is not None else None
+                requests.failed(request)
                 continue
             except NoRespondersError:
                 phase = self._outcome_phase(phase)
                 phase.no_responders += 1
-                retry = request if request.request_id is not None else None
+                requests.failed(request)
                 await asyncio.sleep(_NO_RESPONDER_PAUSE_S)
                 continue
             except (NatsError, RuntimeError) as exc:
@@ -258,7 +276,7 @@ class LoadGenerator:
                 # "unable to perform operation on <TCPTransport closed=True>"); the next request reconnects.
                 phase = self._outcome_phase(phase)
                 phase.transport[type(exc).__name__] += 1
-                retry = request if request.request_id is not None else None
+                requests.failed(request)
                 await asyncio.sleep(_NO_RESPONDER_PAUSE_S)
                 continue
             phase = self._outcome_phase(phase)
@@ -267,28 +285,25 @@ class LoadGenerator:
                 msg.data, msg.headers, tag=request.tag, count=request.count, fmt=request.format
             )
             self._count(phase, request, checked)
-            if checked.outcome == "error" and not checked.reason and checked.retryable and request.request_id:
-                retry = request
+            if checked.outcome == "error" and not checked.reason and checked.retryable:
+                requests.failed(request)
 
     async def _kafka_requester(self, client: KafkaIdClient, rng: random.Random, name: str) -> None:
         """Segment requests over Kafka request/reply, checked into the same ledger as the NATS ones."""
-        serial = 0
-        retry: _Request | None = None
-        retries = 0
+
+        def draw(serial: int) -> _Request:
+            drawn = self._draw(rng, name, serial)  # its kind and tag are redrawn: Kafka asks for segments
+            return _Request(
+                "segment", rng.choice(self.profile.segment_tags), drawn.count, drawn.format, drawn.request_id
+            )
+
+        requests = _Requests(draw)
         while not self._stopping:
             phase = self.phase
             if phase is None:
                 await asyncio.sleep(0.01)
                 continue
-            if retry is not None and retries < MAX_RETRIES:
-                request, retry = retry, None
-                retries += 1
-            else:
-                serial += 1
-                drawn = self._draw(rng, name, serial)  # its kind and tag are redrawn: Kafka asks for segments
-                tag = rng.choice(self.profile.segment_tags)
-                request = _Request("segment", tag, drawn.count, drawn.format, drawn.request_id)
-                retry, retries = None, 0
+            request = requests.next()
             phase.requests += 1
             phase.kafka_requests += 1
             started = time.perf_counter_ns()
@@ -299,12 +314,12 @@ class LoadGenerator:
             except TimeoutError:
                 phase = self._outcome_phase(phase)
                 phase.timeouts += 1
-                retry = request if request.request_id is not None else None
+                requests.failed(request)
                 continue
             except OSError as exc:  # the request could not be sent (a broker is away)
                 phase = self._outcome_phase(phase)
                 phase.transport[f"kafka {type(exc).__name__}"] += 1
-                retry = request if request.request_id is not None else None
+                requests.failed(request)
                 await asyncio.sleep(_NO_RESPONDER_PAUSE_S)
                 continue
             phase = self._outcome_phase(phase)
@@ -318,8 +333,8 @@ class LoadGenerator:
                 nats=False,
             )
             self._count(phase, request, checked)
-            if checked.outcome == "error" and not checked.reason and checked.retryable and request.request_id:
-                retry = request
+            if checked.outcome == "error" and not checked.reason and checked.retryable:
+                requests.failed(request)
 
     def _count(self, phase: PhaseStats, request: _Request, checked: Checked) -> None:
         """Count a checked reply into ``phase`` (and its IDs into the ledger)."""
