@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from dispenser.core.ids import IdBatch
 from dispenser.core.rate import RateMeter
 from dispenser.core.segment import NEED_SEGMENT, BufferStats, SegmentBuffer
 from dispenser.ports import Clock, SegmentStore
+from dispenser.service.retry import Backoff
 from dispenser.service.timing import wait_event
 
 __all__ = ["AllocatorSettings", "SegmentAllocator", "Sizer", "TagAllocator"]
@@ -179,7 +179,8 @@ class TagAllocator:
         self._changed = asyncio.Event()
 
     async def _fetch(self) -> None:
-        delay = self._settings.retry_initial
+        settings = self._settings
+        backoff = Backoff(settings.retry_initial, settings.retry_max, clock=self._clock, jitter=0.2)
         try:
             while True:
                 step = self._next_step()
@@ -222,11 +223,12 @@ class TagAllocator:
                     else:  # a bug, not an outage: say so loudly, but keep the tag alive
                         self.last_error = StoreUnavailable(f"unexpected {type(exc).__name__} while fetching")
                         log.exception(
-                            "segment fetch for %r failed unexpectedly; retrying in %.2fs", self.tag, delay
+                            "segment fetch for %r failed unexpectedly; retrying in %.2fs",
+                            self.tag,
+                            backoff.delay,
                         )
                     self._notify()
-                    await self._clock.sleep(delay * random.uniform(0.8, 1.2))
-                    delay = min(delay * 2, self._settings.retry_max)
+                    await backoff.wait()
                     self.buffer.begin_fetch()
                     continue
                 self.step = allocation.configured_step

@@ -31,6 +31,7 @@ from dispenser.core.errors import ClockMovedBackwards, DispenserError, LeaseLost
 from dispenser.core.ids import IdBatch
 from dispenser.core.snowflake import Issued, SnowflakeLayout, SnowflakeState, WaitUntil, check_startup_clock
 from dispenser.ports import Clock, WorkerLease, WorkerRegistry
+from dispenser.service.retry import Backoff
 
 __all__ = ["SnowflakeGenerator", "SnowflakeSettings"]
 
@@ -310,14 +311,15 @@ class SnowflakeGenerator:
             self._relocating = asyncio.create_task(self._register_again(), name="snowflake-register")
 
     async def _register_again(self) -> None:
-        delay = 0.2
+        backoff = Backoff(0.2, 5.0, clock=self._clock)  # the task is cancelled on stop
         while True:
             try:
                 lease = await self._registry.register()
             except DispenserError as exc:  # unreachable, or no ID free yet: both may pass
-                log.warning("re-registering the snowflake worker failed, retrying in %.1fs: %s", delay, exc)
-                await self._clock.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                log.warning(
+                    "re-registering the snowflake worker failed, retrying in %.1fs: %s", backoff.delay, exc
+                )
+                await backoff.wait()
                 continue
             async with self._lock:
                 # The same ID with a mark no higher than our own: our state already stays above everything

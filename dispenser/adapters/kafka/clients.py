@@ -249,11 +249,11 @@ class KafkaRateSink:
         if self._producer is not None:
             await self._producer.send(self.topic, msgspec.json.encode(event), key=event.tag.encode())
 
-    async def close(self) -> None:
-        """Flush and disconnect."""
+    async def close(self, timeout: float = 5.0) -> None:
+        """Flush and disconnect, giving up after ``timeout`` seconds (a broker that is down never answers)."""
         if self._producer is not None:
             producer, self._producer = self._producer, None
             try:
-                await producer.stop()
-            except KafkaError as exc:
-                log.debug("closing the rate producer: %s", exc)
+                await asyncio.wait_for(producer.stop(), timeout)
+            except (KafkaError, TimeoutError) as exc:
+                log.debug("closing the rate producer: %s", exc or "timed out")

@@ -51,6 +51,7 @@ from dispenser.config import EnrichConfig, KafkaConfig
 from dispenser.core.errors import DispenserError
 from dispenser.ports import IdSource
 from dispenser.service.enrichment import Placement, Rejection, transformer
+from dispenser.service.retry import Backoff, Stopped
 
 __all__ = ["EnrichSettings", "EnrichStats", "Enricher"]
 
@@ -65,6 +66,11 @@ SOURCE_PARTITION_HEADER = "leaf-source-partition"
 SOURCE_OFFSET_HEADER = "leaf-source-offset"
 
 _RETRY_MAX = 5.0
+_FINISH_GRACE = 1.0
+"""Seconds a stop gives the fetch under way to finish (then to be committed) before cancelling it."""
+_STOP_GRACE = 3.0
+"""Seconds a stop gives winding down (commit or abort, closing the producers, leaving the group) before it
+gives up on each further step: a broker that is down must not keep the process alive."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +141,17 @@ class EnrichStats:
 class _Partition:
     """The state of one owned input partition: its producer and the transaction under way."""
 
-    __slots__ = ("dead", "in_transaction", "next_offset", "pending", "producer", "sends", "started", "tp")
+    __slots__ = (
+        "dead",
+        "half_done",
+        "in_transaction",
+        "next_offset",
+        "pending",
+        "producer",
+        "sends",
+        "started",
+        "tp",
+    )
 
     def __init__(self, tp: TopicPartition, producer: AIOKafkaProducer) -> None:
         self.tp = tp
@@ -148,6 +164,8 @@ class _Partition:
         self.next_offset = 0
         self.started = 0.0
         self.sends: list[asyncio.Future[object]] = []
+        self.half_done = False
+        """A batch is being sent: the transaction holds records past ``next_offset`` (never commit it)."""
 
 
 class Enricher:
@@ -165,6 +183,8 @@ class Enricher:
         self._out_partitions = 1
         self._dlq_partitions = 1
         self._transform = transformer(settings.placement, settings.max_record_bytes)
+        self._stop = asyncio.Event()
+        """Set by :meth:`run`'s caller: the retry loops (IDs, taking over a partition) end at once."""
 
     async def start(self) -> None:
         """Check the topics (creating the output and dead-letter ones if configured) and join the group.
@@ -207,45 +227,110 @@ class Enricher:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Enrich until ``stop`` is set; then commit what is under way and leave the group."""
-        assert self._consumer is not None
-        consumer = self._consumer
+        """Enrich until ``stop`` is set; then commit what is under way and leave the group.
+
+        A stop while the enricher waits for IDs (PostgreSQL down) or for Kafka does not wait for them: the
+        work under way is given up (cancelled after :data:`_FINISH_GRACE` at most), its open transactions
+        are aborted rather than committed (the next owner enriches their records again, from the last
+        commit), and each step of winding down is bounded (:data:`_STOP_GRACE`).
+        """
+        if self._consumer is None:
+            raise RuntimeError("Enricher.run() before start()")
+        self._stop = stop
+        work = asyncio.create_task(self._loop(self._consumer), name="enrich")
+        stopping = asyncio.create_task(stop.wait(), name="enrich-stop")
+        try:
+            await asyncio.wait((work, stopping), return_when=asyncio.FIRST_COMPLETED)
+            # Stop requested: the loop ends after the fetch under way, unless it is stuck waiting.
+            await asyncio.wait((work,), timeout=_FINISH_GRACE)
+        finally:
+            stopping.cancel()
+            if not work.done():
+                work.cancel()
+            finished = await asyncio.gather(work, return_exceptions=True)
+        interrupted = work.cancelled() or isinstance(finished[0], Stopped)
+        if interrupted:
+            log.info("stopped while waiting (for IDs or for Kafka): aborting the open transactions")
+        elif isinstance(finished[0], BaseException):
+            await self.close(commit=False)
+            raise finished[0]
+        await self.close(commit=not interrupted)
+
+    async def _loop(self, consumer: AIOKafkaConsumer) -> None:
         # Short polls: a long getmany timeout slows aiokafka's hand-over of fetched records (measured: ~20 ms a
         # call at 1 s, a third of the throughput), and the loop must wake up to commit on time anyway.
         timeout_ms = max(1, int(min(self.settings.commit_interval, 0.1) * 1000))
-        while not stop.is_set():
+        backoff = Backoff(0.5, 0.5, stop=self._stop)
+        while not self._stop.is_set():
             try:
                 fetched = await consumer.getmany(
                     timeout_ms=timeout_ms, max_records=self.settings.commit_records
                 )
             except KafkaError as exc:
                 log.warning("Kafka consumer: %s", exc)
-                await asyncio.sleep(0.5)
+                await backoff.wait()
                 continue
-            async with self._lock:
-                for tp, records in fetched.items():
-                    part = self._partitions.get(tp)
-                    if part is not None:  # else revoked since the fetch: the new owner reads them again
-                        await self._guarded(part, self._process(part, records))
-                # Fewer records than asked for: nothing more is buffered, so waiting for more would only add
-                # a fetch round trip to this transaction. Commit now (lower latency, same batching at load).
-                caught_up = sum(len(records) for records in fetched.values()) < self.settings.commit_records
-                await self._commit_due(caught_up)
-        await self.close()
+            await self._enrich(fetched)
 
-    async def close(self) -> None:
-        """Commit the open transactions, stop every producer and leave the group."""
+    async def _enrich(self, fetched: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
+        """Process one fetch, partition by partition, and commit the transactions that are due."""
         async with self._lock:
-            for part in list(self._partitions.values()):
-                await self._guarded(part, self._commit(part))
-                await self._release(part)
-            self._partitions.clear()
+            for tp, records in fetched.items():
+                part = self._partitions.get(tp)
+                if part is not None:  # else revoked since the fetch: the new owner reads them again
+                    await self._guarded(part, self._process(part, records))
+            # Fewer records than asked for: nothing more is buffered, so waiting for more would only add
+            # a fetch round trip to this transaction. Commit now (lower latency, same batching at load).
+            caught_up = sum(len(records) for records in fetched.values()) < self.settings.commit_records
+            await self._commit_due(caught_up)
+
+    async def close(self, *, commit: bool = True) -> None:
+        """Commit (or abort) the open transactions, stop every producer and leave the group.
+
+        Winding down gets :data:`_STOP_GRACE` seconds in all; past it, each further step is given up on
+        at once. A transaction neither committed nor aborted then is left to the broker, which aborts it
+        when the partition's next owner starts its producer (or at the transaction timeout): none of it is
+        ever read as committed.
+
+        Args:
+            commit: commit the open transactions (the normal stop); false: abort them (the work under
+                way was interrupted, so a transaction may hold records whose offsets it does not cover).
+        """
+        self._stop.set()  # a take-over still retrying (in a rebalance) gives up
+        deadline = time.monotonic() + _STOP_GRACE
+        async with self._lock:
+            parts, self._partitions = list(self._partitions.values()), {}
+            for part in parts:
+                await self._wind_down(part, commit, deadline)
         if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
             with contextlib.suppress(Exception):
-                await self._consumer.stop()
-            self._consumer = None
+                await asyncio.wait_for(consumer.stop(), _left(deadline))
         with contextlib.suppress(Exception):
-            await self._offsets.close()
+            await asyncio.wait_for(self._offsets.close(), _left(deadline))
+
+    async def _wind_down(self, part: _Partition, commit: bool, deadline: float) -> None:
+        """End ``part``'s open transaction (committed if asked and possible in time, else aborted); stop its producer.
+
+        Never raises: a producer whose commit was cancelled half-way may refuse even to abort (aiokafka
+        then raises whatever its state machine says); the broker aborts for it, as after a crash.
+        """
+        name = _name(part.tp)
+        if part.in_transaction and commit and not part.half_done:
+            try:
+                await asyncio.wait_for(self._commit(part), _left(deadline))
+            except Exception as exc:  # any failure: abort instead
+                log.warning("%s: could not commit on stop (%s); aborting", name, _why(exc))
+        if part.in_transaction:
+            try:
+                await asyncio.wait_for(part.producer.abort_transaction(), _left(deadline))
+            except Exception as exc:  # any failure: the broker aborts it
+                log.warning("%s: could not abort on stop (%s); the broker will", name, _why(exc))
+            else:
+                self.stats.aborted += 1
+                log.info("%s: aborted the open transaction (%d records)", name, part.pending)
+            part.in_transaction = False
+        await _stop_producer(part.producer, _left(deadline))
 
     # -- partitions come and go ------------------------------------------------------------------------
 
@@ -253,7 +338,10 @@ class Enricher:
         async with self._lock:
             for tp in sorted(assigned):
                 if tp not in self._partitions:
-                    await self._own(tp)
+                    try:
+                        await self._own(tp)
+                    except Stopped:  # stopping: the partition is left to the next owner
+                        return
 
     async def _revoked(self, revoked: Sequence[TopicPartition]) -> None:
         async with self._lock:
@@ -265,8 +353,10 @@ class Enricher:
 
     async def _own(self, tp: TopicPartition) -> None:
         """Take over ``tp``: fence its previous owner, then resume after its last committed transaction."""
-        assert self._consumer is not None
-        delay = 0.2
+        consumer = self._consumer
+        if consumer is None:
+            raise RuntimeError("taking over a partition before start()")
+        backoff = Backoff(0.2, _RETRY_MAX, stop=self._stop)
         while True:
             # A new producer for each attempt: once stopped, an AIOKafkaProducer started again could never be
             # stopped (its stop() is a no-op after the first), leaking its connections and sender task.
@@ -274,26 +364,31 @@ class Enricher:
             try:
                 # start() runs InitProducerId: the broker aborts the previous owner's open transaction
                 # and bumps the epoch, so the previous owner can no longer commit.
-                await producer.start()
+                await backoff.attempt(producer.start())
                 # Not consumer.committed(): it answers None ("never committed") while the coordinator is
                 # still loading after a broker restart, and the partition would start over (see offsets.py).
-                committed = await self._offsets.committed(tp)
+                committed = await backoff.attempt(self._offsets.committed(tp))
                 break
             except KafkaError as exc:
+                await _stop_producer(producer)
                 log.warning("cannot take over %s yet: %s", _name(tp), exc)
-                with contextlib.suppress(Exception):
-                    await producer.stop()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RETRY_MAX)
+                try:
+                    await backoff.wait()
+                except Stopped:
+                    log.info("stopping: leaving %s to its next owner", _name(tp))
+                    raise
+            except BaseException:  # stopping (Stopped, cancelled) half-way through a start
+                await _stop_producer(producer)
+                raise
         if committed is None:
-            await self._consumer.seek_to_beginning(tp)
+            await consumer.seek_to_beginning(tp)
         else:
-            self._consumer.seek(tp, committed)
+            consumer.seek(tp, committed)
         part = _Partition(tp, producer)
         # Records fetched before this take-over (a stale getmany result) are below this and are skipped.
         part.next_offset = 0 if committed is None else committed
         self._partitions[tp] = part
-        self._consumer.resume(tp)
+        consumer.resume(tp)
         log.info(
             "enriching %s from offset %s", _name(tp), "the beginning" if committed is None else committed
         )
@@ -313,8 +408,7 @@ class Enricher:
         )
 
     async def _release(self, part: _Partition) -> None:
-        with contextlib.suppress(Exception):
-            await part.producer.stop()
+        await _stop_producer(part.producer)
 
     # -- the work ----------------------------------------------------------------------------------------
 
@@ -328,6 +422,7 @@ class Enricher:
         # skipped (never reissued), and the batch costs one call to the ID source.
         next_id = (await self._take(len(records))).__next__
         producer = part.producer
+        part.half_done = True  # until next_offset covers this batch (a stop may cancel us half-way)
         if not part.in_transaction:
             await producer.begin_transaction()
             part.in_transaction = True
@@ -351,19 +446,25 @@ class Enricher:
         part.dead += dead.count
         part.pending += len(records)
         part.next_offset = records[-1].offset + 1
+        part.half_done = False
 
     async def _take(self, count: int) -> Iterator[int]:
-        """``count`` IDs in increasing order, retrying for as long as the source cannot supply them."""
-        delay = 0.1
+        """``count`` IDs in increasing order, retrying for as long as the source cannot supply them.
+
+        Raises:
+            Stopped: the enricher was asked to stop while it waited.
+        """
+        tag, fetch_deadline = self.settings.tag, self.settings.fetch_deadline
+        backoff: Backoff | None = None  # the common case, IDs at hand, needs none
         while True:
-            deadline = time.monotonic() + self.settings.fetch_deadline
+            work = self._source.take(tag, count, time.monotonic() + fetch_deadline)
             try:
-                batch = await self._source.take(self.settings.tag, count, deadline)
+                batch = await (work if backoff is None else backoff.attempt(work))
             except DispenserError as exc:
                 self.stats.id_waits += 1
-                log.warning("cannot take %d IDs of tag %r yet (%s); retrying", count, self.settings.tag, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RETRY_MAX)
+                log.warning("cannot take %d IDs of tag %r yet (%s); retrying", count, tag, exc)
+                backoff = backoff or Backoff(0.1, _RETRY_MAX, stop=self._stop)
+                await backoff.wait()
                 continue
             return itertools.chain.from_iterable(range(first, last + 1) for first, last in batch.ranges)
 
@@ -484,6 +585,21 @@ def _dead_headers(
         (SOURCE_OFFSET_HEADER, str(record.offset).encode()),
         (SOURCE_HEADER, where + str(record.offset).encode()),
     ]
+
+
+async def _stop_producer(producer: AIOKafkaProducer, timeout: float = _STOP_GRACE) -> None:
+    """Stop ``producer``, giving up after ``timeout`` seconds (a broker that is down may never answer)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(producer.stop(), timeout)
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _left(deadline: float) -> float:
+    """Seconds until ``deadline`` (monotonic), at least a moment: past it, a step gets just that."""
+    return max(deadline - time.monotonic(), 0.1)
 
 
 def _name(tp: TopicPartition) -> str:

@@ -52,6 +52,7 @@ from dispenser.core.errors import (
 )
 from dispenser.messages import MSGPACK, decode_kafka_request
 from dispenser.service.answering import Answer, Answerer
+from dispenser.service.retry import Backoff
 
 __all__ = ["KafkaRequestService", "RequestStats"]
 
@@ -222,14 +223,16 @@ class KafkaRequestService:
                 await self._producer.stop()
 
     async def _consume(self) -> None:
-        assert self._consumer is not None
         consumer = self._consumer
+        if consumer is None:
+            raise RuntimeError("KafkaRequestService used before start()")
+        backoff = Backoff(0.5, 0.5, stop=self._stopping)
         while True:
             try:
                 fetched = await consumer.getmany(timeout_ms=500, max_records=500)
             except KafkaError as exc:  # the consumer reconnects by itself; don't spin while it does
                 log.warning("Kafka request consumer: %s", exc)
-                await asyncio.sleep(0.5)
+                await backoff.wait()
                 continue
             if not fetched:
                 continue
@@ -371,8 +374,10 @@ class KafkaRequestService:
 
     async def _deliver(self, reply: _Reply) -> None:
         """Send until the broker acknowledges, the request expires, or the reply can never be delivered."""
-        assert self._producer is not None
-        delay = 0.1
+        producer = self._producer
+        if producer is None:
+            raise RuntimeError("KafkaRequestService used before start()")
+        backoff = Backoff(0.1, 2.0)  # the task ends with the request's age, or is cancelled on stop
         while True:
             partitions = self._partitions(reply.topic)
             if partitions is None and await self._look_up(reply.topic):
@@ -384,7 +389,7 @@ class KafkaRequestService:
                 self._undeliverable(reply, f"it has no partition {reply.partition}")
                 return
             try:
-                delivery = await self._producer.send(
+                delivery = await producer.send(
                     reply.topic, reply.value, key=reply.key, partition=reply.partition, headers=reply.headers
                 )
                 await delivery
@@ -396,8 +401,7 @@ class KafkaRequestService:
                     self._undeliverable(reply, f"still failing after {self._max_age:g} s: {exc}")
                     return
                 log.warning("reply to %s not delivered yet (%s); retrying", reply.topic, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await backoff.wait()
             else:
                 return
 
