@@ -15,10 +15,12 @@ Schema evolution (msgspec's rules, which keep old clients and workers talking to
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct
+
+from dispenser.core.errors import InvalidRequest, MalformedRequest
 
 __all__ = [
     "MSGPACK",
@@ -33,7 +35,10 @@ __all__ = [
     "decode_request",
     "encode_reply",
     "json_schemas",
+    "strict_decode",
 ]
+
+T = TypeVar("T")
 
 MSGPACK: Final = "application/msgpack"
 """The ``Content-Type`` header value that selects msgpack for the request and its reply."""
@@ -67,10 +72,6 @@ class KafkaIdRequest(IdRequest, forbid_unknown_fields=True, omit_defaults=True):
     """The business tag; default: the record key."""
     kind: Kind = "segment"
     """Which generator answers: ``segment`` (PostgreSQL segments) or ``snowflake``."""
-
-    def as_id_request(self) -> IdRequest:
-        """The generator-facing part of the request."""
-        return IdRequest(count=self.count, request_id=self.request_id, format=self.format)
 
 
 class ErrorBody(Struct, frozen=True):
@@ -156,26 +157,44 @@ _msgpack_kafka_request = msgspec.msgpack.Decoder(KafkaIdRequest)
 _DEFAULT_KAFKA_REQUEST = KafkaIdRequest()
 
 
+def strict_decode(decoder: msgspec.json.Decoder[T] | msgspec.msgpack.Decoder[T], data: bytes) -> T:
+    """Decode a request body with ``decoder``; a bad body is our coded error, msgspec's message kept.
+
+    The one place where msgspec's errors become the client's error codes (msgspec's messages already name
+    the path, e.g. ``Expected `int` >= 1 - at `$.count```, so they are passed through).
+
+    Raises:
+        InvalidRequest: well-formed, but a field has the wrong type or value, or is unknown (``invalid``).
+        MalformedRequest: not JSON (or msgpack) at all (``malformed``).
+    """
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as exc:  # a subclass of DecodeError: first
+        raise InvalidRequest(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise MalformedRequest(str(exc)) from None
+
+
 def decode_request(data: bytes, msgpack: bool = False) -> IdRequest:
     """Decode a request body; an empty body is one ID.
 
     Raises:
-        msgspec.DecodeError: malformed body (``msgspec.ValidationError``, a subclass, for wrong types).
+        InvalidRequest, MalformedRequest: see :func:`strict_decode`.
     """
     if not data:
         return _DEFAULT_REQUEST
-    return (_msgpack_request if msgpack else _json_request).decode(data)
+    return strict_decode(_msgpack_request if msgpack else _json_request, data)
 
 
 def decode_kafka_request(data: bytes, msgpack: bool = False) -> KafkaIdRequest:
     """Decode a Kafka request body; an empty body is one segment ID of the tag named by the key.
 
     Raises:
-        msgspec.DecodeError: malformed body (``msgspec.ValidationError``, a subclass, for wrong types).
+        InvalidRequest, MalformedRequest: see :func:`strict_decode`.
     """
     if not data:
         return _DEFAULT_KAFKA_REQUEST
-    return (_msgpack_kafka_request if msgpack else _json_kafka_request).decode(data)
+    return strict_decode(_msgpack_kafka_request if msgpack else _json_kafka_request, data)
 
 
 def encode_reply(reply: Struct, msgpack: bool = False) -> bytes:

@@ -10,12 +10,16 @@ The shell's loop for ``n`` IDs is::
 
     ranges, left = [], n
     while left:
-        decision = state.take(clock.now_ms(), left)      # may raise ClockMovedBackwards & co.
+        now = clock.wall_ms()
+        decision = state.take(now, left)                 # may raise ClockMovedBackwards & co.
         if isinstance(decision, WaitUntil):
-            await clock.sleep_until_ms(decision.ms)       # never spins: decision.ms > the reading passed in
+            await clock.sleep((decision.ms - now) / 1000)  # never spins: decision.ms > now
             continue
         ranges += decision.ranges
         left = decision.remaining
+
+(``clock`` is the shell's :class:`~dispenser.ports.Clock`; the real loop,
+:meth:`dispenser.service.snowflake.SnowflakeGenerator.take`, also bounds the wait by the request's deadline.)
 
 The state assumes one such loop at a time per worker (the shell holds a lock around it): a ``take`` after a
 ``WaitUntil(reason="clock_back")`` is taken to be the promised re-check.

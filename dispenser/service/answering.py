@@ -1,4 +1,4 @@
-"""What a broker adapter sees of the service: request bodies in, reply bodies out.
+"""What a broker adapter sees of the service: a request decoded once in, one :class:`Answer` out.
 
 The NATS and Kafka adapters depend on this interface only, never on the concrete
 :class:`~dispenser.service.dispatch.Dispatcher` (an import contract in ``pyproject.toml`` holds the line).
@@ -24,28 +24,37 @@ class Answer:
 
 
 class Answerer(Protocol):
-    """What a broker adapter needs of a :class:`Dispatcher`: request bodies in, reply bodies out.
+    """What a broker adapter needs of a :class:`Dispatcher`: decode a request once, then answer it.
 
     Adapters type against this rather than the concrete class, so that they depend on the service's
-    interface only (and tests can hand them a fake).
+    interface only (and tests can hand them a fake). The round of one request, whatever the broker::
+
+        try:
+            request = answerer.decode(tag, body, msgpack)  # or the broker's own IdRequest subclass
+        except DispenserError as exc:
+            answer = answerer.error(tag, exc, msgpack)
+        else:
+            answer = answerer.answer_now(tag, request, msgpack) or await answerer.answer(tag, request, msgpack)
+
+    (an adapter awaits :meth:`answer` in a task of its own, so that one waiting request holds up no other).
     """
 
-    def answer_now(self, tag: str, body: bytes, msgpack: bool = False) -> bytes | Answer | None:
-        """The reply body, an error :class:`Answer`, or ``None``: call :meth:`answer`, which may wait."""
+    def decode(self, tag: str, body: bytes, msgpack: bool = False) -> IdRequest:
+        """The request in ``body`` for ``tag``, checked against the limits (remembered: decoded once).
+
+        Raises:
+            BadRequest: the tag, the size, the encoding or a field is wrong (the error has its code).
+        """
         ...
 
-    async def answer(self, tag: str, body: bytes, msgpack: bool = False) -> Answer:
-        """Answer, waiting where needed; never raises."""
+    def answer_now(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer | None:
+        """The answer if it needs no waiting (IDs at hand, or an error); ``None``: await :meth:`answer`."""
         ...
 
-    def answer_request_now(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer | None:
-        """Answer a decoded request (Kafka's) at once if possible; ``None``: use :meth:`answer_request`."""
-        ...
-
-    async def answer_request(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer:
-        """Answer a decoded request, waiting where needed; never raises."""
+    async def answer(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer:
+        """Answer, waiting for IDs where needed; never raises."""
         ...
 
     def error(self, tag: str, exc: DispenserError, msgpack: bool = False) -> Answer:
-        """The error reply for ``exc`` (for failures found before the request reached the dispatcher)."""
+        """The error answer for ``exc`` (for failures found before the request reached the dispatcher)."""
         ...

@@ -6,9 +6,9 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from dispenser.core.errors import BadRequest, InvalidRequest, MalformedRequest, MessageTooLarge
+from dispenser.core.errors import BadRequest, MessageTooLarge
 from dispenser.core.snowflake import SnowflakeLayout
-from dispenser.messages import DecodeReply, DecodeRequest, ErrorBody, encode_reply
+from dispenser.messages import DecodeReply, DecodeRequest, ErrorBody, encode_reply, strict_decode
 from dispenser.service.answering import Answer
 
 __all__ = ["decode_handler", "decode_id"]
@@ -47,12 +47,7 @@ def decode_handler(
         try:
             if len(body) > max_body_bytes:
                 raise MessageTooLarge(len(body), max_body_bytes)
-            try:
-                request = (_msgpack_decoder if msgpack else _json_decoder).decode(body)
-            except msgspec.ValidationError as exc:
-                raise InvalidRequest(str(exc)) from None
-            except msgspec.DecodeError as exc:
-                raise MalformedRequest(str(exc)) from None
+            request = strict_decode(_msgpack_decoder if msgpack else _json_decoder, body)
             snowflake_id = request.id
             return Answer(encode_reply(decode_id(layout, snowflake_id), msgpack))
         except BadRequest as exc:

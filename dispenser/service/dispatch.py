@@ -1,9 +1,10 @@
-"""Turns request bodies into reply bodies, whatever broker carried them.
+"""Turns requests into answers, whatever broker carried them.
 
-The broker adapters (NATS now, Kafka later) hand over ``(tag, body, msgpack)`` and get bytes back. The
-common case, a known tag with IDs buffered, is answered by :meth:`Dispatcher.answer_now` without
-awaiting anything; everything else goes through :meth:`Dispatcher.answer`. Every failure, expected or
-not, becomes an error reply here, and nowhere else.
+A broker adapter decodes a request once (:meth:`Dispatcher.decode` for a NATS body; Kafka's adapter
+decodes its own :class:`~dispenser.messages.KafkaIdRequest`, an :class:`IdRequest` too) and gets one
+:class:`Answer` back. The common case, a known tag with IDs buffered, is answered by
+:meth:`Dispatcher.answer_now` without awaiting anything; everything else goes through
+:meth:`Dispatcher.answer`. Every failure, expected or not, becomes an error answer here, and nowhere else.
 """
 
 from __future__ import annotations
@@ -13,20 +14,16 @@ import logging
 import math
 from dataclasses import dataclass
 
-import msgspec
-
 from dispenser.core.errors import (
     CountTooLarge,
     DispenserError,
     InternalError,
     InvalidCount,
-    InvalidRequest,
-    MalformedRequest,
     MessageTooLarge,
     StoreUnavailable,
 )
 from dispenser.core.tags import validate_tag
-from dispenser.messages import ErrorBody, IdRequest, Reply, decode_request, encode_reply
+from dispenser.messages import ErrorBody, IdRequest, Kind, Reply, decode_request, encode_reply
 from dispenser.ports import Clock, IdSource, RangesBatch, ReplayStore
 from dispenser.service.answering import Answer, Answerer
 from dispenser.service.dedup import ReplayCache, reused_request_id
@@ -69,7 +66,7 @@ class Dispatcher:
         limits: Limits,
         dedup_ttl: float = 60.0,
         *,
-        kind: str = "segment",
+        kind: Kind = "segment",
         replay_store: ReplayStore | None = None,
     ) -> None:
         """Answer requests from ``source``.
@@ -102,47 +99,45 @@ class Dispatcher:
         """Answers to a ``request_id`` given without the replay store (it was down): this worker's only."""
         self._unsettled_logged_at = -math.inf
 
-    def answer_now(self, tag: str, body: bytes, msgpack: bool = False) -> bytes | Answer | None:
-        """Answer without waiting if possible.
+    def decode(self, tag: str, body: bytes, msgpack: bool = False) -> IdRequest:
+        """The request in ``body`` for ``tag``, checked against the limits.
 
-        Returns:
-            The reply body (``bytes``) on success, an :class:`Answer` holding an error reply, or ``None``:
-            call :meth:`answer`, which may wait.
+        Clients send the same few bodies over and over (``{"count": 100}``): each valid JSON body and each
+        valid tag is remembered, so the hot path neither decodes nor matches a regex again.
+
+        Raises:
+            BadRequest: an invalid tag, a body over the size limit, not JSON (msgpack), a wrong field, or
+                a count out of bounds (checked in that order).
         """
-        # Clients send the same few bodies over and over (``{"count": 100}``): remember each valid body
-        # and each valid tag once, so the hot path neither decodes nor matches a regex again.
         request = self._bodies.get(body) if not msgpack else None
-        try:
-            if request is None or tag not in self._tags:
-                request = self._parse(tag, body, msgpack)
-                if request.request_id is not None:
-                    return None
-                self._remember(tag, body, request, msgpack)
-            batch = self._source.try_take(tag, request.count)
-        except DispenserError as exc:
-            return self.error(tag, exc, msgpack)
-        except Exception as exc:
-            return self._internal(tag, exc, msgpack)
-        if batch is None:
-            return None
-        self.inline += 1
-        return self._reply(tag, request, batch, msgpack)
-
-    def _remember(self, tag: str, body: bytes, request: IdRequest, msgpack: bool) -> None:
-        if len(self._tags) >= _REMEMBERED:
-            self._tags.clear()
-        self._tags.add(tag)
+        if request is not None and tag in self._tags:
+            return request
+        self._check_tag(tag)
+        self.check_size(body)
+        request = decode_request(body, msgpack)
+        self._check_count(request)
         if not msgpack:
             if len(self._bodies) >= _REMEMBERED:
                 self._bodies.clear()
             self._bodies[body] = request
+        return request
 
-    def answer_request_now(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer | None:
-        """Answer an already decoded request without waiting if possible; ``None``: use :meth:`answer_request`."""
+    def answer_now(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer | None:
+        """Answer without waiting if possible.
+
+        The tag and the request's limits are checked here too (a broker may decode its own request type,
+        as Kafka does), cheaply for a tag seen before.
+
+        Returns:
+            The answer (IDs or an error), or ``None``: call :meth:`answer`, which may wait (IDs not at hand,
+            or a ``request_id`` to record).
+        """
         if request.request_id is not None:
             return None
         try:
-            self._check(tag, request)
+            if tag not in self._tags:
+                self._check_tag(tag)
+            self._check_count(request)
             batch = self._source.try_take(tag, request.count)
         except DispenserError as exc:
             return self.error(tag, exc, msgpack)
@@ -153,22 +148,15 @@ class Dispatcher:
         self.inline += 1
         return Answer(self._reply(tag, request, batch, msgpack))
 
-    async def answer(self, tag: str, body: bytes, msgpack: bool = False) -> Answer:
-        """Answer, waiting for a segment or the clock where needed; never raises."""
-        try:
-            request = self._parse(tag, body, msgpack)
-        except DispenserError as exc:
-            return self.error(tag, exc, msgpack)
-        return await self.answer_request(tag, request, msgpack)
+    async def answer(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer:
+        """Answer, waiting for a segment or the clock where needed; never raises.
 
-    async def answer_request(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer:
-        """Answer a decoded request (Kafka's carries its tag in the body), waiting where needed; never raises.
-
-        The tag and the request's limits are checked here, as for :meth:`answer`.
+        The tag and the request's limits are checked here, as for :meth:`answer_now`.
         """
         started = self._clock.monotonic()
         try:
-            self._check(tag, request)
+            self._check_tag(tag)
+            self._check_count(request)
             deadline = started + self.limits.deadline
             if request.request_id is None:
                 batch = await self._source.take(tag, request.count, deadline)
@@ -246,26 +234,16 @@ class Dispatcher:
             tag, InternalError(f"internal error ({type(exc).__name__}); see the worker's log"), msgpack
         )
 
-    def _parse(self, tag: str, body: bytes, msgpack: bool) -> IdRequest:
-        validate_tag(tag)
-        self.check_size(body)
-        try:
-            request = decode_request(body, msgpack)
-        except msgspec.ValidationError as exc:
-            raise InvalidRequest(str(exc)) from None
-        except msgspec.DecodeError as exc:
-            raise MalformedRequest(str(exc)) from None
-        self._check_count(request)
-        return request
-
     def check_size(self, body: bytes) -> None:
         """Raise :class:`MessageTooLarge` if ``body`` is over the limit (before anyone decodes it)."""
         if len(body) > self.limits.max_body_bytes:
             raise MessageTooLarge(len(body), self.limits.max_body_bytes)
 
-    def _check(self, tag: str, request: IdRequest) -> None:
+    def _check_tag(self, tag: str) -> None:
         validate_tag(tag)
-        self._check_count(request)
+        if len(self._tags) >= _REMEMBERED:
+            self._tags.clear()
+        self._tags.add(tag)
 
     def _check_count(self, request: IdRequest) -> None:
         count = request.count

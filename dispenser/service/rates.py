@@ -74,7 +74,7 @@ class RateBook:
         self._restored: dict[tuple[str, str], PeakSample] = {}
         self._peers: dict[tuple[str, str], dict[str, tuple[RateEvent, float]]] = {}
 
-    def meter(self, kind: str, tag: str) -> RateMeter:
+    def meter(self, kind: Kind, tag: str) -> RateMeter:
         """The meter of ``tag`` (created on first use, with any restored peak)."""
         key = (kind, tag)
         meter = self._meters.get(key)
@@ -91,11 +91,11 @@ class RateBook:
         """Every meter, by (kind, tag)."""
         return list(self._meters.items())
 
-    def known(self, kind: str, tag: str) -> bool:
+    def known(self, kind: Kind, tag: str) -> bool:
         """Whether ``tag`` has a meter."""
         return (kind, tag) in self._meters
 
-    def count(self, kind: str) -> int:
+    def count(self, kind: Kind) -> int:
         """How many meters of ``kind`` there are."""
         return sum(1 for meter_kind, _ in self._meters if meter_kind == kind)
 
@@ -103,7 +103,7 @@ class RateBook:
         """The allocator's meter factory."""
         return self.meter("segment", tag)
 
-    def restore(self, kind: str, peaks: dict[str, tuple[float, float]]) -> None:
+    def restore(self, kind: Kind, peaks: dict[str, tuple[float, float]]) -> None:
         """Take back saved peaks (``tag → (rate, unix seconds)``), for meters now or created later."""
         mono, wall = self.clock.monotonic(), self.clock.wall_ms() / 1000
         for tag, (rate, seen) in peaks.items():
@@ -114,7 +114,7 @@ class RateBook:
             else:
                 self._restored[(kind, tag)] = sample
 
-    def peaks(self, kind: str) -> dict[str, tuple[float, float]]:
+    def peaks(self, kind: Kind) -> dict[str, tuple[float, float]]:
         """``tag → (peak, unix seconds seen)`` of every meter with a peak, to save."""
         mono, wall = self.clock.monotonic(), self.clock.wall_ms() / 1000
         saved = {}
@@ -134,7 +134,7 @@ class RateBook:
                 self.clock.monotonic(),
             )
 
-    def peers(self, kind: str, tag: str) -> list[RateEvent]:
+    def peers(self, kind: Kind, tag: str) -> list[RateEvent]:
         """The live peers' latest events for ``tag`` (stale ones dropped)."""
         known = self._peers.get((kind, tag))
         if not known:
@@ -144,7 +144,7 @@ class RateBook:
             del known[worker]
         return [event for event, _ in known.values()]
 
-    def view(self, kind: str, tag: str, recent: float = 0.0) -> FleetView:
+    def view(self, kind: Kind, tag: str, recent: float = 0.0) -> FleetView:
         """This worker's and its live peers' rates for ``tag`` (``recent``: see :class:`FleetView`)."""
         now = self.clock.monotonic()
         meter = self.meter(kind, tag)

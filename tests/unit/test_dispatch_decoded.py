@@ -1,4 +1,4 @@
-"""The dispatcher's entry for requests another adapter decoded (Kafka's carry tag and kind in the body)."""
+"""The dispatcher answering requests an adapter decoded itself (Kafka's carry tag and kind in the body)."""
 
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ async def test_decoded_request_waits_for_the_first_segment_then_answers_inline()
     """The first request waits for a segment; once IDs are buffered the same request is answered inline."""
     dispatcher, allocator = await dispatcher_with()
     try:
-        assert dispatcher.answer_request_now("order", IdRequest(count=3)) is None
-        first = await dispatcher.answer_request("order", IdRequest(count=3))
+        assert dispatcher.answer_now("order", IdRequest(count=3)) is None
+        first = await dispatcher.answer("order", IdRequest(count=3))
         assert first.error is None
         assert reply_of(first.body).ids == [1, 2, 3]
-        now = dispatcher.answer_request_now("order", IdRequest(count=2, format="ranges"))
+        now = dispatcher.answer_now("order", IdRequest(count=2, format="ranges"))
         assert now is not None
         assert reply_of(now.body).ranges == [(4, 5)]
     finally:
@@ -50,14 +50,14 @@ async def test_decoded_requests_are_checked_like_bodies() -> None:
         }
         for (tag, count, fmt), code in cases.items():
             request = IdRequest(count=count, format=fmt)  # type: ignore[arg-type]
-            now = dispatcher.answer_request_now(tag, request)
+            now = dispatcher.answer_now(tag, request)
             assert now is not None
             assert now.error is not None
             assert now.error.code == code
-            later = await dispatcher.answer_request(tag, request)
+            later = await dispatcher.answer(tag, request)
             assert later.error is not None
             assert later.error.code == code
-        unknown = await dispatcher.answer_request("missing", IdRequest())
+        unknown = await dispatcher.answer("missing", IdRequest())
         assert unknown.error is not None
         assert unknown.error.code == "unknown_tag"
     finally:
@@ -69,9 +69,9 @@ async def test_a_request_id_always_takes_the_replay_path() -> None:
     dispatcher, allocator = await dispatcher_with()
     try:
         request = IdRequest(count=4, request_id="abc")
-        assert dispatcher.answer_request_now("order", request) is None
-        first = await dispatcher.answer_request("order", request)
-        again = await dispatcher.answer_request("order", request)
+        assert dispatcher.answer_now("order", request) is None
+        first = await dispatcher.answer("order", request)
+        again = await dispatcher.answer("order", request)
         assert first.body == again.body
     finally:
         await allocator.close()

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from dispenser.core.errors import StoreUnavailable
-from dispenser.messages import Reply
+from dispenser.messages import Kind, Reply, decode_request
 from dispenser.ports import Settled, SystemClock
 from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
@@ -46,7 +46,9 @@ async def test_eight_racing_copies_on_two_workers_get_one_answer(
     """The same request_id sent 8 times at once, 4 to each worker: 8 identical replies."""
     dispatchers, _ = fleet
     body = b'{"count": 5, "request_id": "pay-42"}'
-    answers = await asyncio.gather(*(dispatchers[n % 2].answer("order", body) for n in range(8)))
+    answers = await asyncio.gather(
+        *(dispatchers[n % 2].answer("order", decode_request(body)) for n in range(8))
+    )
     assert all(answer.error is None for answer in answers)
     assert len({answer.body for answer in answers}) == 1
     assert len(reply_of(answers[0].body).ids or []) == 5
@@ -57,9 +59,9 @@ async def test_a_retry_on_the_other_worker_later_gets_the_same_ids(
 ) -> None:
     """First answered by worker 0, retried on worker 1: the same IDs; a new request_id: new ones."""
     dispatchers, _ = fleet
-    first = await dispatchers[0].answer("order", b'{"count": 3, "request_id": "r-1"}')
-    retry = await dispatchers[1].answer("order", b'{"count": 3, "request_id": "r-1"}')
-    other = await dispatchers[1].answer("order", b'{"count": 3, "request_id": "r-2"}')
+    first = await dispatchers[0].answer("order", decode_request(b'{"count": 3, "request_id": "r-1"}'))
+    retry = await dispatchers[1].answer("order", decode_request(b'{"count": 3, "request_id": "r-1"}'))
+    other = await dispatchers[1].answer("order", decode_request(b'{"count": 3, "request_id": "r-2"}'))
     assert retry.body == first.body
     assert set(reply_of(other.body).ids or []).isdisjoint(reply_of(first.body).ids or [])
 
@@ -69,8 +71,8 @@ async def test_a_changed_retry_on_the_other_worker_is_refused(
 ) -> None:
     """The same request_id with another count, on another worker: an invalid error, not other IDs."""
     dispatchers, _ = fleet
-    await dispatchers[0].answer("order", b'{"count": 3, "request_id": "r-1"}')
-    changed = await dispatchers[1].answer("order", b'{"count": 4, "request_id": "r-1"}')
+    await dispatchers[0].answer("order", decode_request(b'{"count": 3, "request_id": "r-1"}'))
+    changed = await dispatchers[1].answer("order", decode_request(b'{"count": 4, "request_id": "r-1"}'))
     assert changed.error is not None
     assert changed.error.code == "invalid"
     assert "count 3" in changed.error.message
@@ -91,13 +93,14 @@ async def test_kinds_do_not_share_request_ids() -> None:
         SegmentAllocator(store, SystemClock(), AllocatorSettings()) for store in (segments, snowflake_like)
     ]
     dispatchers = []
-    for allocator, kind in zip(allocators, ("segment", "snowflake"), strict=True):
+    kinds: tuple[Kind, Kind] = ("segment", "snowflake")
+    for allocator, kind in zip(allocators, kinds, strict=True):
         await allocator.refresh()
         dispatchers.append(Dispatcher(allocator, SystemClock(), Limits(), kind=kind, replay_store=replays))
     try:
         body = b'{"count": 3, "request_id": "r-1"}'
-        segment_ids = reply_of((await dispatchers[0].answer("order", body)).body).ids
-        snowflake_ids = reply_of((await dispatchers[1].answer("order", body)).body).ids
+        segment_ids = reply_of((await dispatchers[0].answer("order", decode_request(body))).body).ids
+        snowflake_ids = reply_of((await dispatchers[1].answer("order", decode_request(body))).body).ids
         assert segment_ids == [1, 2, 3]
         assert snowflake_ids == [1_000_000, 1_000_001, 1_000_002]
         assert len(replays) == 2
@@ -112,13 +115,13 @@ async def test_with_the_store_down_requests_are_answered_and_counted(
     """The replay store is down: request_id requests still get (unique) IDs, counted as unsettled."""
     dispatchers, replays = fleet
     replays.fail_with = StoreUnavailable("down for the test")
-    first = await dispatchers[0].answer("order", b'{"count": 3, "request_id": "r-1"}')
-    again = await dispatchers[0].answer("order", b'{"count": 3, "request_id": "r-1"}')
+    first = await dispatchers[0].answer("order", decode_request(b'{"count": 3, "request_id": "r-1"}'))
+    again = await dispatchers[0].answer("order", decode_request(b'{"count": 3, "request_id": "r-1"}'))
     assert first.error is None
     assert again.body == first.body  # still idempotent on this worker
     assert dispatchers[0].replays_unsettled == 1
     replays.fail_with = None
-    other = await dispatchers[1].answer("order", b'{"count": 3, "request_id": "r-1"}')
+    other = await dispatchers[1].answer("order", decode_request(b'{"count": 3, "request_id": "r-1"}'))
     assert set(reply_of(other.body).ids or []).isdisjoint(reply_of(first.body).ids or [])
 
 
@@ -129,7 +132,7 @@ async def test_requests_without_request_id_never_touch_the_store(
     dispatchers, replays = fleet
     replays.fail_with = StoreUnavailable("down for the test")
     for dispatcher in dispatchers:
-        answer = await dispatcher.answer("order", b'{"count": 2}')
+        answer = await dispatcher.answer("order", decode_request(b'{"count": 2}'))
         assert answer.error is None
     assert len(replays) == 0
 
@@ -157,7 +160,9 @@ async def test_a_hanging_store_delays_a_request_no_longer_than_its_deadline() ->
         replay_store=_HangingReplayStore(clock.monotonic),
     )
     try:
-        answering = asyncio.create_task(dispatcher.answer("order", b'{"count": 3, "request_id": "r-1"}'))
+        answering = asyncio.create_task(
+            dispatcher.answer("order", decode_request(b'{"count": 3, "request_id": "r-1"}'))
+        )
         await settle()
         assert not answering.done()  # waiting on the store, within its deadline
         await clock.advance(2.0)

@@ -70,10 +70,9 @@ async def test_each_source_error_becomes_its_coded_reply(
     source = ScriptedSource()
     source.fail_with = exc
     d = dispatcher(source)
-    now = d.answer_now("t", b'{"count": 2}')
-    assert not isinstance(now, bytes)
+    now = d.answer_now("t", d.decode("t", b'{"count": 2}'))
     assert now is not None
-    later = await d.answer("t", b'{"count": 2, "request_id": "r"}')
+    later = await d.answer("t", d.decode("t", b'{"count": 2, "request_id": "r"}'))
     for answer in (now, later):
         assert answer.error is exc
         error = reply(answer.body).error
@@ -87,8 +86,7 @@ async def test_an_unexpected_exception_is_an_internal_error_naming_no_detail() -
     source = ScriptedSource()
     source.fail_with = KeyError("secret detail")
     d = dispatcher(source)
-    now = d.answer_now("t", b"")
-    assert not isinstance(now, bytes)
+    now = d.answer_now("t", d.decode("t", b""))
     assert now is not None
     error = reply(now.body).error
     assert error is not None
@@ -96,7 +94,10 @@ async def test_an_unexpected_exception_is_an_internal_error_naming_no_detail() -
     assert "KeyError" in error.message
     assert "secret detail" not in error.message
     source.fail_with = None
-    assert isinstance(d.answer_now("t", b""), bytes)
+    ok = d.answer_now("t", d.decode("t", b""))
+    assert ok is not None
+    assert ok.error is None
+    assert reply(ok.body).ids is not None
 
 
 BAD_REQUESTS: list[tuple[str, bytes, str]] = [
@@ -120,12 +121,14 @@ BAD_REQUESTS: list[tuple[str, bytes, str]] = [
 async def test_bad_requests_get_a_clear_non_retryable_reply_and_take_no_ids(
     tag: str, body: bytes, code: str
 ) -> None:
-    """Bad input: its own code, not retryable, and the generator was never asked."""
+    """Bad input: refused by decode with its own code, not retryable, and the generator was never asked."""
     source = ScriptedSource()
     d = dispatcher(source, max_ids=100, max_ranges=1000, max_body_bytes=256)
-    for answer in (d.answer_now(tag, body), await d.answer(tag, body)):
-        assert not isinstance(answer, bytes)
-        assert answer is not None
+    for _ in range(2):  # the second time, with the tag and body caches warm: refused all the same
+        with pytest.raises(errors.BadRequest) as refused:
+            d.decode(tag, body)
+        answer = d.error(tag, refused.value)
+        assert answer.error is refused.value
         error = reply(answer.body).error
         assert error is not None
         assert (error.code, error.retryable) == (code, False)
@@ -137,11 +140,11 @@ async def test_a_request_id_reused_with_other_parameters_is_invalid() -> None:
     """The same request_id: same IDs; with another count or format: `invalid`, and no new IDs drawn."""
     source = ScriptedSource()
     d = dispatcher(source)
-    first = await d.answer("t", b'{"count": 3, "request_id": "r"}')
-    again = await d.answer("t", b'{"count": 3, "request_id": "r"}')
+    first = await d.answer("t", d.decode("t", b'{"count": 3, "request_id": "r"}'))
+    again = await d.answer("t", d.decode("t", b'{"count": 3, "request_id": "r"}'))
     assert first.body == again.body
     for body in (b'{"count": 4, "request_id": "r"}', b'{"count": 3, "request_id": "r", "format": "ranges"}'):
-        changed = await d.answer("t", body)
+        changed = await d.answer("t", d.decode("t", body))
         error = reply(changed.body).error
         assert error is not None
         assert error.code == "invalid"
@@ -153,12 +156,15 @@ async def test_msgpack_in_msgpack_out_for_ids_ranges_and_errors() -> None:
     """A msgpack request gets a msgpack reply, errors included."""
     source = ScriptedSource()
     d = dispatcher(source)
-    ids = d.answer_now("t", msgspec.msgpack.encode({"count": 3}), msgpack=True)
-    assert isinstance(ids, bytes)
-    assert reply(ids, msgpack=True).ids == [1, 2, 3]
-    ranges = await d.answer("t", msgspec.msgpack.encode({"count": 5, "format": "ranges"}), msgpack=True)
+    ids = d.answer_now("t", d.decode("t", msgspec.msgpack.encode({"count": 3}), msgpack=True), msgpack=True)
+    assert ids is not None
+    assert reply(ids.body, msgpack=True).ids == [1, 2, 3]
+    ranges_request = d.decode("t", msgspec.msgpack.encode({"count": 5, "format": "ranges"}), msgpack=True)
+    ranges = await d.answer("t", ranges_request, msgpack=True)
     assert reply(ranges.body, msgpack=True).ranges == [(4, 8)]
-    bad = await d.answer("t", b"\xc1", msgpack=True)  # 0xc1 is never valid msgpack
+    with pytest.raises(errors.MalformedRequest) as refused:
+        d.decode("t", b"\xc1", msgpack=True)  # 0xc1 is never valid msgpack
+    bad = d.error("t", refused.value, msgpack=True)
     error = reply(bad.body, msgpack=True).error
     assert error is not None
     assert error.code == "malformed"
@@ -168,12 +174,13 @@ async def test_the_inline_path_and_the_waiting_path_give_the_same_reply() -> Non
     """A body answered inline and the same body answered after a wait encode alike (IDs aside)."""
     source = ScriptedSource()
     d = dispatcher(source)
-    inline = d.answer_now("order", b'{"count": 2}')
+    inline = d.answer_now("order", d.decode("order", b'{"count": 2}'))
     source.inline = False
-    assert d.answer_now("order", b'{"count": 2}') is None  # the source would have to wait
-    waited = await d.answer("order", b'{"count": 2}')
-    assert isinstance(inline, bytes)
-    assert reply(inline) == Reply(tag="order", ids=[1, 2])
+    request = d.decode("order", b'{"count": 2}')
+    assert d.answer_now("order", request) is None  # the source would have to wait
+    waited = await d.answer("order", request)
+    assert inline is not None
+    assert reply(inline.body) == Reply(tag="order", ids=[1, 2])
     assert reply(waited.body) == Reply(tag="order", ids=[3, 4])
     assert d.inline == 1
     assert sum(d.waited) == 1

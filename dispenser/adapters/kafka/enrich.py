@@ -49,6 +49,7 @@ from dispenser.adapters.kafka.clients import client_options, ensure_topics, topi
 from dispenser.adapters.kafka.offsets import CommittedOffsets
 from dispenser.config import EnrichConfig, KafkaConfig
 from dispenser.core.errors import DispenserError
+from dispenser.messages import Kind
 from dispenser.ports import IdSource
 from dispenser.service.enrichment import Placement, Rejection, transformer
 from dispenser.service.retry import Backoff, Stopped
@@ -81,7 +82,8 @@ class EnrichSettings:
     output_topic: str
     tag: str
     placement: Placement
-    kind: str = "segment"
+    kind: Kind = "segment"
+    """Which generator gives the IDs."""
     dlq_topic: str | None = None
     """Default ``<input>.dlq``."""
     group_id: str | None = None

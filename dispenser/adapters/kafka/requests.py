@@ -28,7 +28,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
@@ -43,13 +42,7 @@ from dispenser.adapters.kafka.clients import (
     header,
 )
 from dispenser.config import KafkaConfig
-from dispenser.core.errors import (
-    DispenserError,
-    InvalidRequest,
-    KindNotServed,
-    MalformedRequest,
-    MessageTooLarge,
-)
+from dispenser.core.errors import DispenserError, KindNotServed, MessageTooLarge
 from dispenser.messages import MSGPACK, decode_kafka_request
 from dispenser.service.answering import Answer, Answerer
 from dispenser.service.retry import Backoff
@@ -308,12 +301,9 @@ class KafkaRequestService:
         try:
             if len(body) > self._max_body:
                 raise MessageTooLarge(len(body), self._max_body)
-            try:
-                request = decode_kafka_request(body, msgpack)
-            except msgspec.ValidationError as exc:
-                raise InvalidRequest(str(exc)) from None
-            except msgspec.DecodeError as exc:
-                raise MalformedRequest(str(exc)) from None
+            # Decoded once, here: the kind picks the dispatcher. A KafkaIdRequest is an IdRequest, which
+            # the dispatcher answers as it is (it checks the tag and the count itself).
+            request = decode_kafka_request(body, msgpack)
             chosen = self._dispatchers.get(request.kind)
             if chosen is None:
                 raise KindNotServed(request.kind, list(self._dispatchers))
@@ -322,14 +312,13 @@ class KafkaRequestService:
             await self._send(reply, dispatcher.error(key_tag, exc, msgpack), batch)
             return
         tag = request.tag if request.tag is not None else key_tag
-        id_request = request.as_id_request()
-        answer = dispatcher.answer_request_now(tag, id_request, msgpack)
+        answer = dispatcher.answer_now(tag, request, msgpack)
         if answer is not None:
             await self._send(reply, answer, batch)
             return
 
         async def later() -> None:
-            await self._send(reply, await dispatcher.answer_request(tag, id_request, msgpack), None)
+            await self._send(reply, await dispatcher.answer(tag, request, msgpack), None)
 
         batch.pending.append((asyncio.create_task(later()), None))
 

@@ -25,7 +25,8 @@ from nats.aio.msg import Msg
 from dispenser import __version__
 from dispenser.adapters.nats.micro import ERROR_CODE_HEADER, ERROR_HEADER, Endpoint, MicroService
 from dispenser.config import NatsConfig
-from dispenser.messages import MSGPACK
+from dispenser.core.errors import DispenserError
+from dispenser.messages import MSGPACK, IdRequest
 from dispenser.service.answering import Answer, Answerer
 
 __all__ = ["NatsIdService"]
@@ -119,17 +120,23 @@ class NatsIdService:
                 if special and tag in special:
                     await self._respond(msg, await special[tag](msg.data, msgpack), msgpack, endpoint)
                     return
-                answer = dispatcher.answer_now(tag, msg.data, msgpack)
-                if type(answer) is bytes:
+                try:
+                    request = dispatcher.decode(tag, msg.data, msgpack)
+                except DispenserError as exc:
+                    await self._respond(msg, dispatcher.error(tag, exc, msgpack), msgpack, endpoint)
+                    return
+                answer = dispatcher.answer_now(tag, request, msgpack)
+                if answer is None:  # it must wait: in a task of its own, so that no other request does
+                    task = asyncio.create_task(
+                        self._answer_later(msg, dispatcher, tag, request, msgpack=msgpack, endpoint=endpoint)
+                    )
+                    self._inflight.add(task)
+                    task.add_done_callback(self._inflight.discard)
+                elif answer.error is None:  # the hot path: IDs, no headers but the encoding's
                     if msg.reply:
-                        await publish(msg.reply, answer, headers=_MSGPACK_HEADERS if msgpack else None)
-                    return
-                if answer is not None:
-                    await self._respond(msg, answer, msgpack, endpoint)  # type: ignore[arg-type]
-                    return
-                task = asyncio.create_task(self._answer_later(msg, dispatcher, tag, msgpack, endpoint))
-                self._inflight.add(task)
-                task.add_done_callback(self._inflight.discard)
+                        await publish(msg.reply, answer.body, headers=_MSGPACK_HEADERS if msgpack else None)
+                else:
+                    await self._respond(msg, answer, msgpack, endpoint)
             except Exception as exc:  # never expected: every failure is already an error reply
                 log.exception("unexpected failure in the %s endpoint", endpoint.name)
                 endpoint.count_error(repr(exc))
@@ -139,9 +146,16 @@ class NatsIdService:
         return handle
 
     async def _answer_later(
-        self, msg: Msg, dispatcher: Answerer, tag: str, msgpack: bool, endpoint: Endpoint
+        self,
+        msg: Msg,
+        dispatcher: Answerer,
+        tag: str,
+        request: IdRequest,
+        *,
+        msgpack: bool,
+        endpoint: Endpoint,
     ) -> None:
-        answer = await dispatcher.answer(tag, msg.data, msgpack)
+        answer = await dispatcher.answer(tag, request, msgpack)
         try:
             await self._respond(msg, answer, msgpack, endpoint)
         except Exception:
