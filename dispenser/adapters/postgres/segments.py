@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -218,6 +219,25 @@ def map_store_errors(
         # The driver's message carried the password: suppress the chain so that tracebacks and error
         # reporters (which honour __suppress_context__) never print the original.
         raise unavailable(message) from None
+
+
+_MISCONFIGURED = (ssl.SSLCertVerificationError, asyncpg.InvalidAuthorizationSpecificationError)
+"""Failures that are this worker's settings, not an outage: a certificate its CA does not verify, a wrong
+password or a role the server refuses."""
+
+
+def _misconfigured(error: BaseException) -> bool:
+    """Whether ``error`` came from :data:`_MISCONFIGURED`.
+
+    A lazy start waits out an outage (no primary yet, a failover); waiting for a wrong CA or password
+    to fix itself would hide the mistake behind a worker that never serves, so those still stop it.
+    """
+    cause = error.__cause__ or error.__context__
+    while cause is not None:
+        if isinstance(cause, _MISCONFIGURED):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 async def _keep_session(_conn: asyncpg.Connection[Any]) -> None:
@@ -460,7 +480,7 @@ class PostgresSegmentStore:
         try:
             pool = await open_pool()
         except StoreUnavailable as exc:
-            if not lazy:
+            if not lazy or _misconfigured(exc):
                 raise
             error = exc
         store = cls(
