@@ -199,10 +199,10 @@ async def test_an_enricher_killed_during_a_rebalance(
 ) -> None:
     """Two enrichers in one group; the first is SIGKILLed while the second joins: still exactly once.
 
-    (20,000 records; it was 40,000, which only made the stream outlast the join by more: the test checks
-    that the first enricher was killed with records still to go.)
+    (40,000 records: with 20,000 an idle machine finished the whole stream before the second member had
+    joined, and the test, which checks that the kill comes with records still to go, failed.)
     """
-    total, bad_every = 20_000, 501
+    total, bad_every = 40_000, 501
     await prepare(pg_dsn, [("order", 2000)])
     bootstrap = kafka_broker.bootstrap
     topic_in, topic_out, where = await make_stream(bootstrap, total, bad_every)
