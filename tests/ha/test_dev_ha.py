@@ -7,24 +7,15 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from dispenser.cli import main
 from dispenser.testing.servers._process import process_id
+from tests.integration.dev_support import wait_for
 
 pytestmark = [pytest.mark.ha, pytest.mark.nats, pytest.mark.postgres, pytest.mark.zookeeper, pytest.mark.slow]
-
-
-def _wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while text not in (content := path.read_text()):
-        assert proc.poll() is None, f"dispenser dev --ha exited early:\n{content}"
-        assert time.monotonic() < deadline, f"no {text!r} after {timeout:g} s:\n{content}"
-        time.sleep(0.2)
-    return content
 
 
 def test_dev_ha_serves_ids_and_stops_every_member_on_ctrl_c(
@@ -41,7 +32,7 @@ def test_dev_ha_serves_ids_and_stops_every_member_on_ctrl_c(
             env={k: v for k, v in os.environ.items() if not k.startswith("DISPENSER_")},
         )
     try:
-        banner = _wait_for(log, "Ctrl-C stops it", proc, timeout=180.0)
+        banner = wait_for(log, "Ctrl-C stops it", proc, timeout=180.0)
         urls = re.search(r"NATS cluster\s+(\S+)", banner)
         assert urls is not None, banner
         assert urls.group(1).count("nats://") == 3

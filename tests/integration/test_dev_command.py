@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,17 +13,9 @@ import pytest
 from dispenser.cli import main
 from dispenser.testing.servers import free_port
 from dispenser.testing.servers._process import port_is_free
+from tests.integration.dev_support import wait_for
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.slow]
-
-
-def wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    """Wait until ``text`` appears in the log at ``path``."""
-    deadline = time.monotonic() + timeout
-    while text not in path.read_text():
-        assert proc.poll() is None, f"dispenser dev exited early: {path.read_text()}"
-        assert time.monotonic() < deadline, f"no {text!r} in: {path.read_text()}"
-        time.sleep(0.1)
 
 
 def test_dev_serves_demo_ids_and_stops_everything_on_ctrl_c(
