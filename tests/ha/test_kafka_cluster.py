@@ -254,7 +254,7 @@ async def test_broker_kills_keep_exactly_once_and_unique_ids(
                     if state.leader == victim.node_id
                 )
                 killed_at = time.monotonic()
-                victim.kill()
+                await asyncio.to_thread(victim.kill)
                 # A worker starting now creates its topics while the metadata still lists the dead broker
                 # (until its 3 s session ends), which the admin requests may be sent to: they must get through.
                 late = [unique("ha8.late") for _ in range(3)]

@@ -10,6 +10,7 @@ working across the nodes.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import nats
@@ -82,7 +83,7 @@ async def test_kill_of_a_workers_node_costs_seconds_and_no_duplicates(
                     await until(lambda: seen.first_from_worker(1, 0) is not None, 10, "worker 1 answers")
 
                     killed_at, killed_wall = time.monotonic(), time.time()
-                    nats_cluster.member(a).kill()
+                    await asyncio.to_thread(nats_cluster.member(a).kill)
 
                     served = await until(
                         lambda: seen.first_from_worker(1, killed_at) is not None, 30, "worker 1 answers again"

@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from dispenser.adapters.kafka.enrich import SOURCE_HEADER, Enricher, EnrichSettings
-from dispenser.adapters.kafka.offsets import CommittedOffsets
+from dispenser.adapters.kafka.offsets import CommittedOffsets, UnstableOffsetCommit
 from dispenser.app import Worker
 from dispenser.config import KafkaConfig
 from dispenser.service.enrichment import Placement
@@ -96,6 +96,36 @@ async def test_committed_offsets_are_never_none_right_after_a_broker_restart(
     finally:
         await offsets.close()
     print(f"answers refused while the coordinator loaded: {loading}")
+
+
+async def test_an_offset_pending_in_a_transaction_is_not_an_answer(kafka_broker: KafkaBroker) -> None:
+    """While a transaction that commits an offset is open, the reader refuses (retriable), then reads it.
+
+    Without ``require_stable`` the coordinator would answer with the offset from before the transaction:
+    after a broker kill -9 a new owner can read in that window, and would enrich the transaction again.
+    """
+    topic, group = unique("pending"), unique("pending-group")
+    await create_topics(kafka_broker.bootstrap, {topic: 1})
+    tp = TopicPartition(topic, 0)
+    offsets = CommittedOffsets(KafkaConfig(bootstrap_servers=kafka_broker.bootstrap), group)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, transactional_id=unique("pending"))
+    await producer.start()
+    try:
+        async with producer.transaction():
+            await producer.send_offsets_to_transaction({tp: 7}, group)
+        await producer.begin_transaction()
+        await producer.send_offsets_to_transaction({tp: 12}, group)
+        # The second transaction is open, its offset written to the group coordinator as pending: no
+        # answer (the coordinator without require_stable would say 7).
+        for _ in range(3):
+            with pytest.raises(UnstableOffsetCommit):
+                await offsets.committed(tp)
+        await producer.commit_transaction()
+        answer, _errors = await strict_committed(offsets, tp)
+        assert answer == 12
+    finally:
+        await producer.stop()
+        await offsets.close()
 
 
 async def test_a_partition_never_committed_reads_as_none(kafka_broker: KafkaBroker) -> None:

@@ -253,17 +253,24 @@ async def test_lease_lost_stops_issuing_before_the_id_can_move(
             issued = await take(nc, subject("a"), 1000, "ranges")
             proxy.partition()
             partitioned = time.monotonic()
+            refused: list[str] = []
             while True:
                 reply = await ask(nc, subject("a"), b'{"count": 1000, "format": "ranges"}')
-                if reply.error is not None:
-                    break
-                issued += ranges_of(reply)
-                assert time.monotonic() - partitioned < 5, "still issuing long after the partition"
+                if reply.error is None:
+                    issued += ranges_of(reply)
+                else:
+                    # Before the lease is known lost, a request that needs the high-water mark recorded (its
+                    # reservation ran out; the write hangs on the partition) may reach its deadline first:
+                    # `unavailable`, retryable.
+                    assert reply.error.retryable is True, reply.error
+                    refused.append(reply.error.code)
+                    if reply.error.code == "lease_lost":
+                        break
+                    assert reply.error.code == "unavailable", reply.error
+                assert time.monotonic() - partitioned < 5, f"no lease_lost long after the partition: {refused}"
                 await asyncio.sleep(0.01)
             # The holder stopped while ZooKeeper still keeps its lease node: nobody else can claim the ID yet.
             assert await lease_owner(hosts, zk_namespace, worker_id) == owner
-            assert reply.error.code == "lease_lost"
-            assert reply.error.retryable is True
             for _ in range(3):
                 again = await ask(nc, subject("a"))
                 assert again.error is not None

@@ -8,15 +8,16 @@ dead letters and its consumed offset in one transaction of producer ``<prefix>.<
 * a new owner of *p* (after a rebalance, a crash, a restart) first calls ``init_transactions`` with that
   ID, which aborts whatever the previous owner left open and fences it: a zombie can no longer commit;
 * only then does it read *p*'s committed offset, so it resumes exactly after the last committed
-  transaction, and records of an aborted one are processed again. ``init_transactions`` returns only
-  once the previous owner's last transaction is complete (its markers written), so the offset that
-  transaction committed is in place, or the aborted one's is gone;
+  transaction, and records of an aborted one are processed again;
 * the offset is read strictly (:mod:`~dispenser.adapters.kafka.offsets`): an answer counts only if the
-  group coordinator gives one for *p* with no error, neither for the group nor for the partition. Just
-  after a broker restart the coordinator is still loading and says so at the top level, which
-  ``AIOKafkaConsumer.committed()`` ignores and reports as ``None``, "never committed": taken at its
-  word, the partition would start over and every committed record would be enriched twice. Unknown is
-  therefore never read as "none": the take-over is retried until the coordinator answers for real.
+  group coordinator gives one for *p* with no error, neither for the group nor for the partition, and
+  no transaction committing an offset for *p* is still pending (``require_stable``). Just after a broker
+  restart the coordinator is still loading and says so at the top level, which
+  ``AIOKafkaConsumer.committed()`` ignores and reports as ``None``, "never committed"; and after a broker
+  kill -9, ``init_transactions`` was measured to return while the previous owner's last commit still
+  waited for its markers, so the offset read then was the one from before it. Taken at their word, both
+  would enrich committed records twice. Unknown or pending is therefore never read as an answer: the
+  take-over is retried until the coordinator answers for real, with the offset that transaction committed.
   (Checking the answer against the last ``leaf-source`` header in the output would only help against a
   coordinator that answers wrongly *without* an error, which Kafka does not do; and that header can be
   turned off.);
@@ -338,6 +339,8 @@ class Enricher:
 
     async def _assigned(self, assigned: Sequence[TopicPartition]) -> None:
         async with self._lock:
+            if self._stop.is_set() or self._consumer is None:  # a rejoin while closing: take nothing over
+                return
             for tp in sorted(assigned):
                 if tp not in self._partitions:
                     try:
@@ -350,7 +353,9 @@ class Enricher:
             for tp in revoked:
                 part = self._partitions.pop(tp, None)
                 if part is not None:
-                    await self._guarded(part, self._commit(part))
+                    # A failed commit is not retried here: the partition is no longer ours, and taking it
+                    # over again would fence its next owner. That owner's take-over aborts what is left.
+                    await self._guarded(part, self._commit(part), take_over=False)
                     await self._release(part)
 
     async def _own(self, tp: TopicPartition) -> None:
@@ -498,8 +503,15 @@ class Enricher:
         stats.dead_lettered += part.dead
         stats.enriched += part.pending - part.dead
 
-    async def _guarded(self, part: _Partition, work: object) -> None:
-        """Run ``work`` on ``part``; on a Kafka failure, abort and start the partition over from its commit."""
+    async def _guarded(self, part: _Partition, work: object, *, take_over: bool = True) -> None:
+        """Run ``work`` on ``part``; on a Kafka failure, abort and start the partition over from its commit.
+
+        Args:
+            part: the partition the work is for.
+            work: an awaitable (processing a batch, or a commit).
+            take_over: after a failure, take the partition over again (it is still assigned to us); false
+                when it is being revoked: dropping it is all that is left to do.
+        """
         try:
             await work  # type: ignore[misc]
         except ProducerFenced:
@@ -514,8 +526,9 @@ class Enricher:
             self.stats.aborted += 1
             self._drop(part)
             await self._release(part)
-            # A new producer with the same transactional ID aborts the failed transaction for us.
-            await self._own(part.tp)
+            if take_over:
+                # A new producer with the same transactional ID aborts the failed transaction for us.
+                await self._own(part.tp)
 
     def _drop(self, part: _Partition) -> None:
         self._partitions.pop(part.tp, None)

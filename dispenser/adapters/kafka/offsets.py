@@ -12,6 +12,15 @@ accepts an answer only when both the top-level and the partition's error codes a
 in it; anything else raises (a :class:`~aiokafka.errors.KafkaError`, retriable for the coordinator's
 transient states), so the caller tries again instead of guessing. Only an error-free answer that lists the
 partition with offset -1 means "this group never committed an offset for it".
+
+The request is OffsetFetch v7 with ``require_stable`` (KIP-447), which aiokafka does not send (its versions
+stop at 3): while a transaction that commits an offset for the partition is still pending (committed by its
+producer but its markers not yet written), the coordinator answers UNSTABLE_OFFSET_COMMIT instead of the
+offset from before it. Measured here on Kafka 4.4 (``tests/integration/test_kafka_restarts.py``): after a
+broker kill -9 right after a commit, a new producer with the same transactional ID can finish
+``init_transactions`` while that commit's markers are still to be written (for seconds); the pre-commit
+offset read then, the committed transaction was enriched again (two suite runs in three). With
+``require_stable`` the reader waits until the transaction is complete, and reads the offset it committed.
 """
 
 from __future__ import annotations
@@ -20,13 +29,23 @@ import logging
 
 from aiokafka import AIOKafkaClient, TopicPartition
 from aiokafka.client import CoordinationType
-from aiokafka.errors import GroupCoordinatorNotAvailableError, NoError, for_code
-from aiokafka.protocol.commit import OffsetFetchRequest
+from aiokafka.errors import GroupCoordinatorNotAvailableError, KafkaError, NoError, for_code
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.types import (
+    Boolean,
+    CompactArray,
+    CompactString,
+    Int16,
+    Int32,
+    Int64,
+    Schema,
+    TaggedFields,
+)
 
 from dispenser.adapters.kafka.clients import client_options
 from dispenser.config import KafkaConfig
 
-__all__ = ["CommittedOffsets", "UnknownCommittedOffset"]
+__all__ = ["CommittedOffsets", "UnknownCommittedOffset", "UnstableOffsetCommit"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +54,79 @@ _NO_OFFSET = -1
 
 class UnknownCommittedOffset(GroupCoordinatorNotAvailableError):  # type: ignore[misc]  # aiokafka is untyped
     """The coordinator answered without the partition: its committed offset is unknown (retriable)."""
+
+
+class UnstableOffsetCommit(KafkaError):  # type: ignore[misc]  # aiokafka is untyped
+    """A transaction that commits an offset for the partition is still pending (retriable: wait for it)."""
+
+    errno = 88
+    message = "UNSTABLE_OFFSET_COMMIT"
+    retriable = True
+
+
+_ERRORS: dict[int, type[KafkaError]] = {UnstableOffsetCommit.errno: UnstableOffsetCommit}
+"""Codes aiokafka does not know (it would say UnknownError)."""
+
+
+class _OffsetFetchResponseV7(Response):  # type: ignore[misc]
+    API_KEY = 9
+    API_VERSION = 7
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "topics",
+            CompactArray(
+                ("topic", CompactString("utf-8")),
+                (
+                    "partitions",
+                    CompactArray(
+                        ("partition", Int32),
+                        ("offset", Int64),
+                        ("leader_epoch", Int32),
+                        ("metadata", CompactString("utf-8")),
+                        ("error_code", Int16),
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("error_code", Int16),
+        ("tags", TaggedFields),
+    )
+
+
+class _OffsetFetchRequestV7(RequestStruct):  # type: ignore[misc]
+    FLEXIBLE_VERSION = True
+    API_KEY = 9
+    API_VERSION = 7
+    RESPONSE_TYPE = _OffsetFetchResponseV7
+    SCHEMA = Schema(
+        ("group_id", CompactString("utf-8")),
+        (
+            "topics",
+            CompactArray(
+                ("topic", CompactString("utf-8")),
+                ("partitions", CompactArray(Int32)),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("require_stable", Boolean),
+        ("tags", TaggedFields),
+    )
+
+
+class _StableOffsetFetch(Request[_OffsetFetchRequestV7]):  # type: ignore[misc]
+    """OffsetFetch v7 for one partition, with ``require_stable`` (Kafka 2.5 and later)."""
+
+    API_KEY = 9
+
+    def __init__(self, group: str, tp: TopicPartition) -> None:
+        self._group = group
+        self._tp = tp
+
+    def build(self, request_struct_class: type[_OffsetFetchRequestV7]) -> _OffsetFetchRequestV7:
+        return request_struct_class(self._group, [(self._tp.topic, [self._tp.partition], {})], True, {})
 
 
 class CommittedOffsets:
@@ -76,11 +168,11 @@ class CommittedOffsets:
         if not self._started:
             await self.start()
         node = await self._client.coordinator_lookup(CoordinationType.GROUP, self.group)
-        response = await self._client.send(node, OffsetFetchRequest(self.group, [(tp.topic, [tp.partition])]))
-        # OffsetFetch v2 and later carry a group-level error; aiokafka's own readers ignore it.
-        _raise_for(getattr(response, "error_code", 0), f"group {self.group!r}")
-        for topic, partitions in response.topics:
-            for partition, offset, _metadata, error_code in partitions:
+        response = await self._client.send(node, _StableOffsetFetch(self.group, tp))
+        # The group-level error (e.g. still loading), which aiokafka's own readers ignore.
+        _raise_for(response.error_code, f"group {self.group!r}")
+        for topic, partitions, _tags in response.topics:
+            for partition, offset, _epoch, _metadata, error_code, _ptags in partitions:
                 if (topic, partition) == (tp.topic, tp.partition):
                     _raise_for(error_code, f"{tp.topic}[{tp.partition}] of group {self.group!r}")
                     return None if offset == _NO_OFFSET else int(offset)
@@ -88,7 +180,7 @@ class CommittedOffsets:
 
 
 def _raise_for(code: int, what: str) -> None:
-    error = for_code(code)
+    error = _ERRORS.get(code) or for_code(code)
     if error is not NoError:
         log.debug("offset fetch for %s: %s", what, error.__name__)
         raise error(f"offset fetch for {what}")
