@@ -267,7 +267,9 @@ async def test_lease_lost_stops_issuing_before_the_id_can_move(
                     if reply.error.code == "lease_lost":
                         break
                     assert reply.error.code == "unavailable", reply.error
-                assert time.monotonic() - partitioned < 5, f"no lease_lost long after the partition: {refused}"
+                assert time.monotonic() - partitioned < 5, (
+                    f"no lease_lost long after the partition: {refused}"
+                )
                 await asyncio.sleep(0.01)
             # The holder stopped while ZooKeeper still keeps its lease node: nobody else can claim the ID yet.
             assert await lease_owner(hosts, zk_namespace, worker_id) == owner
