@@ -113,13 +113,23 @@ class KafkaCluster(ServerGroup[KafkaBroker]):
                 return answer
         raise ServerStartError("no Kafka member answered a metadata request")
 
-    def partition(self, topic: str, partition: int = 0) -> PartitionState:
+    def partition(self, topic: str, partition: int = 0, timeout: float = 10.0) -> PartitionState:
         """The partition's leader and replicas as the cluster sees them now.
+
+        A topic just created may not be in every broker's metadata yet (it reaches them from the
+        controller a moment later): up to ``timeout`` seconds are given for it to show.
 
         Raises:
             KeyError: The cluster has no such partition.
         """
-        return self.metadata([topic]).partitions[(topic, partition)]
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.metadata([topic]).partitions.get((topic, partition))
+            if state is not None:
+                return state
+            if time.monotonic() >= deadline:
+                raise KeyError((topic, partition))
+            time.sleep(0.05)
 
     def leader_of(self, topic: str, partition: int = 0, timeout: float = 30.0) -> KafkaBroker:
         """The member leading ``topic``'s ``partition`` (waiting up to ``timeout`` s for it to have a live one).
