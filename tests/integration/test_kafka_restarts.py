@@ -128,6 +128,34 @@ async def test_an_offset_pending_in_a_transaction_is_not_an_answer(kafka_broker:
         await offsets.close()
 
 
+async def test_a_take_over_waits_for_the_transactions_open_on_its_outputs(kafka_broker: KafkaBroker) -> None:
+    """``settled`` returns once every transaction that wrote to the partitions is decided, not before.
+
+    The take-over's barrier: after a broker kill -9 the previous owner's acknowledged commit was seen
+    pending for seconds after the fence, and its offset read in that window was the one before it.
+    """
+    topic = unique("settle")
+    await create_topics(kafka_broker.bootstrap, {topic: 2})
+    tps = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
+    offsets = CommittedOffsets(KafkaConfig(bootstrap_servers=kafka_broker.bootstrap), unique("settle-group"))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, transactional_id=unique("settle"))
+    await producer.start()
+    try:
+        assert await offsets.settled(tps) < 1.0  # nothing open
+        await producer.begin_transaction()
+        await (await producer.send(topic, b"open", partition=1))
+        waiting = asyncio.create_task(offsets.settled(tps))
+        await asyncio.sleep(1.0)
+        assert not waiting.done(), "settled() returned while a transaction on the partition was open"
+        await producer.commit_transaction()
+        waited = await asyncio.wait_for(waiting, 10)
+        assert waited >= 1.0
+        assert await offsets.end(tps[1], stable=True) == await offsets.end(tps[1], stable=False)
+    finally:
+        await producer.stop()
+        await offsets.close()
+
+
 async def test_a_partition_never_committed_reads_as_none(kafka_broker: KafkaBroker) -> None:
     """A group that never committed for a partition gets ``None`` (an error-free answer with offset -1)."""
     topic = unique("never")

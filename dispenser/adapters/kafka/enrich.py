@@ -372,6 +372,12 @@ class Enricher:
                 # start() runs InitProducerId: the broker aborts the previous owner's open transaction
                 # and bumps the epoch, so the previous owner can no longer commit.
                 await backoff.attempt(producer.start())
+                # The previous owner's last transaction may still be pending (acknowledged, its markers not
+                # all written: seen for seconds after a broker kill -9) although the fence is up: wait
+                # until every transaction on our output partitions is decided before reading the offset.
+                waited = await backoff.attempt(self._offsets.settled(self._outputs_of(tp)))
+                if waited > 1.0:
+                    log.info("%s: waited %.1f s for open transactions to be decided", _name(tp), waited)
                 # Not consumer.committed(): it answers None ("never committed") while the coordinator is
                 # still loading after a broker restart, and the partition would start over (see offsets.py).
                 committed = await backoff.attempt(self._offsets.committed(tp))
@@ -399,6 +405,14 @@ class Enricher:
         log.info(
             "enriching %s from offset %s", _name(tp), "the beginning" if committed is None else committed
         )
+
+    def _outputs_of(self, tp: TopicPartition) -> list[TopicPartition]:
+        """The output and dead-letter partitions that input partition ``tp``'s records go to."""
+        settings = self.settings
+        return [
+            TopicPartition(settings.output_topic, tp.partition % self._out_partitions),
+            TopicPartition(settings.dlq, tp.partition % self._dlq_partitions),
+        ]
 
     def _producer(self, tp: TopicPartition) -> AIOKafkaProducer:
         """A new transactional producer for input partition ``tp`` (not started)."""
@@ -435,8 +449,9 @@ class Enricher:
             part.in_transaction = True
             part.started = time.monotonic()
         tp = part.tp
-        out = _Batches(producer, settings.output_topic, tp.partition % self._out_partitions)
-        dead = _Batches(producer, settings.dlq, tp.partition % self._dlq_partitions)
+        out_tp, dead_tp = self._outputs_of(tp)
+        out = _Batches(producer, out_tp.topic, out_tp.partition)
+        dead = _Batches(producer, dead_tp.topic, dead_tp.partition)
         where = f"{tp.topic}/{tp.partition}/".encode()
         transform, source_header = self._transform, settings.source_header
         for record in records:

@@ -25,12 +25,22 @@ offset read then, the committed transaction was enriched again (two suite runs i
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Sequence
 
 from aiokafka import AIOKafkaClient, TopicPartition
 from aiokafka.client import CoordinationType
-from aiokafka.errors import GroupCoordinatorNotAvailableError, KafkaError, NoError, for_code
+from aiokafka.errors import (
+    GroupCoordinatorNotAvailableError,
+    KafkaError,
+    LeaderNotAvailableError,
+    NoError,
+    for_code,
+)
 from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.protocol.types import (
     Boolean,
     CompactArray,
@@ -50,6 +60,12 @@ __all__ = ["CommittedOffsets", "UnknownCommittedOffset", "UnstableOffsetCommit"]
 log = logging.getLogger(__name__)
 
 _NO_OFFSET = -1
+_LATEST = -1
+"""ListOffsets' timestamp for "the end of the partition"."""
+_READ_UNCOMMITTED, _READ_COMMITTED = 0, 1
+_SETTLE_POLL = 0.05
+_SETTLE_WARN = 5.0
+"""Seconds of waiting for open transactions to be decided before a warning says what is waited for."""
 
 
 class UnknownCommittedOffset(GroupCoordinatorNotAvailableError):  # type: ignore[misc]  # aiokafka is untyped
@@ -177,6 +193,61 @@ class CommittedOffsets:
                     _raise_for(error_code, f"{tp.topic}[{tp.partition}] of group {self.group!r}")
                     return None if offset == _NO_OFFSET else int(offset)
         raise UnknownCommittedOffset(f"the coordinator's answer for group {self.group!r} lacks {tp}")
+
+    async def end(self, tp: TopicPartition, *, stable: bool) -> int:
+        """The end of ``tp`` now: its high watermark, or (``stable``) its last stable offset.
+
+        Below the last stable offset every record is decided (its transaction committed or aborted); it
+        stays behind the high watermark while a transaction that wrote to ``tp`` is open or pending.
+
+        Raises:
+            KafkaError: The partition's leader is unknown or did not answer (retriable).
+        """
+        if not self._started:
+            await self.start()
+        leader = self._client.cluster.leader_for_partition(tp)
+        if leader is None or leader < 0:
+            await self._client.add_topic(tp.topic)
+            leader = self._client.cluster.leader_for_partition(tp)
+            if leader is None or leader < 0:
+                raise LeaderNotAvailableError(f"no leader known for {tp.topic}[{tp.partition}]")
+        isolation = _READ_COMMITTED if stable else _READ_UNCOMMITTED
+        request = OffsetRequest(-1, isolation, [(tp.topic, [(tp.partition, _LATEST)])])
+        response = await self._client.send(leader, request)
+        for topic, partitions in response.topics:
+            for partition, error_code, *rest in partitions:
+                if (topic, partition) == (tp.topic, tp.partition):
+                    if error_code:  # e.g. the leader moved: learn the new one before the next attempt
+                        self._client.force_metadata_update()
+                    _raise_for(error_code, f"the end of {tp.topic}[{tp.partition}]")
+                    return int(rest[-1])
+        raise LeaderNotAvailableError(f"the leader's answer lacks {tp.topic}[{tp.partition}]")
+
+    async def settled(self, tps: Sequence[TopicPartition]) -> float:
+        """Wait until every transaction that has written to ``tps`` so far is decided; the seconds waited.
+
+        Reads each partition's high watermark once, then waits until its last stable offset reaches it.
+        After a take-over this is the barrier that makes the previous owner's last transaction final,
+        committed or aborted, before its committed offset is read (see the module's notes).
+
+        Raises:
+            KafkaError: An end could not be read (retriable).
+        """
+        began = time.monotonic()
+        marks = {tp: await self.end(tp, stable=False) for tp in dict.fromkeys(tps)}
+        warned = False
+        for tp, mark in marks.items():
+            while await self.end(tp, stable=True) < mark:
+                if not warned and time.monotonic() - began > _SETTLE_WARN:
+                    warned = True
+                    log.warning(
+                        "%s[%d] has a transaction open for %.0f s; waiting for it to be decided",
+                        tp.topic,
+                        tp.partition,
+                        time.monotonic() - began,
+                    )
+                await asyncio.sleep(_SETTLE_POLL)
+        return time.monotonic() - began
 
 
 def _raise_for(code: int, what: str) -> None:
