@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import uvloop
 from hypothesis import settings
 
 from dispenser.testing.servers import DevServerError, NatsServer, PostgresServer
@@ -46,6 +47,15 @@ _OWN_BASETEMP = pytest.StashKey[Path]()
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
+    """Async tests run on uvloop, the loop ``serve`` and ``enrich`` run on (``dispenser.runner``).
+
+    Closer to production, and cheaper: the suite is CPU-bound on two cores, and the in-process workers,
+    clients and readers spend less CPU per message on uvloop.
+    """
+    return {"uvloop": uvloop.new_event_loop}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Give the session a temporary directory of its own, unless ``--basetemp`` says where.
 
