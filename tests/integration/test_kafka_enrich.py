@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -193,50 +194,90 @@ async def test_exactly_once_through_three_sigkills(
     check_exactly_once(outputs, dead, where, bad_every)
 
 
+class _SteadyInput:
+    """Produces input records (see :func:`record_for`) at a steady rate until stopped, remembering where each went.
+
+    A stream fed at a bounded rate is still flowing when a test's fault comes, however fast the machine
+    enriches; records produced all up front had to be many (40,000) for an idle machine not to finish
+    them before the fault.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, bad_every: int, per_second: int) -> None:
+        self._bootstrap, self._topic = bootstrap, topic
+        self._bad_every, self._per_second = bad_every, per_second
+        self.where: dict[tuple[int, int], int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    async def __aenter__(self) -> _SteadyInput:
+        self._task = asyncio.create_task(self._feed())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def stop(self) -> dict[tuple[int, int], int]:
+        """Stop after the batch under way (every record produced is in :attr:`where`); returns it."""
+        if self._task is not None:
+            task, self._task = self._task, None
+            self._stopping.set()
+            await task
+        return self.where
+
+    async def _feed(self) -> None:
+        batch, n = self._per_second // 10, 0
+        while not self._stopping.is_set():  # a stop lets the batch under way finish: where holds it all
+            records = [record_for(i, self._bad_every) for i in range(n, n + batch)]
+            placed = await produce(self._bootstrap, self._topic, records)
+            self.where.update({at: n + i for i, at in enumerate(placed)})
+            n += batch
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 0.1)
+
+
 @pytest.mark.slow
 async def test_an_enricher_killed_during_a_rebalance(
     kafka_broker: KafkaBroker, pg_dsn: str, tmp_path: Path
 ) -> None:
     """Two enrichers in one group; the first is SIGKILLed while the second joins: still exactly once.
 
-    (40,000 records: with 20,000 an idle machine finished the whole stream before the second member had
-    joined, and the test, which checks that the kill comes with records still to go, failed.)
+    The input flows at a steady 2,000 records a second through the join and the kill, so the kill always
+    comes mid-stream (40,000 records produced up front were needed for that before, on an idle machine).
     """
-    total, bad_every = 40_000, 501
+    bad_every = 501
     await prepare(pg_dsn, [("order", 2000)])
     bootstrap = kafka_broker.bootstrap
-    topic_in, topic_out, where = await make_stream(bootstrap, total, bad_every)
-    bad = total // bad_every
+    topic_in, topic_out = unique("orders.raw"), unique("orders.enriched")
+    await create_topics(
+        bootstrap, {topic_in: PARTITIONS, topic_out: PARTITIONS, f"{topic_in}.dlq": PARTITIONS}
+    )
     args = [
-        "--in",
-        topic_in,
-        "--out",
-        topic_out,
-        "--tag",
-        "order",
-        "--field",
-        "order.id",
-        "--group",
-        unique("eos2"),
+        *("--in", topic_in, "--out", topic_out, "--tag", "order", "--field", "order.id"),
+        *("--group", unique("eos2"), "--commit-records", "200"),
     ]
-    args += ["--commit-records", "200"]
     env = kafka_env(bootstrap, pg_dsn)
     first = EnricherProcess(args, env, tmp_path / "first.log")
     second = EnricherProcess(args, env, tmp_path / "second.log")
     async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, f"{topic_in}.dlq") as dlq:
         first.start()
         try:
-            while len(out.records) < total // 5:
-                assert first.alive(), first.log_path.read_text()[-3000:]
-                await asyncio.sleep(0.05)
-            second.start()
-            # The group rebalances once the second member joins; kill the first while that is under way.
-            log = second.log_path
-            while "enriching" not in (log.read_text() if log.exists() else ""):  # noqa: ASYNC110 - a file
-                await asyncio.sleep(0.02)
-            assert len(out.records) < total - bad, "the stream was done before the kill: nothing to prove"
-            first.kill()
-            outputs = await out.wait_for(total - bad, timeout=120)
+            async with _SteadyInput(bootstrap, topic_in, bad_every, per_second=2000) as feed:
+                while len(out.records) < 1000:
+                    assert first.alive(), first.log_path.read_text()[-3000:]
+                    await asyncio.sleep(0.05)
+                second.start()
+                # The group rebalances once the second member joins; kill the first while that is under way.
+                log = second.log_path
+                while "enriching" not in (log.read_text() if log.exists() else ""):
+                    assert second.alive(), log.read_text()[-3000:] if log.exists() else "no log"
+                    await asyncio.sleep(0.02)
+                first.kill()
+                killed_at = len(feed.where)
+                await asyncio.sleep(1.0)  # input keeps coming after the kill, for the survivor alone
+            where = feed.where
+            assert len(where) > killed_at, "no input after the kill"
+            bad = sum(1 for i in where.values() if i % bad_every == bad_every - 1)
+            outputs = await out.wait_for(len(where) - bad, timeout=120)
             dead = await dlq.wait_for(bad, timeout=30)
         finally:
             first.stop()
