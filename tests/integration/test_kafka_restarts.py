@@ -128,7 +128,9 @@ async def test_an_offset_pending_in_a_transaction_is_not_an_answer(kafka_broker:
         await offsets.close()
 
 
-async def test_a_take_over_waits_for_the_transactions_open_on_its_outputs(kafka_broker: KafkaBroker) -> None:
+async def test_a_take_over_waits_for_the_transactions_open_on_its_outputs(
+    kafka_broker: KafkaBroker, caplog: pytest.LogCaptureFixture
+) -> None:
     """``settled`` returns once every transaction that wrote to the partitions is decided, not before.
 
     The take-over's barrier: after a broker kill -9 the previous owner's acknowledged commit was seen
@@ -141,12 +143,17 @@ async def test_a_take_over_waits_for_the_transactions_open_on_its_outputs(kafka_
     producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, transactional_id=unique("settle"))
     await producer.start()
     try:
-        assert await offsets.settled(tps) < 1.0  # nothing open
+        assert await offsets.settled(tps, 30) < 1.0  # nothing open
         await producer.begin_transaction()
         await (await producer.send(topic, b"open", partition=1))
-        waiting = asyncio.create_task(offsets.settled(tps))
+        waiting = asyncio.create_task(offsets.settled(tps, 30))
         await asyncio.sleep(1.0)
         assert not waiting.done(), "settled() returned while a transaction on the partition was open"
+        # Past its timeout (the transaction timeout, in the enricher) an undecided transaction is taken
+        # for a hanging one: said in an error line, and waited for no longer.
+        gave_up = await offsets.settled(tps, 0.5)
+        assert 0.5 <= gave_up < 5
+        assert "hanging transaction" in caplog.text
         await producer.commit_transaction()
         waited = await asyncio.wait_for(waiting, 10)
         assert waited >= 1.0

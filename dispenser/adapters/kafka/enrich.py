@@ -375,7 +375,9 @@ class Enricher:
                 # The previous owner's last transaction may still be pending (acknowledged, its markers not
                 # all written: seen for seconds after a broker kill -9) although the fence is up: wait
                 # until every transaction on our output partitions is decided before reading the offset.
-                waited = await backoff.attempt(self._offsets.settled(self._outputs_of(tp)))
+                waited = await backoff.attempt(
+                    self._offsets.settled(self._outputs_of(tp), self.settings.transaction_timeout_ms / 1000)
+                )
                 if waited > 1.0:
                     log.info("%s: waited %.1f s for open transactions to be decided", _name(tp), waited)
                 # Not consumer.committed(): it answers None ("never committed") while the coordinator is

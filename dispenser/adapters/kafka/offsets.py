@@ -223,12 +223,19 @@ class CommittedOffsets:
                     return int(rest[-1])
         raise LeaderNotAvailableError(f"the leader's answer lacks {tp.topic}[{tp.partition}]")
 
-    async def settled(self, tps: Sequence[TopicPartition]) -> float:
+    async def settled(self, tps: Sequence[TopicPartition], timeout: float) -> float:
         """Wait until every transaction that has written to ``tps`` so far is decided; the seconds waited.
 
         Reads each partition's high watermark once, then waits until its last stable offset reaches it.
         After a take-over this is the barrier that makes the previous owner's last transaction final,
         committed or aborted, before its committed offset is read (see the module's notes).
+
+        A transaction still open after ``timeout`` seconds (give it the transaction timeout: the
+        coordinator aborts any transaction it knows of by then) is one the coordinator has lost, a
+        "hanging" transaction (seen once here after a broker kill -9). It blocks every ``read_committed``
+        reader of the partition until an operator aborts it (``kafka-transactions.sh find-hanging``, then
+        ``abort``); waiting longer would only stop this enricher too, so the wait ends with an error line
+        that says so.
 
         Raises:
             KafkaError: An end could not be read (retriable).
@@ -237,14 +244,27 @@ class CommittedOffsets:
         marks = {tp: await self.end(tp, stable=False) for tp in dict.fromkeys(tps)}
         warned = False
         for tp, mark in marks.items():
-            while await self.end(tp, stable=True) < mark:
-                if not warned and time.monotonic() - began > _SETTLE_WARN:
+            while (stable := await self.end(tp, stable=True)) < mark:
+                waited = time.monotonic() - began
+                if waited > timeout:
+                    log.error(
+                        "%s[%d]: a transaction open since offset %d was not decided in %.0f s (the transaction"
+                        " timeout): a hanging transaction, which keeps read_committed readers of the"
+                        " partition from reading past it; abort it with kafka-transactions.sh"
+                        " (find-hanging, abort). Going on.",
+                        tp.topic,
+                        tp.partition,
+                        stable,
+                        waited,
+                    )
+                    break
+                if not warned and waited > _SETTLE_WARN:
                     warned = True
                     log.warning(
                         "%s[%d] has a transaction open for %.0f s; waiting for it to be decided",
                         tp.topic,
                         tp.partition,
-                        time.monotonic() - began,
+                        waited,
                     )
                 await asyncio.sleep(_SETTLE_POLL)
         return time.monotonic() - began
