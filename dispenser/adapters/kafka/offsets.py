@@ -274,4 +274,9 @@ def _raise_for(code: int, what: str) -> None:
     error = _ERRORS.get(code) or for_code(code)
     if error is not NoError:
         log.debug("offset fetch for %s: %s", what, error.__name__)
+        if error is UnstableOffsetCommit:
+            raise error(
+                f"offset fetch for {what}: a transaction committing an offset here is still pending; past the"
+                " transaction timeout that is a hanging transaction (kafka-transactions.sh find-hanging, abort)"
+            )
         raise error(f"offset fetch for {what}")
