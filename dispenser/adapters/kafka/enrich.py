@@ -149,6 +149,7 @@ class _Partition:
         "half_done",
         "in_transaction",
         "next_offset",
+        "outputs",
         "pending",
         "producer",
         "sends",
@@ -156,9 +157,13 @@ class _Partition:
         "tp",
     )
 
-    def __init__(self, tp: TopicPartition, producer: AIOKafkaProducer) -> None:
+    def __init__(
+        self, tp: TopicPartition, producer: AIOKafkaProducer, outputs: tuple[TopicPartition, TopicPartition]
+    ) -> None:
         self.tp = tp
         self.producer = producer
+        self.outputs = outputs
+        """The output and dead-letter partitions this partition's records go to."""
         self.in_transaction = False
         self.pending = 0
         """Records in the open transaction (enriched and dead-lettered)."""
@@ -399,7 +404,7 @@ class Enricher:
             await consumer.seek_to_beginning(tp)
         else:
             consumer.seek(tp, committed)
-        part = _Partition(tp, producer)
+        part = _Partition(tp, producer, self._outputs_of(tp))
         # Records fetched before this take-over (a stale getmany result) are below this and are skipped.
         part.next_offset = 0 if committed is None else committed
         self._partitions[tp] = part
@@ -408,13 +413,13 @@ class Enricher:
             "enriching %s from offset %s", _name(tp), "the beginning" if committed is None else committed
         )
 
-    def _outputs_of(self, tp: TopicPartition) -> list[TopicPartition]:
+    def _outputs_of(self, tp: TopicPartition) -> tuple[TopicPartition, TopicPartition]:
         """The output and dead-letter partitions that input partition ``tp``'s records go to."""
         settings = self.settings
-        return [
+        return (
             TopicPartition(settings.output_topic, tp.partition % self._out_partitions),
             TopicPartition(settings.dlq, tp.partition % self._dlq_partitions),
-        ]
+        )
 
     def _producer(self, tp: TopicPartition) -> AIOKafkaProducer:
         """A new transactional producer for input partition ``tp`` (not started)."""
@@ -451,7 +456,7 @@ class Enricher:
             part.in_transaction = True
             part.started = time.monotonic()
         tp = part.tp
-        out_tp, dead_tp = self._outputs_of(tp)
+        out_tp, dead_tp = part.outputs  # worked out once, at the take-over
         out = _Batches(producer, out_tp.topic, out_tp.partition)
         dead = _Batches(producer, dead_tp.topic, dead_tp.partition)
         where = f"{tp.topic}/{tp.partition}/".encode()
