@@ -81,17 +81,30 @@ async def produce(
     bootstrap: str, topic: str, records: Iterable[tuple[int, bytes | None, bytes | None, list[Header]]]
 ) -> list[tuple[int, int]]:
     """Produce ``(partition, key, value, headers)`` records in order; returns their ``(partition, offset)``."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, enable_idempotence=True)
+    producer = input_producer(bootstrap)
     await producer.start()
     try:
-        futures = [
-            await producer.send(topic, value, key=key, partition=partition, headers=headers)
-            for partition, key, value, headers in records
-        ]
-        metadata = await asyncio.gather(*futures)
+        return await send_all(producer, topic, records)
     finally:
         await producer.stop()
-    return [(m.partition, m.offset) for m in metadata]
+
+
+def input_producer(bootstrap: str) -> AIOKafkaProducer:
+    """The producer :func:`produce` uses (not started): idempotent, ``acks=all``, records in order."""
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, enable_idempotence=True)
+
+
+async def send_all(
+    producer: AIOKafkaProducer,
+    topic: str,
+    records: Iterable[tuple[int, bytes | None, bytes | None, list[Header]]],
+) -> list[tuple[int, int]]:
+    """Send records with a started producer and wait for them; their ``(partition, offset)`` in order."""
+    futures = [
+        await producer.send(topic, value, key=key, partition=partition, headers=headers)
+        for partition, key, value, headers in records
+    ]
+    return [(m.partition, m.offset) for m in await asyncio.gather(*futures)]
 
 
 class TopicReader:

@@ -28,9 +28,11 @@ from .kafka_support import (
     Record,
     TopicReader,
     create_topics,
+    input_producer,
     kafka_config,
     kafka_env,
     produce,
+    send_all,
     unique,
 )
 from .segment_support import prepare
@@ -226,13 +228,18 @@ class _SteadyInput:
 
     async def _feed(self) -> None:
         batch, n = self._per_second // 10, 0
-        while not self._stopping.is_set():  # a stop lets the batch under way finish: where holds it all
-            records = [record_for(i, self._bad_every) for i in range(n, n + batch)]
-            placed = await produce(self._bootstrap, self._topic, records)
-            self.where.update({at: n + i for i, at in enumerate(placed)})
-            n += batch
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), 0.1)
+        producer = input_producer(self._bootstrap)  # one for the whole feed
+        await producer.start()
+        try:
+            while not self._stopping.is_set():  # a stop lets the batch under way finish: where holds it all
+                records = [record_for(i, self._bad_every) for i in range(n, n + batch)]
+                placed = await send_all(producer, self._topic, records)
+                self.where.update({at: n + i for i, at in enumerate(placed)})
+                n += batch
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), 0.1)
+        finally:
+            await producer.stop()
 
 
 @pytest.mark.slow
