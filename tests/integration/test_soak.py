@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.zookeeper, pytest.mark.slow]
+# Not in the suite (scripts/test): .ci/run runs them right after it, one at a time
+# (scripts/test -n 0 -m 'soak and not manual').
+pytestmark = [
+    pytest.mark.nats,
+    pytest.mark.postgres,
+    pytest.mark.zookeeper,
+    pytest.mark.slow,
+    pytest.mark.soak,
+]
 
 SOAK_TIMEOUT_S = 420
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
