@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -247,9 +249,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` writes every thread's Python stack to stderr, and the process goes on.
+
+    For a worker that is alive but silent: the main thread's stack shows whether the event loop is
+    blocked (and where) or idle, waiting for something that does not come.
+    """
+    if hasattr(signal, "SIGUSR1"):  # not on Windows
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+
 def _serve(_args: argparse.Namespace, config: Config) -> int:
     from dispenser.app import run_worker  # noqa: PLC0415 - keep `dispenser get` light
 
+    _stacks_on_sigusr1()
     return run_async(run_worker(config))
 
 
@@ -280,6 +293,7 @@ def _enrich(args: argparse.Namespace, config: Config) -> int:
         dlq_topic=args.dlq,
         fetch_deadline=config.segment.fetch_deadline,
     )
+    _stacks_on_sigusr1()
     return run_async(run_enricher(config, settings))
 
 

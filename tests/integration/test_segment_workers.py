@@ -126,3 +126,27 @@ async def test_sigterm_answers_requests_in_flight(
     ids = [i for r in answered for i in ids_of(r)]
     assert len(set(ids)) == len(ids)
     assert "stopped" in worker.log_path.read_text()
+
+
+async def test_sigusr1_writes_every_threads_stack_and_the_worker_goes_on(
+    nats_server: NatsServer, pg_dsn: str, tmp_path: Path
+) -> None:
+    """``kill -USR1``: every thread's stack in the log (the event loop's too), and the worker keeps serving."""
+    await prepare(pg_dsn, [("demo", 100)])
+    worker = WorkerProcess(nats_server.url, pg_dsn, tmp_path / "worker.log")
+    try:
+        async with client(nats_server.url) as nc:
+            worker.start()
+            await worker.wait_ready(nc, SUBJECT)
+            worker.signal(signal.SIGUSR1)
+            deadline = asyncio.get_running_loop().time() + 10
+            while "Current thread" not in worker.log_path.read_text():
+                assert asyncio.get_running_loop().time() < deadline, worker.log_path.read_text()[-3000:]
+                await asyncio.sleep(0.05)
+            reply = await ask(nc, SUBJECT, b'{"count": 5}')
+            assert len(ids_of(reply)) == 5
+    finally:
+        worker.stop()
+    log = worker.log_path.read_text()
+    # The main thread runs the event loop (uvloop's, in C): its stack ends in our runner.
+    assert "in run_async" in log, log[-3000:]

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import urllib.request
@@ -226,6 +227,13 @@ class SoakCluster:
                 return time.monotonic() - began
             await asyncio.sleep(0.2)
         raise SoakError(f"only {seen} of {len(WORKERS)} workers answer $SRV.PING after {timeout:g} s")
+
+    def dump_stacks(self) -> None:
+        """Ask every running worker for its threads' stacks (SIGUSR1: they go to the worker's log)."""
+        for child in self.workers.values():
+            if child.proc is not None and not child.exited:
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGUSR1)
 
     def stop_all(self) -> dict[str, int | None]:
         """Stop the workers (SIGTERM, then SIGKILL), then the servers; return the workers' exit statuses."""

@@ -162,6 +162,10 @@ async def _soak(options: SoakOptions, cluster: SoakCluster) -> tuple[list[PhaseS
         load.phase = None
         await load.stop()
         answering = await count_workers(control, wait=1.0)
+        if answering < len(cluster.workers):
+            # Alive but silent: each worker's stacks in its log say whether its loop is blocked, and where.
+            cluster.dump_stacks()
+            await asyncio.sleep(1.0)
     finally:
         with contextlib.suppress(Exception):
             await load.stop()
