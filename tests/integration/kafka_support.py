@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from dispenser.adapters.kafka.clients import ensure_topics, topic_partitions
 from dispenser.config import Config, KafkaConfig, load_config
+from dispenser.testing.servers import KafkaBroker
+from dispenser.testing.servers.kafka_markers import DroppedMarkers
 
 Header = tuple[str, bytes]
 
@@ -105,6 +107,34 @@ async def send_all(
         for partition, key, value, headers in records
     ]
     return [(m.partition, m.offset) for m in await asyncio.gather(*futures)]
+
+
+@contextlib.asynccontextmanager
+async def repairing_dropped_markers(broker: KafkaBroker) -> AsyncIterator[list[DroppedMarkers]]:
+    """Meanwhile, write the transaction markers ``broker``'s coordinator drops at a restart, as an operator would.
+
+    Kafka's bug, not ours (:mod:`dispenser.testing.servers.kafka_markers`): a single node killed while a
+    transaction commits may skip its markers when it comes back, leaving the transaction open for ever on
+    the output and the group's offset pending; the enricher then waits, as it must. Written as the
+    coordinator decided them, the stream goes on, and the test's exactly-once check still holds. Yields the
+    list of those repaired (each also printed).
+    """
+    repaired: list[DroppedMarkers] = []
+
+    async def repair() -> None:
+        while True:
+            for dropped in await asyncio.to_thread(broker.repair_dropped_markers):
+                print(f"Kafka dropped transaction markers at its restart; written now: {dropped}")
+                repaired.append(dropped)
+            await asyncio.sleep(0.5)
+
+    task = asyncio.create_task(repair())
+    try:
+        yield repaired
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class TopicReader:

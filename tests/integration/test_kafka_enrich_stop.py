@@ -19,7 +19,15 @@ import pytest
 from dispenser.testing.servers import PostgresServer
 from dispenser.testing.servers.kafka import KafkaBroker
 
-from .kafka_support import EnricherProcess, TopicReader, create_topics, kafka_env, produce, unique
+from .kafka_support import (
+    EnricherProcess,
+    TopicReader,
+    create_topics,
+    kafka_env,
+    produce,
+    repairing_dropped_markers,
+    unique,
+)
 from .segment_support import prepare
 from .test_kafka_enrich import PARTITIONS, check_exactly_once, record_for
 
@@ -163,7 +171,11 @@ async def test_sigterm_while_kafka_is_down(private_kafka: KafkaBroker, pg_dsn: s
 
     private_kafka.start()
     second = EnricherProcess(args, env, tmp_path / "second.log")
-    async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, f"{topic_in}.dlq") as dlq:
+    async with (
+        repairing_dropped_markers(private_kafka),
+        TopicReader(bootstrap, topic_out) as out,
+        TopicReader(bootstrap, f"{topic_in}.dlq") as dlq,
+    ):
         second.start()
         try:
             outputs = await out.wait_for(total - _bad(where), timeout=120)

@@ -33,6 +33,7 @@ from .kafka_support import (
     create_topics,
     kafka_config,
     kafka_env,
+    repairing_dropped_markers,
     unique,
 )
 from .segment_support import prepare
@@ -272,41 +273,46 @@ async def test_exactly_once_while_broker_and_enricher_restart_together(
     cycles = 3
     began = time.monotonic()
     try:
-        assert worker.allocator is not None
-        enricher = Enricher(config.kafka, settings, worker.allocator)
-        await enricher.start()
-        running = asyncio.create_task(enricher.run(stop))
-        child.start()
-        async with _Feeder(bootstrap, topic_in) as feeder:
-            for _ in range(cycles):
-                # Progress first: input flows again and the enricher here commits again after the restart.
-                await _wait_above(lambda: feeder.sent, feeder.sent + 200, "the feeder to move on")
-                await _wait_above(
-                    lambda: enricher.stats.transactions, enricher.stats.transactions, "a commit here"
-                )
-                print(f"cycle at {time.monotonic() - began:.1f} s")
-                child.kill()
-                await asyncio.to_thread(broker.stop)
-                await asyncio.to_thread(broker.start)
-                child.start()
-        # The feeder stopped: let the enrichers finish, then check every input record against the outputs.
-        async with TopicReader(bootstrap, topic_in, committed=False) as source:
-            await source.wait_caught_up(60)
-            inputs = {(topic_in, r.partition, r.offset) for r in source.records}
-        offsets = CommittedOffsets(config.kafka, group)
-        try:
-            ends = {p: max((o for _t, q, o in inputs if q == p), default=-1) + 1 for p in range(PARTITIONS)}
-            deadline = time.monotonic() + 90
-            for p in range(PARTITIONS):
-                while (await strict_committed(offsets, TopicPartition(topic_in, p)))[0] != (ends[p] or None):
-                    assert time.monotonic() < deadline, f"partition {p} not enriched to its end {ends[p]}"
-                    await asyncio.sleep(0.1)
-        finally:
-            await offsets.close()
-        async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, dlq) as dead:
-            await out.wait_caught_up(60)
-            await dead.wait_caught_up(60)
-            seen = Counter(_source(r) for r in [*out.records, *dead.records])
+        async with repairing_dropped_markers(broker):
+            assert worker.allocator is not None
+            enricher = Enricher(config.kafka, settings, worker.allocator)
+            await enricher.start()
+            running = asyncio.create_task(enricher.run(stop))
+            child.start()
+            async with _Feeder(bootstrap, topic_in) as feeder:
+                for _ in range(cycles):
+                    # Progress first: input flows again and the enricher here commits again after the restart.
+                    await _wait_above(lambda: feeder.sent, feeder.sent + 200, "the feeder to move on")
+                    await _wait_above(
+                        lambda: enricher.stats.transactions, enricher.stats.transactions, "a commit here"
+                    )
+                    print(f"cycle at {time.monotonic() - began:.1f} s")
+                    child.kill()
+                    await asyncio.to_thread(broker.stop)
+                    await asyncio.to_thread(broker.start)
+                    child.start()
+            # The feeder stopped: let the enrichers finish, then check every input record against the outputs.
+            async with TopicReader(bootstrap, topic_in, committed=False) as source:
+                await source.wait_caught_up(60)
+                inputs = {(topic_in, r.partition, r.offset) for r in source.records}
+            offsets = CommittedOffsets(config.kafka, group)
+            try:
+                ends = {
+                    p: max((o for _t, q, o in inputs if q == p), default=-1) + 1 for p in range(PARTITIONS)
+                }
+                deadline = time.monotonic() + 90
+                for p in range(PARTITIONS):
+                    while (await strict_committed(offsets, TopicPartition(topic_in, p)))[0] != (
+                        ends[p] or None
+                    ):
+                        assert time.monotonic() < deadline, f"partition {p} not enriched to its end {ends[p]}"
+                        await asyncio.sleep(0.1)
+            finally:
+                await offsets.close()
+            async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, dlq) as dead:
+                await out.wait_caught_up(60)
+                await dead.wait_caught_up(60)
+                seen = Counter(_source(r) for r in [*out.records, *dead.records])
     finally:
         stop.set()
         if running is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from dispenser.config import KafkaConfig
 from dispenser.testing.servers._kafka_wire import metadata
 from dispenser.testing.servers._process import port_is_free
 from dispenser.testing.servers.kafka import KafkaBroker, default_jar_dir, fetch_kafka_jars, metadata_brokers
+from dispenser.testing.servers.kafka_markers import DroppedMarkers, write_markers
 
 from .kafka_support import TopicReader, create_topics, produce, unique
 
@@ -153,3 +155,41 @@ async def test_created_topics_default_to_one_replica_on_a_single_broker(kafka_br
     assert answer is not None
     assert sorted(answer.partitions) == [(topic, 0), (topic, 1)]
     assert all(state.replicas == (1,) for state in answer.partitions.values())
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
+async def test_markers_written_by_hand_end_an_open_transaction(
+    kafka_broker: KafkaBroker, commit: bool
+) -> None:
+    """The test kit's repair of dropped markers, on the wire: a commit shows the records, an abort hides them.
+
+    A transaction left open (its producer never ends it) is ended by WriteTxnMarkers as its coordinator would;
+    read_committed readers then move past it (the last stable offset reaches the end).
+    """
+    topic = unique("markers")
+    await create_topics(kafka_broker.bootstrap, {topic: 1})
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, transactional_id=unique("markers"))
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        for n in range(5):
+            await (await producer.send(topic, str(n).encode(), partition=0))
+        # aiokafka's own record of what the coordinator gave it (no public accessor; a test may look).
+        txn = producer._txn_manager
+        dropped = DroppedMarkers(
+            transactional_id="by-hand",
+            producer_id=txn.producer_id,
+            producer_epoch=txn.producer_epoch,
+            coordinator_epoch=0,
+            commit=commit,
+            partitions=((topic, 0),),
+        )
+        assert await asyncio.to_thread(write_markers, kafka_broker.port, dropped)
+        async with TopicReader(kafka_broker.bootstrap, topic) as reader:
+            await reader.wait_caught_up(30)
+            assert [r.value for r in reader.records] == (
+                [str(n).encode() for n in range(5)] if commit else []
+            )
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(producer.stop(), 10)
