@@ -255,8 +255,12 @@ def _stacks_on_sigusr1() -> None:
     For a worker that is alive but silent: the main thread's stack shows whether the event loop is
     blocked (and where) or idle, waiting for something that does not come.
     """
-    if hasattr(signal, "SIGUSR1"):  # not on Windows
+    if not hasattr(signal, "SIGUSR1"):  # Windows
+        return
+    try:
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (OSError, ValueError, AttributeError):  # stderr is no file (embedded, or a test capturing it)
+        log.debug("no stacks on SIGUSR1: stderr has no file descriptor")
 
 
 def _serve(_args: argparse.Namespace, config: Config) -> int:

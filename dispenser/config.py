@@ -78,7 +78,8 @@ class SegmentConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Segment mode (Leaf-segment)."""
 
     enabled: bool = True
-    prefetch_threshold: Fraction = 0.1
+    # 0: the next segment is fetched at the switch, so a full segment is always in hand (docs/segment.md).
+    prefetch_threshold: Fraction = 0.0
     fetch_deadline: Positive = 2.0
     refresh_interval: Positive = 60.0
     retry_max: Positive = 2.0

@@ -96,12 +96,15 @@ class BufferStats:
 class SegmentBuffer:
     """The double buffer of one tag. Pure: no I/O, no clock; the shell drives it."""
 
-    def __init__(self, prefetch_threshold: float = 0.1) -> None:
+    def __init__(self, prefetch_threshold: float = 0.0) -> None:
         """Create an empty buffer.
 
         Args:
             prefetch_threshold: fraction of the current segment that, once used, makes the buffer
-                want the next segment (Leaf uses 10%). ``0.0`` fetches as soon as one ID is used.
+                want the next segment. ``0.0`` (the default) fetches at the switch, as soon as one ID of
+                a new current segment is used, so that one whole segment beyond the current is in hand
+                at every moment but the fetch's round trip. Leaf uses 10%, which leaves only 0.9 of a
+                segment in hand just before its prefetch.
         """
         if not 0.0 <= prefetch_threshold <= 1.0:
             raise ValueError(f"prefetch_threshold must be within [0, 1], got {prefetch_threshold}")

@@ -15,12 +15,16 @@ for 10 to 20 minutes at the busiest time. We size from measured demand:
   (segment size over the time between two fetches), so a sudden rise is followed at the next fetch, before
   the peak (a window average) has caught up;
 * clamped to [the tag's configured step (the operator's floor, Leaf's ``leaf_alloc.step``), ``max_step``],
-  rounded to two significant digits (steps read like 120,000, not 117,384);
-* hysteresis: while the current step stays within ±``hysteresis`` of the (clamped, unrounded) target, the
-  step is kept, so noise in the measured rate does not make every segment a different size. The band is
-  measured from the target, not from the step: measured from the step, a leftover step could sit up to
-  ~39% above the target under steady load (25% band, plus rounding). A raised floor or lowered ceiling
-  applies at once.
+  rounded *up* to three significant digits (steps read like 118,000, not 117,384);
+* never under the target: the runway promise is that a worker at steady peak load holds at least
+  ``segment_seconds`` of IDs at every moment, and with the next segment fetched at the switch
+  (:class:`~dispenser.core.segment.SegmentBuffer`) the least it holds is one whole segment. So the
+  current step is kept while it stays within [target, ``(1 + hysteresis) x`` target], and a new step is
+  ``sqrt(1 + hysteresis) x target`` rounded up, the band's middle on a log scale: the target may then move
+  by about ±``hysteresis / 2`` (-9.7% to +11.8% for 25%) before the step changes, so noise in the
+  measured rate does not make every segment a different size, and a kept step is never below its target
+  (nor more than ``hysteresis`` above it: the band is measured from the target). A raised floor or lowered
+  ceiling applies at once; a ceiling under the target is the one case where a segment holds less.
 
 The policy never touches IDs: the store still grants one ``UPDATE … RETURNING`` per segment of whatever
 size is asked, so a step change can neither lose nor repeat an ID.
@@ -35,12 +39,12 @@ __all__ = ["FleetView", "StepPolicy", "round_step"]
 
 
 def round_step(value: float) -> int:
-    """``value`` rounded to two significant digits (at least 1)."""
-    if value < 1:
+    """``value`` rounded up to three significant digits (at least 1): never below ``value``."""
+    if value <= 1:
         return 1
-    digits = math.floor(math.log10(value)) - 1
+    digits = math.floor(math.log10(value)) - 2
     quantum: int = 10 ** max(digits, 0)
-    return max(1, round(value / quantum) * quantum)
+    return max(1, math.ceil(value / quantum) * quantum)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +90,14 @@ class StepPolicy:
             fleet: what the rate events say.
         """
         ceiling = max(configured, self.max_step)
-        target = min(max(self.target(fleet), float(configured)), float(ceiling))
-        wanted = min(max(round_step(target), configured), ceiling)
-        if current is None or not configured <= current <= ceiling:
-            return wanted
-        if abs(current - target) <= self.hysteresis * target:
+        demand = self.target(fleet)
+        target = min(max(demand, float(configured)), float(ceiling))
+        if (
+            current is not None
+            and configured <= current <= ceiling
+            and target <= current <= (1 + self.hysteresis) * target
+        ):
             return current
-        return wanted
+        # The band's middle, so that noise either way keeps it; rounded up, so never under the target.
+        centred = round_step(math.sqrt(1 + self.hysteresis) * demand)
+        return min(max(centred, configured), ceiling)

@@ -46,8 +46,9 @@ log = logging.getLogger(__name__)
 class AllocatorSettings:
     """Tuning of the allocator; the defaults are Leaf's where Leaf has one."""
 
-    prefetch_threshold: float = 0.1
-    """Fetch the next segment once this fraction of the current one is used."""
+    prefetch_threshold: float = 0.0
+    """Fetch the next segment once more than this fraction of the current one is used (0: at the switch;
+    Leaf's is 0.1)."""
     retry_initial: float = 0.05
     """First backoff after a failed fetch, in seconds; doubles up to ``retry_max``."""
     retry_max: float = 2.0

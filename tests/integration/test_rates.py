@@ -20,10 +20,12 @@ import asyncio
 import contextlib
 import io
 import json
+import os
+import signal
 import statistics
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import jsonschema
@@ -240,32 +242,93 @@ async def test_two_workers_size_to_their_shares(nats_server: NatsServer, pg_dsn:
     assert 0.75 * S * rate <= sum(steps) <= 1.5 * S * rate, steps
 
 
-async def test_the_runway_is_what_happens_when_the_database_goes(
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (read from /proc: PostgreSQL's postmaster and its backends)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # "pid (comm) state ppid ...": comm may hold spaces, so split after its closing parenthesis.
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            parents.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(node := todo.pop())
+        todo += parents.get(node, [])
+    return tree
+
+
+@contextlib.contextmanager
+def frozen(server: PostgresServer) -> Iterator[None]:
+    """PostgreSQL stopped dead (SIGSTOP to the postmaster and every backend), at once; SIGCONT afterwards."""
+    assert server.pid is not None
+    tree = _process_tree(server.pid)
+    for pid in tree:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+async def test_the_database_gone_at_the_worst_moment_leaves_s_seconds_of_ids(
     private_postgres: PostgresServer, nats_server: NatsServer
 ) -> None:
-    """At steady load, stop PostgreSQL: IDs keep coming for about S seconds or more, as long as reported."""
+    """At steady load, PostgreSQL freezes just before a switch: IDs keep coming for S seconds, as reported.
+
+    The worst moment for the runway: the current segment is nearly used up and the next one, fetched at
+    the last switch, is all there is; the fetch the coming switch sets off cannot succeed. With Leaf's 10%
+    prefetch, or a step the hysteresis held under its target, this was 0.73-0.95 x S.
+    """
     rate = 2000.0
     dsn = private_postgres.dsn
     await prepare(dsn, [("order", 100)])
     config = rate_config(nats_server.url, dsn, segment_fetch_deadline=0.2, postgres_command_timeout=0.5)
     async with running_worker(config) as worker, client(nats_server.url) as nc:
-        await load(nc, rate, 6.0)
+        await load(nc, rate, 4.0)
         tag = worker.allocator.tags["order"]  # type: ignore[union-attr]
-        now = worker.clock.monotonic()
-        reported = tag.buffer.remaining / max(tag.meter.peak(now), tag.meter.rate(now))
-        private_postgres.stop()
-        stopped = time.monotonic()
-        lasted = None
-        with contextlib.suppress(AssertionError):  # the first error reply ends the load
-            await load(nc, rate, 30.0)
-        lasted = time.monotonic() - stopped - config.segment.fetch_deadline
-        private_postgres.start()
-    assert lasted is not None
-    # Segments hold about S seconds of demand (the hysteresis keeps a step down to 0.75 x target) and
-    # the next one is fetched once 10% of the current is used: stopped anywhere, at least ~0.7 x S is in
-    # hand, and S to 2 S most of the time. What is promised exactly is the reported runway.
-    assert lasted >= 0.7 * S, (lasted, reported)
-    assert abs(lasted - reported) <= 0.3 * reported, (lasted, reported)
+        steady = asyncio.create_task(load(nc, rate, 60.0))
+        try:
+            # At every moment (sampled every 5 ms for 2 S), a whole segment is in hand beyond what the
+            # current one has handed out: with Leaf's 10% prefetch the low point is 0.9 of a segment.
+            low, until = float("inf"), time.monotonic() + 2 * S
+            while time.monotonic() < until:
+                stats = tag.buffer.stats()
+                if stats.current is not None:
+                    size = stats.current.last - stats.current.first + 1
+                    low = min(low, stats.remaining / size)
+                await asyncio.sleep(0.005)
+            assert low >= 0.97, f"at one moment only {low:.2f} of a segment was in hand"
+
+            def just_before_a_switch() -> bool:
+                stats = tag.buffer.stats()
+                current = stats.current
+                return (
+                    current is not None
+                    and len(stats.next) == 1
+                    and not stats.fetching
+                    and current.remaining < 0.03 * (current.last - current.first + 1)
+                )
+
+            await wait_until(just_before_a_switch, timeout=3 * S, what="the moment just before a switch")
+            now = worker.clock.monotonic()
+            held = tag.buffer.remaining
+            reported = held / max(tag.meter.peak(now), tag.meter.rate(now))
+            with frozen(private_postgres):
+                frozen_at = time.monotonic()
+                with contextlib.suppress(AssertionError):  # the first error reply ends the load
+                    await steady
+                lasted = time.monotonic() - frozen_at - config.segment.fetch_deadline
+        finally:
+            steady.cancel()
+            await asyncio.gather(steady, return_exceptions=True)
+    print(f"low point {low:.3f} of a segment; at the worst moment held {held} IDs, {reported:.2f} s reported;")
+    print(f"lasted {lasted:.2f} s (S = {S:g} s)")
+    # A whole segment of at least S x R is in hand; the load's pacing may run a little ahead of R.
+    assert lasted >= 0.95 * S, (lasted, reported, held)
+    assert reported >= S, (reported, held)
+    assert abs(lasted - reported) <= 0.2 * reported, (lasted, reported)
 
 
 async def test_a_restart_at_peak_starts_from_the_saved_peak(nats_server: NatsServer, pg_dsn: str) -> None:

@@ -12,7 +12,7 @@ from dispenser.config import ConfigError, load_config, redact
 def test_defaults_without_file_or_environment() -> None:
     """With nothing set, the defaults are Leaf's and the limits the issue's."""
     config = load_config(environ={})
-    assert config.segment.prefetch_threshold == 0.1
+    assert config.segment.prefetch_threshold == 0.0
     assert config.segment.refresh_interval == 60.0
     assert (config.limits.max_ids, config.limits.max_ranges, config.limits.dedup_ttl) == (
         10_000,
