@@ -323,7 +323,9 @@ async def test_the_database_gone_at_the_worst_moment_leaves_s_seconds_of_ids(
         finally:
             steady.cancel()
             await asyncio.gather(steady, return_exceptions=True)
-    print(f"low point {low:.3f} of a segment; at the worst moment held {held} IDs, {reported:.2f} s reported;")
+    print(
+        f"low point {low:.3f} of a segment; at the worst moment held {held} IDs, {reported:.2f} s reported;"
+    )
     print(f"lasted {lasted:.2f} s (S = {S:g} s)")
     # A whole segment of at least S x R is in hand; the load's pacing may run a little ahead of R.
     assert lasted >= 0.95 * S, (lasted, reported, held)
