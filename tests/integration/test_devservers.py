@@ -73,9 +73,13 @@ async def _write_notes(dsn: str, *bodies: str) -> None:
 # --- ports -----------------------------------------------------------------------------------------------
 
 
-def test_free_port_can_be_bound() -> None:
-    """free_port returns a loopback port that a server can listen on."""
-    assert port_is_free(free_port())
+def test_free_port_can_be_bound_and_is_below_the_ephemeral_range() -> None:
+    """free_port returns a loopback port that a server can listen on, one no outgoing connection can take."""
+    ephemeral_start = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(20)]
+    assert all(port_is_free(port) for port in ports)
+    assert all(port < ephemeral_start for port in ports), (ports, ephemeral_start)
+    assert len(set(ports)) > 1  # drawn, not one fixed port
 
 
 # --- NATS ------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -36,19 +37,44 @@ class ServerStartError(DevServerError):
     """
 
 
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (where outgoing connections get their local port)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; elsewhere the fallback below applies when it does not fit
+
+
+_SERVER_PORTS = range(10_000, min(_ephemeral_start(), 32768))
+"""Where automatically chosen server ports come from: below the ephemeral range, so that no client's
+outgoing connection can take a chosen port before its server binds it (seen: a Patroni node's PostgreSQL
+port, chosen seconds before PostgreSQL started, taken meanwhile; the node never came up)."""
+_choose = random.Random()  # its own generator: Hypothesis reseeds the global one in tests
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago.
 
-    The kernel picks it (bind to port 0); another process may still take it before the caller binds, so
-    servers started on an automatically chosen port retry with a new one when the bind fails.
+    Drawn at random below the kernel's ephemeral range, where only another server choosing the same way
+    could take it first (bind to port 0 when that range is too small). Servers started on an automatically
+    chosen port still retry with a new one when the bind fails.
 
     Returns:
         The port number.
     """
+    if len(_SERVER_PORTS) >= 1000:
+        for _ in range(100):
+            port = _choose.choice(_SERVER_PORTS)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((LOOPBACK, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def port_is_free(port: int) -> bool:
