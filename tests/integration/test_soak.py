@@ -121,4 +121,12 @@ def test_ha_short_soak_passes(tmp_path: Path) -> None:
     for server in ("postgres", "nats", "zookeeper", "kafka"):
         assert isinstance(phases[f"rejoin {server}"]["notes"]["rejoined_s"], float)
     assert sum(phase["kafka_requests"] for phase in report["phases"]) > 0
+    # Enrichment through the broker kill, the PostgreSQL failover and its own kill -9: exactly once.
+    assert "kill -9 enricher" in phases
+    enrichment = report["enrichment"]
+    assert enrichment["fed"] > 1000, enrichment
+    assert (enrichment["twice"], enrichment["missing"], enrichment["misplaced"]) == (0, 0, 0), enrichment
+    assert enrichment["enriched"] + enrichment["dead_lettered"] == enrichment["fed"], enrichment
+    assert enrichment["caught_up_s"] is not None, enrichment
+    assert report["enricher_restarts"] >= 1
     assert "PASS" in done.stdout

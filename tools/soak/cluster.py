@@ -36,12 +36,14 @@ from dispenser.testing.servers.kafka_cluster import KafkaCluster
 from dispenser.testing.servers.nats_cluster import NatsCluster
 from dispenser.testing.servers.patroni import PatroniCluster, PatroniNode
 from dispenser.testing.servers.zookeeper_ensemble import ZooKeeperEnsemble
+from soak.enrich import enricher_args
 from soak.faketime import FaketimeClock
 from soak.plan import (
     CLOCK_WORKER,
     WORKERS,
     ClockStep,
     Fault,
+    KillEnricher,
     KillLeader,
     KillWorker,
     Profile,
@@ -106,6 +108,9 @@ class SoakCluster:
         self.clock = FaketimeClock(workdir / "workers" / "faketime.rc", libfaketime)
         self.workers: dict[str, Child] = {}
         self.restarts: dict[str, int] = dict.fromkeys(WORKERS, 0)
+        self.enricher: Child | None = None
+        """``dispenser enrich`` (``ha`` profiles, :mod:`soak.enrich`)."""
+        self.enricher_restarts = 0
 
     @property
     def nats_urls(self) -> list[str]:
@@ -199,6 +204,30 @@ class SoakCluster:
             self.workers[name] = child
             child.start()
 
+    def start_enricher(self) -> None:
+        """Start ``dispenser enrich`` on the soak's stream (the Kafka topologies only)."""
+        if self.kafka is None:
+            raise SoakError("the enricher needs Kafka: an ha profile")
+        env = {key: value for key, value in os.environ.items() if not key.startswith("DISPENSER_")}
+        env |= {
+            "DISPENSER_NATS_ENABLED": "false",
+            "DISPENSER_POSTGRES_DSN": self.postgres.dsn,
+            "DISPENSER_KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap,
+            # A killed enricher's partitions go to its successor once the group gives up on it.
+            "DISPENSER_KAFKA_SESSION_TIMEOUT_MS": "3000",
+            "DISPENSER_KAFKA_HEARTBEAT_INTERVAL_MS": "500",
+            "DISPENSER_RATE_SEGMENT_SECONDS": str(self.profile.segment_seconds),
+            "DISPENSER_LOG_LEVEL": "INFO",
+        }
+        if self.enricher is None:
+            self.enricher = Child(
+                "enricher",
+                [sys.executable, "-m", "dispenser", "enrich", *enricher_args()],
+                self.workdir / "workers" / "enricher.log",
+                env,
+            )
+        self.enricher.start()
+
     def dead_workers(self) -> dict[str, int | None]:
         """Workers whose process has exited, with the exit status."""
         return {
@@ -238,6 +267,8 @@ class SoakCluster:
     def stop_all(self) -> dict[str, int | None]:
         """Stop the workers (SIGTERM, then SIGKILL), then the servers; return the workers' exit statuses."""
         statuses = {name: child.stop(timeout=10.0) for name, child in self.workers.items()}
+        if self.enricher is not None:
+            statuses["enricher"] = self.enricher.stop(timeout=20.0)
         for server in (self.kafka, self.postgres, self.zookeeper, self.nats):
             if server is not None:
                 with contextlib.suppress(Exception):
@@ -273,6 +304,12 @@ class SoakCluster:
                 await asyncio.sleep(down_s)
                 await asyncio.to_thread(server.start)
                 notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
+            case KillEnricher(down_s=down_s):
+                if self.enricher is not None and self.enricher.proc is not None:
+                    await asyncio.to_thread(kill_process, self.enricher.proc)
+                await asyncio.sleep(down_s)
+                self.start_enricher()
+                self.enricher_restarts += 1
             case KillLeader(server=name):
                 notes |= await self._kill_leader(name, nc, began)
             case Rejoin(server=name):

@@ -132,7 +132,19 @@ class Rejoin:
         return f"rejoin {self.server}"
 
 
-Fault = KillWorker | StopServer | StartServer | RestartServer | ClockStep | KillLeader | Rejoin
+@dataclass(frozen=True, slots=True)
+class KillEnricher:
+    """SIGKILL the ``dispenser enrich`` process mid-transaction, wait ``down_s``, start it again (``ha`` only)."""
+
+    down_s: float = 1.0
+
+    @property
+    def label(self) -> str:
+        """What the table shows."""
+        return "kill -9 enricher"
+
+
+Fault = KillWorker | StopServer | StartServer | RestartServer | ClockStep | KillLeader | Rejoin | KillEnricher
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +198,8 @@ class Profile:
     topology: Topology = "single"
     kafka_inflight: int = 0
     """Requests outstanding over Kafka (request/reply through the workers), ``ha`` profiles only."""
+    enrich_rate: float = 0.0
+    """Input records per second through ``dispenser enrich`` (``soak.enrich``), ``ha`` profiles only."""
     clients: int = 4
     inflight: int = 16
     count_range: tuple[int, int] = (1_000, 10_000)
@@ -271,6 +285,7 @@ def _ha_cycle(round_no: int, killed: WorkerName, scale: float) -> list[Phase]:
         Phase(f"kafka-broker-kill{suffix}", s(10), KillLeader("kafka")),
         Phase(f"kafka-rejoin{suffix}", s(6), Rejoin("kafka")),
         Phase(f"kill-worker{suffix}", s(8), KillWorker(killed, down_s=1.0)),
+        Phase(f"kill-enricher{suffix}", s(8), KillEnricher(down_s=1.0)),
         Phase(f"clock+1s{suffix}", s(5), ClockStep(1000)),
         Phase(f"clock-10ms{suffix}", s(5), ClockStep(-10)),
     ]
@@ -291,6 +306,7 @@ def _ha(rounds: int, scale: float, min_ids: int) -> Profile:
         max_extra_s=120,
         topology="ha",
         kafka_inflight=8,
+        enrich_rate=400.0,
         segment_seconds=20.0,
     )
 

@@ -289,6 +289,14 @@ def render(report: SoakReport) -> str:
     )
     for problem in report.problems[:10]:
         out.write(f"  {problem.phase}: {problem.kind}.{problem.tag}: {problem.what}\n")
+    if (enriched := meta.get("enrichment")) is not None:
+        out.write(
+            f"enrichment (read_committed): {enriched['fed']:,} records fed, {enriched['enriched']:,} enriched, "
+            f"{enriched['dead_lettered']:,} dead-lettered; twice {enriched['twice']}, missing "
+            f"{enriched['missing']}, misplaced {enriched['misplaced']}; all committed "
+            f"{enriched['caught_up_s']} s after the feed stopped; enricher killed "
+            f"{meta.get('enricher_restarts', 0)} times\n"
+        )
     restarts = ", ".join(f"{name} {w['restarts']}" for name, w in report.workers.items())
     out.write(f"worker restarts: {restarts}; wall time {meta.get('wall_s', 0):.0f} s\n")
     if report.passed:

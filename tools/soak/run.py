@@ -31,7 +31,9 @@ from dispenser.config import KafkaConfig
 from dispenser.runner import run_async
 from dispenser.testing.servers import DevServerError
 from soak.cluster import KAFKA_REPLY_TOPIC, KAFKA_REQUEST_TOPIC, SoakCluster, SoakError, count_workers
+from soak.enrich import ENRICH_TAG, EnrichResult, EnrichStream
 from soak.faketime import FaketimeMissing, ensure_libfaketime
+from soak.ledger import RangeSet, runs_of
 from soak.load import LoadGenerator, PhaseStats
 from soak.plan import PROFILES, WORKERS, Phase, Profile, scaled
 from soak.report import SoakReport, judge, render
@@ -127,7 +129,9 @@ async def _resolve_recovery(stats: PhaseStats) -> None:
         stats.notes["recovery"] = f"the workers did not all come back: {exc or 'timed out'}"
 
 
-async def _soak(options: SoakOptions, cluster: SoakCluster) -> tuple[list[PhaseStats], LoadGenerator, int]:
+async def _soak(
+    options: SoakOptions, cluster: SoakCluster
+) -> tuple[list[PhaseStats], LoadGenerator, int, EnrichResult | None]:
     profile = options.profile
     await cluster.prepare_database()
     cluster.start_workers()
@@ -151,16 +155,30 @@ async def _soak(options: SoakOptions, cluster: SoakCluster) -> tuple[list[PhaseS
             reply_topic=KAFKA_REPLY_TOPIC,
         )
     load = LoadGenerator(profile, cluster.nats_urls, options.seed, kafka=kafka)
+    stream = None
+    enrichment = None
     try:
         took = await cluster.wait_workers(control)
         await _wait_for_ids(control, profile)
         _say(options, f"3 workers ready after {took:.1f} s; load starts")
+        if kafka is not None and profile.enrich_rate:
+            stream = EnrichStream(KafkaConfig(bootstrap_servers=kafka.bootstrap_servers), profile.enrich_rate)
+            await stream.create_topics()
+            cluster.start_enricher()
+            await stream.start_feeding()
         await load.start()
         for phase in profile.phases:
             phases.append(await _run_phase(options, cluster, load, control, phase))
         await _top_up(options, load, phases)
         load.phase = None
         await load.stop()
+        if stream is not None:
+            await stream.stop_feeding()
+            _say(options, f"enrichment: {stream.sent:,} records fed; waiting for the enricher to finish")
+            enrichment = await stream.finish()
+            # The enricher draws from a tag the clients draw from: one ledger for both.
+            ledger = load.ledger.setdefault(f"segment:{ENRICH_TAG}", RangeSet())
+            ledger.add(runs_of(sorted(enrichment.ids)))
         answering = await count_workers(control, wait=1.0)
         if answering < len(cluster.workers):
             # Alive but silent: each worker's stacks in its log say whether its loop is blocked, and where.
@@ -171,7 +189,7 @@ async def _soak(options: SoakOptions, cluster: SoakCluster) -> tuple[list[PhaseS
             await load.stop()
         with contextlib.suppress(Exception):
             await control.close()
-    return phases, load, answering
+    return phases, load, answering, enrichment
 
 
 def run(options: SoakOptions) -> SoakReport:
@@ -197,7 +215,7 @@ def run(options: SoakOptions) -> SoakReport:
     try:
         cluster.start_servers()
         _say(options, f"servers: {cluster.describe}")
-        phases, load, answering = run_async(_soak(options, cluster))
+        phases, load, answering, enrichment = run_async(_soak(options, cluster))
         alive = {name: not child.exited for name, child in cluster.workers.items()}
     finally:
         statuses = cluster.stop_all()
@@ -222,10 +240,14 @@ def run(options: SoakOptions) -> SoakReport:
             "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg": os.getloadavg()},
             "workdir": None if temporary else str(workdir),
             "workers_answering_at_end": answering,
+            "enrichment": None if enrichment is None else enrichment.as_dict(),
+            "enricher_restarts": cluster.enricher_restarts,
             "client_errors": dict(load.client_errors),
         },
     )
     judge(report)
+    if enrichment is not None:
+        report.failures.extend(enrichment.failures())
     report.meta["wall_s"] = round(time.monotonic() - began, 1)
     if temporary and report.passed:
         shutil.rmtree(workdir, ignore_errors=True)
