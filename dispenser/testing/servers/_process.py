@@ -50,31 +50,46 @@ _SERVER_PORTS = range(10_000, min(_ephemeral_start(), 32768))
 outgoing connection can take a chosen port before its server binds it (seen: a Patroni node's PostgreSQL
 port, chosen seconds before PostgreSQL started, taken meanwhile; the node never came up)."""
 _choose = random.Random()  # its own generator: Hypothesis reseeds the global one in tests
+_handed_out: set[int] = set()
+"""Ports this process has chosen already: each goes to one server for its life (it restarts on it), and
+a cluster chooses all its members' ports before any of them binds one (seen: a Patroni node's PostgreSQL
+given the port of another node's REST API, chosen a moment later, and refused by the bind)."""
 
 
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago.
 
     Drawn at random below the kernel's ephemeral range, where only another server choosing the same way
-    could take it first (bind to port 0 when that range is too small). Servers started on an automatically
-    chosen port still retry with a new one when the bind fails.
+    could take it first (bind to port 0 when that range is too small), and never one this process chose
+    before. Servers started on an automatically chosen port still retry with a new one when the bind fails.
+
+    Raises:
+        OSError: no free port in 200 draws.
 
     Returns:
         The port number.
     """
-    if len(_SERVER_PORTS) >= 1000:
-        for _ in range(100):
+    for _ in range(200):
+        if len(_SERVER_PORTS) >= 1000:
             port = _choose.choice(_SERVER_PORTS)
+        else:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                try:
-                    sock.bind((LOOPBACK, port))
-                except OSError:
-                    continue
-                return port
+                sock.bind((LOOPBACK, 0))
+                port = sock.getsockname()[1]
+        if port in _handed_out or not _bindable(port):
+            continue
+        _handed_out.add(port)
+        return port
+    raise OSError("no free TCP port found on 127.0.0.1 in 200 tries")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        chosen: int = sock.getsockname()[1]
-        return chosen
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
 
 
 def port_is_free(port: int) -> bool:
