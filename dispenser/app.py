@@ -301,7 +301,7 @@ class Worker:
                 log.debug("swept %d expired request answers", swept)
 
     async def _restore_peaks(self, store: PostgresSegmentStore) -> None:
-        """Start from the saved peaks, so a restart at peak time sizes its first segment from the peak."""
+        """Start from the saved fleet peaks (a restart at peak time, of any number of workers, sizes from them)."""
         try:
             peaks = await store.load_peaks("segment")
         except DispenserError as exc:

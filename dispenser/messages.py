@@ -21,6 +21,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from dispenser.core.errors import InvalidRequest, MalformedRequest
+from dispenser.core.ids import Kind
 
 __all__ = [
     "MSGPACK",
@@ -29,6 +30,7 @@ __all__ = [
     "ErrorBody",
     "IdRequest",
     "KafkaIdRequest",
+    "Kind",
     "RateEvent",
     "Reply",
     "decode_kafka_request",
@@ -56,9 +58,6 @@ class IdRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Idempotency key: a retry with the same key within the worker's TTL gets the same IDs."""
     format: Format = "ids"
     """``ids``: a list of IDs; ``ranges``: inclusive ``[first, last]`` pairs, for large batches."""
-
-
-Kind = Literal["segment", "snowflake"]
 
 
 class KafkaIdRequest(IdRequest, forbid_unknown_fields=True, omit_defaults=True):
@@ -143,6 +142,10 @@ class RateEvent(Struct, kw_only=True):
     demand, no end in sight)."""
     fetches: int = 0
     """Segments fetched since the worker started."""
+    fetches_per_min: float | None = None
+    """Segments fetched per minute over the last minute (or since the worker started, if later): the
+    database round trips this worker spends on the tag (segment kind; ``null`` from workers older than
+    this field)."""
     ids_total: int = 0
     """IDs handed out since the worker started."""
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from dispenser.core.ids import Kind
 from dispenser.core.segment import Segment
 
 __all__ = [
@@ -122,15 +123,18 @@ class SegmentStore(Protocol):
         """
         ...
 
-    async def save_peaks(self, kind: str, peaks: dict[str, tuple[float, float]]) -> None:
-        """Save each tag's peak consumption rate (IDs/s) and the Unix time it was seen; the last writer wins.
+    async def save_peaks(self, kind: Kind, peaks: dict[str, tuple[float, float]]) -> None:
+        """Save each tag's fleet-wide peak consumption rate (IDs/s) and the Unix time it was last seen.
+
+        One value per tag, the last writer wins: every worker writes the fleet's peak as it sees it (the
+        live workers' peaks summed, or the highest such sum it remembers), so any writer is right.
 
         Raises:
             StoreUnavailable: the store could not be reached.
         """
         ...
 
-    async def load_peaks(self, kind: str) -> dict[str, tuple[float, float]]:
+    async def load_peaks(self, kind: Kind) -> dict[str, tuple[float, float]]:
         """The saved ``tag → (peak IDs/s, Unix seconds seen)`` of ``kind``.
 
         Raises:

@@ -56,11 +56,7 @@ class Fleet:
             last = [w.last for w in live]
             runways = [e.runway_s for e in last if e.runway_s is not None]
             steps = sorted({e.step for e in last if e.step})
-            fetches_per_min = 0.0
-            for w in live:
-                span = w.last.time - w.first.time
-                if span > 0:
-                    fetches_per_min += (w.last.fetches - w.first.fetches) / span * 60
+            fetches_per_min = sum(_fetches_per_min(w) for w in live)
             yield [
                 tag,
                 kind,
@@ -80,6 +76,14 @@ class Fleet:
         if not rows:
             return render_table(headers, []) + "\n(no rate events yet)"
         return render_table(headers, rows)
+
+
+def _fetches_per_min(seen: _WorkerSeen) -> float:
+    """The worker's own figure; for a worker that predates it, the change in ``fetches`` over what we saw."""
+    if seen.last.fetches_per_min is not None:
+        return seen.last.fetches_per_min
+    span = seen.last.time - seen.first.time
+    return (seen.last.fetches - seen.first.fetches) / span * 60 if span > 0 else 0.0
 
 
 async def run_watch(

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["IdBatch", "Range"]
+__all__ = ["IdBatch", "Kind", "Range"]
+
+Kind = Literal["segment", "snowflake"]
+"""The two generators: database segments, or snowflake IDs (time, worker ID, sequence)."""
 
 Range = tuple[int, int]
 """Inclusive ``(first, last)``."""

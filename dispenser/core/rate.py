@@ -9,9 +9,10 @@ path; the bookkeeping runs once per second, when a call finds that the second ha
   should hold ten minutes of the *peak* rate, so that the double buffer outlives a database outage at
   the busiest time). Averages count only once a whole window has been observed, so a start-up burst
   does not pose as a peak. A sliding maximum (a deque of decreasing averages) keeps it O(1) amortised.
-* **Restart**: :meth:`RateMeter.snapshot` is the peak and when it was seen; :meth:`RateMeter.restore`
-  takes it back (it still expires ``retention`` after it was seen), so a worker restarted at peak time
-  sizes its first segment from the peak, not from nothing.
+* **The fleet's peak**: :class:`FleetPeak` remembers the highest sum of the live workers' peaks seen
+  within ``retention``. That, not a worker's own peak, is what is saved: a fleet restarted at any size
+  (two workers before, one after) starts at ``segment_seconds`` x the fleet's peak, and a worker whose
+  peers died sizes for the load they left it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import collections
 import math
 from dataclasses import dataclass
 
-__all__ = ["PeakSample", "RateMeter", "runway_seconds"]
+__all__ = ["FleetPeak", "PeakSample", "RateMeter", "runway_seconds"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,21 +155,46 @@ class RateMeter:
         self._expire(now)
         return self._peaks[0].rate if self._peaks else 0.0
 
-    def snapshot(self, now: float) -> PeakSample | None:
-        """The current peak and when it was seen, to persist; ``None`` without one."""
-        self.advance(now)
-        self._expire(now)
-        return self._peaks[0] if self._peaks else None
 
-    def restore(self, sample: PeakSample) -> None:
-        """Take back a persisted peak (ignored if already older than the retention, or lower than ours)."""
-        peaks = self._peaks
-        if sample.at < self._second - self.retention or (peaks and peaks[0].rate >= sample.rate):
+class FleetPeak:
+    """The highest fleet-wide peak (IDs/s, the sum of the live workers' peaks) seen within ``retention``.
+
+    Each worker's own peak is its own meter's; their sum falls when a worker goes (its events stop), yet
+    the demand it served did not go away: it moved to the survivors. So the fleet's peak is remembered
+    here, per tag, for as long as a worker's own peak would be, and saved for the next start.
+
+    Args:
+        retention: seconds a peak is remembered after it was last seen (default 24 h).
+    """
+
+    __slots__ = ("_sample", "retention")
+
+    def __init__(self, retention: float = 86_400.0) -> None:
+        self.retention = retention
+        self._sample: PeakSample | None = None
+
+    def update(self, measured: float, now: float) -> float:
+        """Take the fleet's current sum of peaks; return the remembered peak (at least ``measured``)."""
+        sample = self.snapshot(now)
+        if measured > 0 and (sample is None or measured >= sample.rate):
+            # Seen again now: it lives ``retention`` from here (the workers' own peaks expire by themselves,
+            # and the sum with them).
+            self._sample = sample = PeakSample(measured, now)
+        return sample.rate if sample is not None else 0.0
+
+    def snapshot(self, now: float) -> PeakSample | None:
+        """The remembered peak and when it was last seen; ``None`` without one (or once expired)."""
+        if self._sample is not None and self._sample.at < now - self.retention:
+            self._sample = None
+        return self._sample
+
+    def restore(self, sample: PeakSample, now: float) -> None:
+        """Take back a saved peak (ignored if already older than the retention, or not above ours)."""
+        if sample.at < now - self.retention:
             return
-        # It outranks every sample held; those seen before it can never be the peak again.
-        while peaks and peaks[0].at <= sample.at:
-            peaks.popleft()
-        peaks.appendleft(sample)
+        current = self.snapshot(now)
+        if current is None or sample.rate > current.rate:
+            self._sample = sample
 
 
 def runway_seconds(ids_left: int, rate: float) -> float:

@@ -7,7 +7,9 @@ for 10 to 20 minutes at the busiest time. We size from measured demand:
 
     target = segment_seconds * share * fleet_peak
 
-* ``fleet_peak`` is the sum of the live workers' peak rates for the tag (each from its rate events);
+* ``fleet_peak`` is the sum of the live workers' peak rates for the tag (each from its rate events), or
+  the highest such sum seen within the retention if that is more (workers that went left their demand
+  to the others; a restarted fleet of any size starts from it);
 * ``share`` is this worker's part of the fleet's *current* rate (how the queue group or consumer group
   spreads the load now); with no current traffic anywhere it falls back to its part of the peaks, and
   with nothing known to ``1 / workers``. For one worker, target = segment_seconds * its own peak;
@@ -58,6 +60,9 @@ class FleetView:
     workers: int = 1
     recent: float = 0.0
     """IDs/s at which this worker's last segment went (a rise shows here first)."""
+    remembered_peak: float = 0.0
+    """The highest ``fleet_peak`` seen within the retention, saved across restarts
+    (:class:`~dispenser.core.rate.FleetPeak`): it stands in for the peaks of workers that are gone."""
 
     def share(self) -> float:
         """This worker's part of the fleet's demand (0…1)."""
@@ -78,7 +83,8 @@ class StepPolicy:
 
     def target(self, fleet: FleetView) -> float:
         """The unclamped, unrounded size: ``segment_seconds`` of this worker's share of the demand."""
-        demand = max(fleet.share() * fleet.fleet_peak, fleet.own_rate, fleet.recent)
+        peak = max(fleet.fleet_peak, fleet.remembered_peak)
+        demand = max(fleet.share() * peak, fleet.own_rate, fleet.recent)
         return self.segment_seconds * demand
 
     def next_step(self, configured: int, current: int | None, fleet: FleetView) -> int:

@@ -22,7 +22,7 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from dispenser.core.rate import PeakSample, RateMeter, runway_seconds
+from dispenser.core.rate import FleetPeak, PeakSample, RateMeter, runway_seconds
 from dispenser.core.step import FleetView, StepPolicy
 from dispenser.messages import Kind, RateEvent
 from dispenser.ports import Clock, SegmentStore
@@ -71,19 +71,16 @@ class RateBook:
         self.policy = policy
         self.worker = worker or worker_name()
         self._meters: dict[tuple[str, str], RateMeter] = {}
-        self._restored: dict[tuple[str, str], PeakSample] = {}
+        self._fleet_peaks: dict[tuple[str, str], FleetPeak] = {}
         self._peers: dict[tuple[str, str], dict[str, tuple[RateEvent, float]]] = {}
 
     def meter(self, kind: Kind, tag: str) -> RateMeter:
-        """The meter of ``tag`` (created on first use, with any restored peak)."""
+        """The meter of ``tag`` (created on first use): this worker's own rates and peak."""
         key = (kind, tag)
         meter = self._meters.get(key)
         if meter is None:
             now = self.clock.monotonic()
             meter = RateMeter(now, window=self.settings.window, retention=self.settings.retention)
-            restored = self._restored.pop(key, None)
-            if restored is not None:
-                meter.restore(restored)
             self._meters[key] = meter
         return meter
 
@@ -104,25 +101,45 @@ class RateBook:
         return self.meter("segment", tag)
 
     def restore(self, kind: Kind, peaks: dict[str, tuple[float, float]]) -> None:
-        """Take back saved peaks (``tag → (rate, unix seconds)``), for meters now or created later."""
+        """Take back saved fleet peaks (``tag → (rate, unix seconds)``): what the fleet's peak was.
+
+        They are not this worker's own peak (its events keep saying what it measured, so no peer counts
+        the fleet twice): they stand in for the workers that are gone, see :class:`FleetPeak`.
+        """
         mono, wall = self.clock.monotonic(), self.clock.wall_ms() / 1000
         for tag, (rate, seen) in peaks.items():
             sample = PeakSample(rate, mono - (wall - seen))  # the meters run on the monotonic clock
-            meter = self._meters.get((kind, tag))
-            if meter is not None:
-                meter.restore(sample)
-            else:
-                self._restored[(kind, tag)] = sample
+            self._fleet_peak(kind, tag).restore(sample, mono)
 
     def peaks(self, kind: Kind) -> dict[str, tuple[float, float]]:
-        """``tag → (peak, unix seconds seen)`` of every meter with a peak, to save."""
+        """``tag → (the fleet's peak, unix seconds last seen)`` of every tag with one, to save."""
         mono, wall = self.clock.monotonic(), self.clock.wall_ms() / 1000
         saved = {}
-        for (meter_kind, tag), meter in self._meters.items():
-            snapshot = meter.snapshot(mono) if meter_kind == kind else None
+        for key_kind, tag in list(self._fleet_peaks.keys() | self._meters.keys()):
+            if key_kind != kind:
+                continue
+            self.fleet_peak(kind, tag)  # takes in the latest sum of the live workers' peaks
+            snapshot = self._fleet_peak(kind, tag).snapshot(mono)
             if snapshot is not None and snapshot.rate > 0:
                 saved[tag] = (snapshot.rate, wall - (mono - snapshot.at))
         return saved
+
+    def _fleet_peak(self, kind: Kind, tag: str) -> FleetPeak:
+        key = (kind, tag)
+        remembered = self._fleet_peaks.get(key)
+        if remembered is None:
+            remembered = self._fleet_peaks[key] = FleetPeak(self.settings.retention)
+        return remembered
+
+    def fleet_peak(self, kind: Kind, tag: str) -> float:
+        """The fleet's peak for ``tag``: the live workers' peaks summed, or more if remembered.
+
+        Remembered: the highest such sum seen within the retention, by this worker or saved by any.
+        """
+        now = self.clock.monotonic()
+        measured = self.meter(kind, tag).peak(now) if (kind, tag) in self._meters else 0.0
+        measured += sum(e.peak_ids_per_s for e in self.peers(kind, tag))
+        return self._fleet_peak(kind, tag).update(measured, now)
 
     # -- the fleet ---------------------------------------------------------------------------------------
 
@@ -157,6 +174,7 @@ class RateBook:
             fleet_peak=own_peak + sum(e.peak_ids_per_s for e in peers),
             workers=1 + len(peers),
             recent=recent,
+            remembered_peak=self.fleet_peak(kind, tag),
         )
 
     def size(self, allocator: TagAllocator) -> int:
@@ -170,7 +188,10 @@ class RateBook:
     # -- events ------------------------------------------------------------------------------------------
 
     def event(self, kind: Kind, tag: str, allocator: TagAllocator | None = None) -> RateEvent:
-        """This worker's event for ``tag`` now."""
+        """This worker's event for ``tag`` now (and, every time, the fleet's peak takes in the live sum)."""
+        # Sampled here, every interval: a peer's last peak is still counted for ``stale_after`` (several
+        # intervals) after its events stop, so the sum is always taken while it still includes it.
+        self.fleet_peak(kind, tag)
         now = self.clock.monotonic()
         meter = self.meter(kind, tag)
         rate, peak = meter.rate(now), meter.peak(now)
@@ -190,6 +211,7 @@ class RateBook:
             ids_buffered=buffered,
             runway_s=None if math.isinf(runway) else round(runway, 1),
             fetches=allocator.fetches if allocator is not None else 0,
+            fetches_per_min=round(allocator.fetches_per_minute(), 2) if allocator is not None else None,
             ids_total=meter.ids_issued,
         )
 

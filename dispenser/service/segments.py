@@ -35,6 +35,9 @@ __all__ = ["AllocatorSettings", "SegmentAllocator", "Sizer", "TagAllocator"]
 _MIN_MEASURED_GAP = 0.1
 """Seconds two fetches must be apart for their gap to measure the consumption rate."""
 
+FETCH_RATE_SPAN = 60.0
+"""Seconds over which :meth:`TagAllocator.fetches_per_minute` counts fetches."""
+
 Sizer = Callable[["TagAllocator"], int]
 """The step of a tag's next fetch, given its allocator (configured step, last step, meter). Never below
 the configured step: the operator's floor."""
@@ -88,6 +91,10 @@ class TagAllocator:
         """Time spent in successful fetches, in all."""
         self.steps: collections.deque[int] = collections.deque(maxlen=64)
         """The sizes of the last segments fetched, oldest first."""
+        # When the recent fetches completed (monotonic); bounded so a tag fetching in a tight loop
+        # (a misconfigured tiny step) cannot grow it: past the bound the figure saturates, loudly high.
+        self._fetched_at: collections.deque[float] = collections.deque(maxlen=1024)
+        self._started_at = clock.monotonic()
         self._last_fetch_at: float | None = None
         self._issued_at_last_fetch = 0
         self._sizer = sizer
@@ -145,8 +152,9 @@ class TagAllocator:
     def consumption_rate(self) -> float:
         """IDs/s handed out since the previous fetch started (0 if unknown).
 
-        Fetches start when a segment is 10% used, so the time between two is about one segment's life: a
-        rise in demand shows here at the next fetch, before any per-second average moves.
+        A fetch starts when the current segment is first drawn from (at the switch, or once
+        ``prefetch_threshold`` of it is used), so the time between two is about one segment's life: a rise
+        in demand shows here at the next fetch, before any per-second average moves.
         """
         if self._last_fetch_at is None:
             return 0.0
@@ -156,6 +164,21 @@ class TagAllocator:
         if elapsed < _MIN_MEASURED_GAP:
             return 0.0
         return (self.meter.ids_issued - self._issued_at_last_fetch) / elapsed
+
+    def fetches_per_minute(self) -> float:
+        """Successful fetches per minute over the last :data:`FETCH_RATE_SPAN` seconds (or since start).
+
+        This is the database load a tag costs, the figure the adaptive step is there to keep near
+        ``60 / segment_seconds``; rate events carry it so one event is enough to show it.
+        """
+        now = self._clock.monotonic()
+        span = min(FETCH_RATE_SPAN, now - self._started_at)
+        if span <= 0:
+            return 0.0
+        since = now - span
+        while self._fetched_at and self._fetched_at[0] < since:
+            self._fetched_at.popleft()
+        return len(self._fetched_at) * 60.0 / max(span, 1.0)
 
     def stats(self) -> BufferStats:
         """The buffer's snapshot."""
@@ -236,6 +259,7 @@ class TagAllocator:
                 self.last_step = allocation.segment.size
                 self.steps.append(self.last_step)
                 self.fetches += 1
+                self._fetched_at.append(self._clock.monotonic())
                 self.fetch_seconds += time.perf_counter() - started
                 try:
                     self.buffer.install(allocation.segment, self._clock.monotonic())

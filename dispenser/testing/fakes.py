@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dispenser.core.errors import LeaseLost, StoreUnavailable, TagExists, UnknownTag, WorkerIdsExhausted
+from dispenser.core.ids import Kind
 from dispenser.core.segment import Segment
 from dispenser.core.store_rules import MAX_ID, check_new_tag, check_step, no_room
 from dispenser.ports import Allocation, Settled, TagInfo, WorkerLease
@@ -60,12 +61,12 @@ class MemorySegmentStore:
         self.fail_with: Exception | None = None
         self.delay = 0.0
 
-    async def save_peaks(self, kind: str, peaks: dict[str, tuple[float, float]]) -> None:
-        """Save each tag's peak and when it was seen (the last writer wins)."""
+    async def save_peaks(self, kind: Kind, peaks: dict[str, tuple[float, float]]) -> None:
+        """Save each tag's fleet peak and when it was last seen (the last writer wins)."""
         self._check()
         self.peaks.setdefault(kind, {}).update(peaks)
 
-    async def load_peaks(self, kind: str) -> dict[str, tuple[float, float]]:
+    async def load_peaks(self, kind: Kind) -> dict[str, tuple[float, float]]:
         """The saved peaks of ``kind``."""
         self._check()
         return dict(self.peaks.get(kind, {}))

@@ -150,6 +150,7 @@ async def test_steady_load_sizes_segments_to_s_times_r(nats_server: NatsServer, 
     await prepare(pg_dsn, [("order", 100)])
     config = rate_config(nats_server.url, pg_dsn)
     async with running_worker(config) as worker, client(nats_server.url) as nc, events(nc) as seen:
+        started = time.monotonic()
         ids = await load(nc, rate, 5.0)  # warm-up: the first segments are the floor's size
         tag = worker.allocator.tags["order"]  # type: ignore[union-attr]
         fetches_before = tag.fetches
@@ -158,6 +159,8 @@ async def test_steady_load_sizes_segments_to_s_times_r(nats_server: NatsServer, 
         steady_fetches = tag.fetches - fetches_before
         out = io.StringIO()
         await run_watch(config, once=True, out=out)
+        # The worker is younger than a minute: its fetches per minute are all of them over its age.
+        fetches_per_min = tag.fetches * 60 / (time.monotonic() - started)
         assert worker.metrics is not None
         # The server runs in this loop: fetch from a thread, or the blocking read would wait for ever.
         metrics = await asyncio.to_thread(scrape, worker.metrics.port)
@@ -175,6 +178,8 @@ async def test_steady_load_sizes_segments_to_s_times_r(nats_server: NatsServer, 
     table = out.getvalue()
     row = next(line for line in table.splitlines() if line.startswith("order"))
     assert row.split()[1:3] == ["segment", "1"]
+    # One listening interval saw one event: the figure is the worker's own, not 0.0.
+    assert float(row.split()[-1]) == pytest.approx(fetches_per_min, rel=0.25), (table, tag.fetches)
     families = {f.name: f for f in text_string_to_metric_families(metrics)}
     [issued] = [
         s.value for s in families["leaf_ids"].samples if s.labels == {"kind": "segment", "tag": "order"}
@@ -353,3 +358,28 @@ async def test_a_restart_at_peak_starts_from_the_saved_peak(nats_server: NatsSer
             await paced(nc, clock, [restarted], rate, 0.2)
             first = next(iter(order(restarted).steps))  # type: ignore[attr-defined]
     assert 0.75 * S * rate <= first <= 1.25 * S * rate, first
+
+
+async def test_two_workers_restarted_as_one_start_from_the_fleets_peak(
+    nats_server: NatsServer, pg_dsn: str
+) -> None:
+    """Two workers share R; both stop; one starts alone: its first segment is S x R (±25%), not S x R/2.
+
+    The saved peak is the fleet's (the live workers' peaks summed), one row per tag in PostgreSQL: before
+    it was each worker's own, the last writer won, and the restarted one sized from half the demand.
+    (Virtual time: see :func:`paced`.)
+    """
+    rate = 3000.0
+    await prepare(pg_dsn, [("order", 100)])
+    config = rate_config(nats_server.url, pg_dsn)
+    clock = ManualClock()
+    async with client(nats_server.url) as nc:
+        async with running_worker(config, clock) as a, running_worker(config, clock) as b:
+            await paced(nc, clock, [a, b], rate, 6.0)
+            assert a.rates.peers("segment", "order")  # each hears the other
+            own_peaks = [w.rates.meter("segment", "order").peak(clock.monotonic()) for w in (a, b)]
+        async with running_worker(config, clock) as alone:
+            await paced(nc, clock, [alone], rate, 0.2)
+            first = next(iter(order(alone).steps))  # type: ignore[attr-defined]
+    assert all(peak < 0.8 * rate for peak in own_peaks), own_peaks  # each worker alone saw about half
+    assert 0.75 * S * rate <= first <= 1.25 * S * sum(own_peaks), (first, own_peaks)

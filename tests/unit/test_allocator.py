@@ -223,3 +223,24 @@ async def test_unexpected_fetch_failure_is_retried(
     allocator = await allocator_with(clock, store, ("t", 10))
     assert (await finish(clock, allocator.take("t", 1, deadline(clock)))).ranges == ((1, 1),)
     assert "failed unexpectedly" in caplog.text
+
+
+async def test_fetches_per_minute_counts_the_last_minute(clock: ManualClock) -> None:
+    """Fetches per minute: since start while younger than a minute, then over the last minute only."""
+    store = MemorySegmentStore()
+    start = clock.monotonic()
+    allocator = await allocator_with(clock, store, ("t", 10))
+    tag = allocator.tags["t"]
+    assert tag.fetches_per_minute() == 0.0
+    for _ in range(6):  # each take of a whole segment sets off one fetch, and the next take waits on it
+        await finish(clock, allocator.take("t", 10, deadline(clock)))
+        await settle()
+        await clock.advance(5.0)
+    # 30 s old, and the 6 takes fetched 6 or 7 segments (the last one is in the background)
+    assert tag.fetches_per_minute() == pytest.approx(tag.fetches * 60 / (clock.monotonic() - start), rel=0.01)
+    assert tag.fetches >= 6
+    await clock.advance(61.0)
+    assert tag.fetches_per_minute() == 0.0  # nothing fetched in the last minute
+    await finish(clock, allocator.take("t", 10, deadline(clock)))
+    await settle()
+    assert 1.0 <= tag.fetches_per_minute() <= 2.0

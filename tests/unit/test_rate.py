@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispenser.core.rate import PeakSample, RateMeter, runway_seconds
+from dispenser.core.rate import FleetPeak, PeakSample, RateMeter, runway_seconds
 
 
 def drive(meter: RateMeter, start: float, seconds: int, per_second: int, requests: int = 10) -> float:
@@ -66,19 +66,29 @@ def test_the_peak_is_forgotten_after_the_retention() -> None:
     assert meter.peak(end) == 100
 
 
-def test_a_restored_peak_counts_until_it_expires() -> None:
-    """A persisted peak survives a restart, still bounded by the retention; a lower one is ignored."""
-    meter = RateMeter(1000.0, window=5, retention=3600.0)
-    meter.restore(PeakSample(8000.0, 900.0))
-    assert meter.peak(1000.0) == 8000.0
-    assert meter.peak(900.0 + 3601.0) == 0.0
-    fresh = RateMeter(0.0, window=2)
-    end = drive(fresh, 0.0, 5, 3000)
-    fresh.restore(PeakSample(10.0, end))
-    assert fresh.peak(end) == 3000
-    snapshot = fresh.snapshot(end)
-    assert snapshot is not None
-    assert snapshot.rate == 3000
+def test_the_fleet_peak_outlives_the_workers_that_made_it() -> None:
+    """The highest sum of peaks is remembered when the sum falls, for the retention after it was last seen."""
+    fleet = FleetPeak(retention=100.0)
+    assert fleet.update(0.0, 0.0) == 0.0
+    assert fleet.update(3000.0, 10.0) == 3000.0  # two workers at 1,500
+    assert fleet.update(1500.0, 20.0) == 3000.0  # one left: its demand moved to the other
+    assert fleet.update(3000.0, 50.0) == 3000.0  # seen again: lives 100 s from here
+    assert fleet.update(1000.0, 149.0) == 3000.0
+    assert fleet.update(1000.0, 151.0) == 1000.0  # expired; the current sum is what is left
+
+
+def test_a_saved_fleet_peak_is_taken_back_while_it_is_fresh() -> None:
+    """Restore ignores a sample past the retention or not above the one held; a restored one expires too."""
+    fleet = FleetPeak(retention=3600.0)
+    fleet.restore(PeakSample(8000.0, 900.0), now=1000.0)
+    assert fleet.update(10.0, 1000.0) == 8000.0
+    fleet.restore(PeakSample(5000.0, 990.0), now=1000.0)
+    snapshot = fleet.snapshot(1000.0)
+    assert snapshot == PeakSample(8000.0, 900.0)
+    assert fleet.snapshot(900.0 + 3601.0) is None
+    stale = FleetPeak(retention=60.0)
+    stale.restore(PeakSample(9000.0, 0.0), now=61.0)
+    assert stale.snapshot(61.0) is None
 
 
 def test_totals_and_runway() -> None:

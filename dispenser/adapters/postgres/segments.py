@@ -28,6 +28,7 @@ from typing import Any
 import asyncpg
 
 from dispenser.core.errors import DispenserError, StoreUnavailable, TagExists, UnknownTag
+from dispenser.core.ids import Kind
 from dispenser.core.segment import Segment
 from dispenser.core.store_rules import check_new_tag, check_step, no_room
 from dispenser.ports import Allocation, GrantMemory, TagInfo
@@ -652,8 +653,8 @@ class PostgresSegmentStore:
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
 
-    async def save_peaks(self, kind: str, peaks: dict[str, tuple[float, float]]) -> None:
-        """Save each tag's peak rate and when it was seen (one round trip; the last writer wins).
+    async def save_peaks(self, kind: Kind, peaks: dict[str, tuple[float, float]]) -> None:
+        """Save each tag's fleet peak and when it was last seen (one round trip; the last writer wins).
 
         Raises:
             StoreUnavailable: PostgreSQL could not be reached.
@@ -665,7 +666,7 @@ class PostgresSegmentStore:
                     _SAVE_PEAKS, tags, kind, [peaks[t][0] for t in tags], [peaks[t][1] for t in tags]
                 )
 
-    async def load_peaks(self, kind: str) -> dict[str, tuple[float, float]]:
+    async def load_peaks(self, kind: Kind) -> dict[str, tuple[float, float]]:
         """The saved ``tag → (peak IDs/s, unix seconds seen)`` (empty before schema version 2).
 
         Raises:
