@@ -6,10 +6,11 @@ buffers, the snowflake generator's waits). The endpoint is a small asyncio serve
 event loop, so a scrape reads a consistent state and needs no thread.
 
 Metrics (all prefixed ``leaf_``): ``ids_total`` and ``requests_total`` by kind and tag; ``errors_total`` and
-``request_seconds`` (histogram) and ``replays_unsettled_total`` by kind; ``segment_fetches_total``, ``segment_fetch_seconds_total``,
-``segment_step``, ``segment_configured_step``, ``ids_buffered``, ``runway_seconds``, ``rate_ids_per_second``
-and ``peak_ids_per_second`` by tag; ``snowflake_clock_waits_total`` and ``snowflake_rollbacks_refused_total``;
-``kafka_replies_undeliverable_total`` when Kafka requests are served.
+``request_seconds`` (histogram) and ``replays_unsettled_total`` by kind; ``segment_fetches_total``,
+``segment_fetch_seconds_total``, ``segment_fetch_errors_total``, ``segment_step``, ``segment_configured_step``,
+``ids_buffered``, ``runway_seconds``, ``rate_ids_per_second`` and ``peak_ids_per_second`` by tag;
+``snowflake_clock_waits_total``, ``snowflake_rollbacks_refused_total``, ``snowflake_clock_back_waits_total``
+and ``snowflake_lease_held``; ``kafka_replies_undeliverable_total`` when Kafka requests are served.
 """
 
 from __future__ import annotations
@@ -127,6 +128,16 @@ class WorkerCollector(Collector):
                 "Takes refused: the clock went back too far",
                 snowflake.rollbacks_refused,
             )
+            yield CounterMetricFamily(
+                "leaf_snowflake_clock_back_waits",
+                "Small clock rollbacks seen and waited out (the clock did go back)",
+                snowflake.clock_back_waits,
+            )
+            yield GaugeMetricFamily(
+                "leaf_snowflake_lease_held",
+                "1 while the worker may issue under its worker ID; 0 from a lost lease until it registers again",
+                1 if snowflake.holds_lease else 0,
+            )
         kafka = worker.kafka
         if kafka is not None:
             yield CounterMetricFamily(
@@ -172,6 +183,11 @@ class WorkerCollector(Collector):
         fetch_time = CounterMetricFamily(
             "leaf_segment_fetch_seconds", "Time spent fetching segments", labels=["tag"]
         )
+        fetch_errors = CounterMetricFamily(
+            "leaf_segment_fetch_errors",
+            "Segment fetches that failed (the store unreachable or refusing; retried)",
+            labels=["tag"],
+        )
         step = GaugeMetricFamily("leaf_segment_step", "Size of the last segment fetched", labels=["tag"])
         floor = GaugeMetricFamily("leaf_segment_configured_step", "The tag's leaf_alloc.step", labels=["tag"])
         buffered = GaugeMetricFamily("leaf_ids_buffered", "IDs in this worker's buffers", labels=["tag"])
@@ -183,13 +199,14 @@ class WorkerCollector(Collector):
         for tag, tag_allocator in list(allocator.tags.items()):
             fetches.add_metric([tag], tag_allocator.fetches)
             fetch_time.add_metric([tag], tag_allocator.fetch_seconds)
+            fetch_errors.add_metric([tag], tag_allocator.fetch_errors)
             step.add_metric([tag], tag_allocator.last_step or 0)
             floor.add_metric([tag], tag_allocator.step or 0)
             left = tag_allocator.buffer.remaining
             buffered.add_metric([tag], left)
             meter = tag_allocator.meter
             runway.add_metric([tag], runway_seconds(left, meter.peak(now) or meter.rate(now)))
-        yield from (fetches, fetch_time, step, floor, buffered, runway)
+        yield from (fetches, fetch_time, fetch_errors, step, floor, buffered, runway)
 
 
 class MetricsServer:

@@ -89,6 +89,8 @@ class TagAllocator:
         """Segments fetched (one store round trip each, failures not counted)."""
         self.fetch_seconds = 0.0
         """Time spent in successful fetches, in all."""
+        self.fetch_errors = 0
+        """Fetches that failed: the store unreachable or refusing (retried), or the tag exhausted."""
         self.steps: collections.deque[int] = collections.deque(maxlen=64)
         """The sizes of the last segments fetched, oldest first."""
         # When the recent fetches completed (monotonic); bounded so a tag fetching in a tight loop
@@ -215,6 +217,7 @@ class TagAllocator:
                     allocation = await self._store.next_segment(self.tag, step)
                 except TagExhausted as exc:
                     # No retry can help: what is buffered is still served, then takes get this error.
+                    self.fetch_errors += 1
                     self.buffer.fetch_failed()
                     self.last_error = exc
                     self._closed = True
@@ -228,6 +231,7 @@ class TagAllocator:
                         self._on_unknown(self.tag)
                     return
                 except Exception as exc:
+                    self.fetch_errors += 1
                     self.buffer.fetch_failed()
                     # One line per outage (a failover retries for seconds): the first failure at WARNING,
                     # the retries at DEBUG, then one line when it recovers.

@@ -99,6 +99,8 @@ class SnowflakeGenerator:
         """Sleeps for the next millisecond or a small clock rollback."""
         self.rollbacks_refused = 0
         """Takes refused because the clock went back further than may be waited out."""
+        self.clock_back_waits = 0
+        """Small clock rollbacks (at most ``max_backward_ms``) seen and waited out: the clock did move back."""
         self.on_issue: Callable[[str, int], None] | None = None
         """Told ``(tag, count)`` after each batch issued (the rate meters)."""
         self._lock = asyncio.Lock()
@@ -127,6 +129,15 @@ class SnowflakeGenerator:
     def worker_id(self) -> int:
         """The worker ID IDs are issued under now."""
         return self._state.worker_id
+
+    @property
+    def holds_lease(self) -> bool:
+        """Whether IDs may be issued now: the registry vouches for the worker ID and none is being replaced.
+
+        False from a lost lease (``zookeeper-lease`` mode: the ephemeral claim may have gone) until the new
+        registration is in place; requests meanwhile get ``lease_lost``.
+        """
+        return not self._paused and self._registry.can_issue()
 
     # -- start and stop ----------------------------------------------------------------------------
 
@@ -227,10 +238,13 @@ class SnowflakeGenerator:
 
     def _core_take(self, now: int, count: int) -> Issued | WaitUntil:
         try:
-            return self._state.take(now, count)
+            decision = self._state.take(now, count)
         except ClockMovedBackwards:
             self.rollbacks_refused += 1
             raise
+        if type(decision) is WaitUntil and decision.reason == "clock_back":
+            self.clock_back_waits += 1
+        return decision
 
     async def _sleep_ms(self, ms: int, deadline: float) -> None:
         self.clock_waits += 1
