@@ -31,7 +31,7 @@ from dispenser.config import Config
 from dispenser.core.errors import DispenserError, PeerClockUnverified
 from dispenser.core.peers import check_peer_clocks
 from dispenser.core.step import StepPolicy
-from dispenser.messages import Kind
+from dispenser.messages import DECODE_TAG, Kind, clock_subject, id_subject
 from dispenser.ports import Clock, IdSource, ReplayStore, SegmentStore, SystemClock
 from dispenser.redaction import redact
 from dispenser.registries import SnowflakeRegistration, open_registration
@@ -171,7 +171,7 @@ class Worker:
             dispatchers["snowflake"] = dispatcher(self.snowflake, "snowflake", snowflake_limits)
             # The same body limit as an ID request's (decode_handler's own default is only a default).
             decode = decode_handler(self.snowflake.layout, config.limits.max_body_bytes)
-            special["snowflake"] = {"decode": decode}
+            special["snowflake"] = {DECODE_TAG: decode}
         self.dispatchers = dispatchers
         if config.rate.enabled:
             await self._start_rates(stack)
@@ -188,7 +188,7 @@ class Worker:
             prefix = config.nats.subject_prefix
             log.info(
                 "serving %s in queue group %r",
-                ", ".join(f"{prefix}.{kind}.<tag>" for kind in dispatchers),
+                ", ".join(id_subject(prefix, kind, "<tag>") for kind in dispatchers),
                 config.nats.queue_group,
             )
         if config.kafka.enabled:
@@ -339,15 +339,13 @@ class Worker:
         self.registration = registration = await open_registration(sf, config.postgres, self.clock)
         stack.push_async_callback(registration.close)
         lease = registration.lease
-        clock_subject = f"{config.nats.subject_prefix}.snowflake-clock"
+        clock_check = clock_subject(config.nats.subject_prefix)
         if self.nc is not None:
-            heard = await collect_peer_clocks(
-                self.nc, clock_subject, self.clock.wall_ms, sf.peer_check_timeout
-            )
+            heard = await collect_peer_clocks(self.nc, clock_check, self.clock.wall_ms, sf.peer_check_timeout)
             readings = heard.readings
             if not heard.answered:
                 detail = (
-                    f"the peer clock check on {clock_subject!r} got no answer at all, not even the server's "
+                    f"the peer clock check on {clock_check!r} got no answer at all, not even the server's "
                     "'no responders': no permission to publish there (or to receive on _INBOX.>), or the "
                     "server is slow; the clock is NOT checked against the peers (see docs/security.md)"
                 )
@@ -381,7 +379,7 @@ class Worker:
         if registration.from_cache:
             generator.relocate(pause=False)  # keep trying the registry; the cached ID stays ours
         if self.nc is not None:
-            await serve_clock(self.nc, clock_subject, self.clock.wall_ms, lambda: generator.worker_id)
+            await serve_clock(self.nc, clock_check, self.clock.wall_ms, lambda: generator.worker_id)
         log.info(
             "snowflake worker ID %d (%s mode); layout valid until %s",
             generator.worker_id,

@@ -212,8 +212,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     decode.add_argument("id", type=int)
 
-    schemas = sub.add_parser("schemas", help="write (or check) the JSON Schemas of the wire messages")
+    schemas = sub.add_parser(
+        "schemas", help="write (or check) the JSON Schemas of the wire messages and the AsyncAPI document"
+    )
     schemas.add_argument("--dir", type=Path, default=Path("schemas"))
+    schemas.add_argument(
+        "--asyncapi",
+        type=Path,
+        default=Path("docs/asyncapi.yaml"),
+        help="the AsyncAPI 3.0 document of every subject and topic (default: %(default)s)",
+    )
     schemas.add_argument("--check", action="store_true", help="exit 1 if the files differ from the code")
     return parser
 
@@ -325,14 +333,14 @@ def _dev(args: argparse.Namespace, config: Config) -> int:
 
 def _get(args: argparse.Namespace, config: Config) -> int:
     from dispenser.adapters.nats.client import request_once  # noqa: PLC0415
-    from dispenser.messages import Reply  # noqa: PLC0415
+    from dispenser.messages import Reply, id_subject  # noqa: PLC0415
 
     body: dict[str, Any] = {"count": args.count}
     if args.ranges:
         body["format"] = "ranges"
     if args.request_id:
         body["request_id"] = args.request_id
-    subject = f"{config.nats.subject_prefix}.{args.kind}.{args.tag}"
+    subject = id_subject(config.nats.subject_prefix, args.kind, args.tag)
 
     async def ask_kafka() -> Reply:
         from dispenser.client import KafkaIdClient  # noqa: PLC0415 - imports aiokafka
@@ -461,18 +469,23 @@ def _decode(args: argparse.Namespace, config: Config) -> int:
 
 
 def _schemas(args: argparse.Namespace, _config: Config) -> int:
+    from dispenser.asyncapi import asyncapi_document, to_yaml  # noqa: PLC0415
     from dispenser.messages import json_schemas  # noqa: PLC0415
 
     directory: Path = args.dir
+    files = {
+        directory / name: json.dumps(schema, indent=2, sort_keys=True) + "\n"
+        for name, schema in json_schemas().items()
+    }
+    # The defaults, not the running configuration: the document is the one in the repository's docs.
+    files[args.asyncapi] = to_yaml(asyncapi_document())
     drift = []
-    for name, schema in json_schemas().items():
-        text = json.dumps(schema, indent=2, sort_keys=True) + "\n"
-        path = directory / name
+    for path, text in files.items():
         if args.check:
             if not path.exists() or path.read_text() != text:
                 drift.append(str(path))
         else:
-            directory.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             print(f"wrote {path}")
     if drift:

@@ -9,8 +9,12 @@ Schema evolution (msgspec's rules, which keep old clients and workers talking to
 * never change a field's type or meaning, never reuse a removed field's name;
 * requests forbid unknown fields (a misspelt ``cuont`` is an error, not a silent single ID), so a client
   may send a new field only to workers that know it;
-* ``schemas/`` holds the JSON Schemas generated from these Structs (``dispenser schemas``);
+* ``schemas/`` holds the JSON Schemas generated from these Structs (``dispenser schemas``), and
+  ``docs/asyncapi.yaml`` the AsyncAPI document of every subject and topic (``dispenser.asyncapi``);
   a test fails when they drift.
+
+The NATS subjects are built here too (:func:`id_subject`, :func:`rate_subject`, :func:`clock_subject`),
+so that the workers, the clients and the AsyncAPI document spell them the same way.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ from dispenser.core.errors import InvalidRequest, MalformedRequest
 from dispenser.core.ids import Kind
 
 __all__ = [
+    "DECODE_TAG",
     "MSGPACK",
+    "WIRE_TYPES",
+    "ClockReading",
     "DecodeReply",
     "DecodeRequest",
     "ErrorBody",
@@ -33,10 +40,13 @@ __all__ = [
     "Kind",
     "RateEvent",
     "Reply",
+    "clock_subject",
     "decode_kafka_request",
     "decode_request",
     "encode_reply",
+    "id_subject",
     "json_schemas",
+    "rate_subject",
     "strict_decode",
 ]
 
@@ -44,6 +54,25 @@ T = TypeVar("T")
 
 MSGPACK: Final = "application/msgpack"
 """The ``Content-Type`` header value that selects msgpack for the request and its reply."""
+
+DECODE_TAG: Final = "decode"
+"""The snowflake "tag" whose subject takes IDs apart instead (``<prefix>.snowflake.decode``)."""
+
+
+def id_subject(prefix: str, kind: str, tag: str) -> str:
+    """Where ID requests for ``tag`` go: ``<prefix>.<kind>.<tag>`` (workers subscribe to ``tag=">"``)."""
+    return f"{prefix}.{kind}.{tag}"
+
+
+def rate_subject(prefix: str, tag: str) -> str:
+    """Where rate events of ``tag`` are published: ``<prefix>.rate.<tag>`` (listeners: ``tag=">"``)."""
+    return f"{prefix}.rate.{tag}"
+
+
+def clock_subject(prefix: str) -> str:
+    """Where snowflake workers answer a starting peer's clock check: ``<prefix>.snowflake-clock``."""
+    return f"{prefix}.snowflake-clock"
+
 
 Format = Literal["ids", "ranges"]
 RequestId = Annotated[str, Meta(min_length=1, max_length=128)]
@@ -150,6 +179,26 @@ class RateEvent(Struct, kw_only=True):
     """IDs handed out since the worker started."""
 
 
+class ClockReading(Struct):
+    """A snowflake worker's answer to a peer's clock check (an empty message on ``<prefix>.snowflake-clock``)."""
+
+    wall_ms: int
+    """The worker's wall clock, Unix milliseconds, when it answered."""
+    worker_id: int
+    """The worker ID it issues under."""
+
+
+WIRE_TYPES: Final[dict[str, type[Struct]]] = {
+    "id-request": IdRequest,
+    "kafka-id-request": KafkaIdRequest,
+    "reply": Reply,
+    "decode-request": DecodeRequest,
+    "decode-reply": DecodeReply,
+    "rate-event": RateEvent,
+    "clock-reading": ClockReading,
+}
+"""Every wire message, by the name of its schema file under ``schemas/`` (``<name>.schema.json``)."""
+
 _json_encoder = msgspec.json.Encoder()
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _json_request = msgspec.json.Decoder(IdRequest)
@@ -207,12 +256,4 @@ def encode_reply(reply: Struct, msgpack: bool = False) -> bytes:
 
 def json_schemas() -> dict[str, dict[str, Any]]:
     """The JSON Schema of every wire message, by file name under ``schemas/``."""
-    types: dict[str, type[Struct]] = {
-        "id-request": IdRequest,
-        "kafka-id-request": KafkaIdRequest,
-        "reply": Reply,
-        "decode-request": DecodeRequest,
-        "decode-reply": DecodeReply,
-        "rate-event": RateEvent,
-    }
-    return {f"{name}.schema.json": msgspec.json.schema(cls) for name, cls in types.items()}
+    return {f"{name}.schema.json": msgspec.json.schema(cls) for name, cls in WIRE_TYPES.items()}

@@ -23,7 +23,7 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["Enriched", "Placement", "Rejection", "Transform", "transformer"]
+__all__ = ["Enriched", "Placement", "Rejection", "RejectionCode", "Transform", "transformer"]
 
 _decode = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
@@ -69,11 +69,15 @@ class Placement:
         return "key"
 
 
+RejectionCode = Literal["not_json", "not_an_object", "field_missing", "no_value", "too_large"]
+"""The codes a dead letter's ``leaf-error-code`` header may carry."""
+
+
 @dataclass(frozen=True, slots=True)
 class Rejection:
     """Why a record cannot be enriched (its dead-letter headers carry code and message)."""
 
-    code: str
+    code: RejectionCode
     message: str
 
 

@@ -21,9 +21,21 @@ def test_schema_file_matches_the_code(name: str) -> None:
 
 def test_schemas_check_reports_drift(tmp_path: Path) -> None:
     """`dispenser schemas --check` fails on a stale file and passes once regenerated."""
-    assert main(["schemas", "--dir", str(tmp_path)]) == 0
+    target = ["--dir", str(tmp_path), "--asyncapi", str(tmp_path / "asyncapi.yaml")]
+    assert main(["schemas", *target]) == 0
     stale = tmp_path / "reply.schema.json"
     stale.write_text("{}\n")
-    assert main(["schemas", "--dir", str(tmp_path), "--check"]) == 1
-    assert main(["schemas", "--dir", str(tmp_path)]) == 0
-    assert main(["schemas", "--dir", str(tmp_path), "--check"]) == 0
+    assert main(["schemas", *target, "--check"]) == 1
+    assert main(["schemas", *target]) == 0
+    assert main(["schemas", *target, "--check"]) == 0
+
+
+def test_the_repository_is_up_to_date() -> None:
+    """`dispenser schemas --check` passes on the repository itself (schemas/ and docs/asyncapi.yaml)."""
+    root = SCHEMAS.parent
+    assert (
+        main(
+            ["schemas", "--dir", str(SCHEMAS), "--asyncapi", str(root / "docs" / "asyncapi.yaml"), "--check"]
+        )
+        == 0
+    )

@@ -12,17 +12,13 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from dispenser.core.peers import PeerReading
+from dispenser.messages import ClockReading
 
 __all__ = ["PeerClocks", "collect_peer_clocks", "serve_clock"]
 
 log = logging.getLogger(__name__)
 
 _clock_reply = msgspec.json.Encoder()
-
-
-class _ClockReading(msgspec.Struct):
-    wall_ms: int
-    worker_id: int
 
 
 async def serve_clock(
@@ -32,7 +28,7 @@ async def serve_clock(
 
     async def answer(msg: Msg) -> None:
         if msg.reply:
-            await msg.respond(_clock_reply.encode(_ClockReading(wall_ms(), worker_id())))
+            await msg.respond(_clock_reply.encode(ClockReading(wall_ms(), worker_id())))
 
     return await nc.subscribe(subject, cb=answer)
 
@@ -77,7 +73,7 @@ async def collect_peer_clocks(
             if not msg.data:
                 continue  # the server's "no responders" status: nobody else is running
             try:
-                reading = msgspec.json.decode(msg.data, type=_ClockReading)
+                reading = msgspec.json.decode(msg.data, type=ClockReading)
             except msgspec.DecodeError:
                 log.warning("ignoring a malformed clock reading on %s", subject)
                 continue

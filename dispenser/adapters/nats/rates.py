@@ -13,7 +13,7 @@ from nats.aio.subscription import Subscription
 
 from dispenser.adapters.nats.connection import connect
 from dispenser.config import NatsConfig
-from dispenser.messages import RateEvent
+from dispenser.messages import RateEvent, rate_subject
 
 __all__ = ["listening_to_rates", "rate_sink", "subscribe_rates"]
 
@@ -26,7 +26,7 @@ def rate_sink(nc: Client, prefix: str) -> Callable[[RateEvent], Awaitable[None]]
     """Publish rate events on ``<prefix>.rate.<tag>``."""
 
     async def publish(event: RateEvent) -> None:
-        await nc.publish(f"{prefix}.rate.{event.tag}", msgspec.json.encode(event))
+        await nc.publish(rate_subject(prefix, event.tag), msgspec.json.encode(event))
 
     return publish
 
@@ -42,7 +42,7 @@ async def subscribe_rates(nc: Client, prefix: str, observe: Callable[[RateEvent]
             return
         observe(event)
 
-    return await nc.subscribe(f"{prefix}.rate.>", cb=received)
+    return await nc.subscribe(rate_subject(prefix, ">"), cb=received)
 
 
 @contextlib.asynccontextmanager

@@ -26,18 +26,19 @@ from dispenser import __version__
 from dispenser.adapters.nats.micro import ERROR_CODE_HEADER, ERROR_HEADER, Endpoint, MicroService
 from dispenser.config import NatsConfig
 from dispenser.core.errors import DispenserError
-from dispenser.messages import MSGPACK, IdRequest
+from dispenser.messages import MSGPACK, IdRequest, id_subject
 from dispenser.service.answering import Answer, Answerer
 
-__all__ = ["NatsIdService"]
+__all__ = ["CONTENT_TYPE", "NatsIdService"]
 
 log = logging.getLogger(__name__)
 
 SpecialHandler = Callable[[bytes, bool], Awaitable[Answer]]
 """A tag with a handler of its own (``leaf.snowflake.decode``): body and msgpack flag in, answer out."""
 
-_CONTENT_TYPE = "Content-Type"
-_MSGPACK_HEADERS = {_CONTENT_TYPE: MSGPACK}
+CONTENT_TYPE = "Content-Type"
+"""The request header whose value ``application/msgpack`` selects msgpack for the request and its reply."""
+_MSGPACK_HEADERS = {CONTENT_TYPE: MSGPACK}
 
 
 class NatsIdService:
@@ -86,7 +87,7 @@ class NatsIdService:
         )
         self._service = service
         for kind, dispatcher in self._dispatchers.items():
-            prefix = f"{config.subject_prefix}.{kind}."
+            prefix = id_subject(config.subject_prefix, kind, "")
             special = self._special.get(kind, {})
             await service.add_endpoint(
                 kind,
@@ -116,7 +117,7 @@ class NatsIdService:
             try:
                 tag = msg.subject[cut:]
                 headers = msg.headers
-                msgpack = headers is not None and headers.get(_CONTENT_TYPE) == MSGPACK
+                msgpack = headers is not None and headers.get(CONTENT_TYPE) == MSGPACK
                 if special and tag in special:
                     await self._respond(msg, await special[tag](msg.data, msgpack), msgpack, endpoint)
                     return
@@ -172,7 +173,7 @@ class NatsIdService:
             return
         headers = {ERROR_HEADER: error.message, ERROR_CODE_HEADER: str(error.status)}
         if msgpack:
-            headers[_CONTENT_TYPE] = MSGPACK
+            headers[CONTENT_TYPE] = MSGPACK
         await self._nc.publish(msg.reply, answer.body, headers=headers)
 
     async def stop(self, grace: float = 5.0) -> None:
