@@ -3,59 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from dispenser.adapters.local.static_registry import StaticRegistry
-from dispenser.adapters.prometheus import KafkaRequests, WorkerCollector
 from dispenser.core.errors import ClockMovedBackwards, LeaseLost, StoreUnavailable
 from dispenser.core.snowflake import SnowflakeLayout
-from dispenser.core.step import StepPolicy
 from dispenser.ports import WorkerLease
-from dispenser.service.dispatch import Dispatcher
-from dispenser.service.rates import RateBook, RateSettings
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 from dispenser.testing.clock import ManualClock, settle
 from dispenser.testing.fakes import MemorySegmentStore
+from tests.unit.metrics_support import FakeWorker, LosableRegistry, SteppedClock, rate_book, scrape
 
 LAYOUT = SnowflakeLayout()
-
-
-class SteppedClock(ManualClock):
-    """A manual clock whose wall clock can be stepped back alone (an NTP step), as the soak's faketime does."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.wall_step_ms = 0
-
-    def wall_ms(self) -> int:
-        return super().wall_ms() + self.wall_step_ms
-
-
-class LosableRegistry(StaticRegistry):
-    """A static registry whose lease the test can take away (as ``zookeeper-lease`` loses its claim)."""
-
-    held = True
-
-    def can_issue(self) -> bool:
-        return self.held
-
-
-@dataclass
-class FakeWorker:
-    """What the collector reads of a worker."""
-
-    clock: ManualClock
-    rates: RateBook
-    allocator: SegmentAllocator | None = None
-    snowflake: SnowflakeGenerator | None = None
-    kafka: KafkaRequests | None = None
-    dispatchers: Mapping[str, Dispatcher] = field(default_factory=dict)
 
 
 def worker(
@@ -64,19 +25,7 @@ def worker(
     allocator: SegmentAllocator | None = None,
     snowflake: SnowflakeGenerator | None = None,
 ) -> FakeWorker:
-    return FakeWorker(clock, RateBook(clock, RateSettings(), StepPolicy()), allocator, snowflake)
-
-
-def scrape(worker: FakeWorker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """The samples /metrics would show, by name and labels (the text format, parsed back)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(WorkerCollector(worker))
-    text = generate_latest(registry).decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+    return FakeWorker(clock, rate_book(clock), allocator, snowflake)
 
 
 async def test_failed_segment_fetches_are_counted_per_tag() -> None:
