@@ -3,7 +3,8 @@
 Nothing in it is written by hand twice: the subjects come from :mod:`dispenser.messages`' subject
 functions and the default settings (:class:`~dispenser.config.Config`), the header names from the adapters
 that set and read them, the payload schemas from the same msgspec Structs as ``schemas/*.schema.json``
-(:data:`~dispenser.messages.WIRE_TYPES`). ``dispenser schemas`` writes it, ``dispenser schemas --check``
+(:data:`~dispenser.messages.WIRE_TYPES`; in the draft-07 dialect of AsyncAPI's schemas, :func:`draft7`).
+``dispenser schemas`` writes it, ``dispenser schemas --check``
 fails when it drifts, and ``tests/unit/test_asyncapi.py`` validates it against the AsyncAPI 3.0.0 schema.
 
 The document describes the dispenser's side: it *receives* ID requests and *sends* replies, rate events
@@ -49,7 +50,7 @@ from dispenser.messages import (
 )
 from dispenser.service.enrichment import Placement, RejectionCode
 
-__all__ = ["ASYNCAPI_VERSION", "asyncapi_document", "to_yaml"]
+__all__ = ["ASYNCAPI_VERSION", "asyncapi_document", "draft7", "to_yaml"]
 
 ASYNCAPI_VERSION: Final = "3.0.0"
 """The AsyncAPI version the document follows (its schema is vendored in ``tests/data/``)."""
@@ -72,12 +73,30 @@ def _headers(properties: dict[str, dict[str, Any]], required: tuple[str, ...] = 
     return schema
 
 
+def draft7(schema: Any) -> Any:
+    """``schema`` (msgspec's JSON Schema 2020-12) in the draft-07 dialect AsyncAPI 3.0 schemas are read in.
+
+    Only tuples differ in what msgspec writes: 2020-12's ``prefixItems`` with ``items: false`` becomes
+    draft-07's ``items: [...]`` with ``additionalItems: false`` (a draft-07 reader would take ``items:
+    false`` for "no items at all", and reject every range).
+    """
+    if isinstance(schema, list):
+        return [draft7(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    converted = {key: draft7(value) for key, value in schema.items()}
+    if "prefixItems" in converted:
+        converted["items"] = converted.pop("prefixItems")
+        converted["additionalItems"] = schema.get("items", True)
+    return converted
+
+
 def _payload_schemas() -> dict[str, Any]:
     """The wire Structs' schemas as components, referring to each other under ``#/components/schemas``."""
     _, components = msgspec.json.schema_components(
         WIRE_TYPES.values(), ref_template="#/components/schemas/{name}"
     )
-    return dict(sorted(components.items()))
+    return {name: draft7(schema) for name, schema in sorted(components.items())}
 
 
 def asyncapi_document(config: Config | None = None) -> dict[str, Any]:

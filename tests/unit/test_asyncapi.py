@@ -19,9 +19,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT7, DRAFT202012
+from referencing.jsonschema import DRAFT7
 
-from dispenser.asyncapi import asyncapi_document, to_yaml
+from dispenser.asyncapi import asyncapi_document, draft7, to_yaml
 from dispenser.cli import main
 from dispenser.messages import json_schemas
 
@@ -149,24 +149,40 @@ def test_every_reference_resolves() -> None:
 
 
 def test_payload_schemas_are_those_of_schemas_dir() -> None:
-    """Each wire message's schema in the document is its schemas/*.schema.json, references moved to components."""
+    """Each wire message's schema in the document is its schemas/*.schema.json, references moved to components.
+
+    (In draft-07, AsyncAPI's dialect: tuples are written as ``items`` lists, see ``dispenser.asyncapi.draft7``.)
+    """
     components = _document()["components"]["schemas"]
-    for name, schema in json_schemas().items():
+    for name in json_schemas():
+        schema = json.loads((ROOT / "schemas" / name).read_text(encoding="utf-8"))
         text = json.dumps(schema["$defs"]).replace('"#/$defs/', '"#/components/schemas/')
         for type_name, definition in json.loads(text).items():
-            assert components[type_name] == definition, f"{name}: {type_name}"
+            assert components[type_name] == draft7(definition), f"{name}: {type_name}"
+    assert "prefixItems" not in json.dumps(components)
+
+
+def test_draft7_keeps_a_tuple_a_tuple() -> None:
+    """A msgspec tuple schema read as draft-07 accepts a pair and rejects what 2020-12 would reject."""
+    schema = draft7(
+        {"type": "array", "prefixItems": [{"type": "integer"}] * 2, "items": False, "minItems": 2}
+    )
+    validator = jsonschema.Draft7Validator(schema)
+    assert validator.is_valid([1, 2])
+    assert not validator.is_valid([1, 2, 3])
+    assert not validator.is_valid([1, "2"])
 
 
 def test_examples_match_their_payload_schemas() -> None:
-    """Every message example's payload validates against the message's payload schema."""
+    """Every message example's payload validates against the message's payload schema, read as draft-07."""
     document = _document()
-    root = Resource.from_contents(document, default_specification=DRAFT202012)
+    root = Resource.from_contents(document, default_specification=DRAFT7)
     registry: Registry[Any] = Registry().with_resource("urn:asyncapi", root)
     seen = 0
     for name, message in document["components"]["messages"].items():
         for example in message.get("examples", []):
             payload = message["payload"]
-            validator = jsonschema.Draft202012Validator(
+            validator = jsonschema.Draft7Validator(
                 {"$ref": "urn:asyncapi" + payload["$ref"]} if "$ref" in payload else payload,
                 registry=registry,
             )
