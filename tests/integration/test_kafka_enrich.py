@@ -9,6 +9,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from dispenser.adapters.kafka.enrich import (
     ERROR_CODE_HEADER,
@@ -291,3 +293,66 @@ async def test_an_enricher_killed_during_a_rebalance(
             status = second.stop()
     assert status == 0, second.log_path.read_text()[-3000:]
     check_exactly_once(outputs, dead, where, bad_every)
+
+
+async def test_a_producer_whose_sender_died_is_replaced(kafka_broker: KafkaBroker, pg_dsn: str) -> None:
+    """A transactional producer left in aiokafka's FATAL_ERROR state: its partition is taken over, not lost.
+
+    aiokafka 0.12 ends a producer's sender task when the connection drops during a FindCoordinator lookup
+    (seen when a broker restarts); the producer then refuses every call (an ``assert`` in begin_transaction,
+    IllegalOperation on a send), which once ended the whole enricher. This puts every producer in that state
+    the way aiokafka's sender does when its task dies (a private API: the fault cannot be timed from outside),
+    once between transactions and once inside one, and checks that enrichment goes on, exactly once.
+    """
+    await prepare(pg_dsn, [("order", 500)])
+    bootstrap = kafka_broker.bootstrap
+    topic_in, topic_out, where = await make_stream(bootstrap, 400, bad_every=0)
+    config = kafka_config(bootstrap, pg_dsn)
+    settings = EnrichSettings(
+        input_topic=topic_in,
+        output_topic=topic_out,
+        tag="order",
+        placement=Placement.from_options(field="order.id"),
+        group_id=unique("enrich"),
+        commit_records=100,
+    )
+    worker = Worker(config, serve=False)
+    await worker.start()
+    stop = asyncio.Event()
+    try:
+        assert worker.allocator is not None
+        enricher = Enricher(config.kafka, settings, worker.allocator)
+        await enricher.start()
+        running = asyncio.create_task(enricher.run(stop))
+        async with TopicReader(bootstrap, topic_out) as out:
+            await out.wait_for(400, timeout=60)
+            broken = 0
+            for part in list(enricher._partitions.values()):  # between transactions (begin is refused)
+                _kill_sender(part.producer)
+                broken += 1
+            placed = await produce(bootstrap, topic_in, (record_for(i, 0) for i in range(400, 800)))
+            where.update({p: 400 + i for i, p in enumerate(placed)})
+            await out.wait_for(800, timeout=30)
+            for part in list(enricher._partitions.values()):  # inside a transaction (a send is refused)
+                await part.producer.begin_transaction()
+                part.in_transaction = True
+                _kill_sender(part.producer)
+                broken += 1
+            placed = await produce(bootstrap, topic_in, (record_for(i, 0) for i in range(800, 1200)))
+            where.update({p: 800 + i for i, p in enumerate(placed)})
+            outputs = await out.wait_for(1200, timeout=30)
+        assert not running.done(), running
+        stop.set()
+        await running
+    finally:
+        await worker.stop()
+    assert broken == 2 * PARTITIONS
+    assert enricher.stats.aborted >= broken
+    check_exactly_once(outputs, [], where, bad_every=0)
+
+
+def _kill_sender(producer: AIOKafkaProducer) -> None:
+    """What aiokafka does when a producer's sender task dies with an error (``Sender._fail_all``)."""
+    error = KafkaError("Unexpected error during batch delivery (injected)")
+    producer._message_accumulator.fail_all(error)
+    producer._txn_manager.fatal_error(error)

@@ -220,10 +220,19 @@ class _Feeder:
             await asyncio.sleep(0.01)
 
 
-async def _wait_above(value: Callable[[], int], floor: int, what: str, timeout: float = 60.0) -> None:
-    """Wait until ``value()`` is above ``floor``."""
+async def _wait_above(
+    value: Callable[[], int],
+    floor: int,
+    what: str,
+    timeout: float = 60.0,
+    running: asyncio.Task[None] | None = None,
+) -> None:
+    """Wait until ``value()`` is above ``floor``; fail at once, with its error, if ``running`` ends meanwhile."""
     deadline = time.monotonic() + timeout
     while value() <= floor:
+        if running is not None and running.done():
+            running.result()  # raises what ended it
+            raise AssertionError(f"the enricher here stopped while waiting for {what}")
         assert time.monotonic() < deadline, f"waited {timeout:g} s for {what}"
         await asyncio.sleep(0.02)
 
@@ -284,7 +293,10 @@ async def test_exactly_once_while_broker_and_enricher_restart_together(
                     # Progress first: input flows again and the enricher here commits again after the restart.
                     await _wait_above(lambda: feeder.sent, feeder.sent + 200, "the feeder to move on")
                     await _wait_above(
-                        lambda: enricher.stats.transactions, enricher.stats.transactions, "a commit here"
+                        lambda: enricher.stats.transactions,
+                        enricher.stats.transactions,
+                        "a commit here",
+                        running=running,
                     )
                     print(f"cycle at {time.monotonic() - began:.1f} s")
                     child.kill()

@@ -44,7 +44,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
 
 from dispenser.adapters.kafka.clients import client_options, ensure_topics, topic_partitions
 from dispenser.adapters.kafka.offsets import CommittedOffsets
@@ -452,7 +452,7 @@ class Enricher:
         producer = part.producer
         part.half_done = True  # until next_offset covers this batch (a stop may cancel us half-way)
         if not part.in_transaction:
-            await producer.begin_transaction()
+            await _begin(producer)
             part.in_transaction = True
             part.started = time.monotonic()
         tp = part.tp
@@ -541,9 +541,11 @@ class Enricher:
             log.warning("%s: fenced by a newer owner; letting it go", _name(part.tp))
             self._drop(part)
             await self._release(part)
-        except KafkaError as exc:
+        except (KafkaError, IllegalOperation) as exc:
+            # IllegalOperation: aiokafka refuses to send or add offsets outside a transaction, which is how
+            # a producer whose sender task died answers (see _begin); a new producer replaces it.
             log.warning(
-                "%s: transaction failed (%s); starting over from the last commit", _name(part.tp), exc
+                "%s: transaction failed (%s); starting over from the last commit", _name(part.tp), _why(exc)
             )
             self.stats.aborted += 1
             self._drop(part)
@@ -622,6 +624,21 @@ def _dead_headers(
         (SOURCE_OFFSET_HEADER, str(record.offset).encode()),
         (SOURCE_HEADER, where + str(record.offset).encode()),
     ]
+
+
+async def _begin(producer: AIOKafkaProducer) -> None:
+    """``producer.begin_transaction()``, a refusal raised as a :class:`KafkaError`.
+
+    aiokafka's sender task can die (0.12: a connection lost during a FindCoordinator lookup, as when the broker
+    restarts, is not retried and ends it); the producer's transaction state is then FATAL_ERROR for good, and
+    every later call fails. ``begin_transaction`` fails with the ``assert`` of aiokafka's state machine; under
+    ``python -O`` it begins instead, and the first send raises the sender's error (a KafkaError). Both end the
+    same way: the partition is taken over again, by a new producer.
+    """
+    try:
+        await producer.begin_transaction()
+    except AssertionError as exc:
+        raise KafkaError(f"the producer cannot begin a transaction ({exc})") from exc
 
 
 async def _stop_producer(producer: AIOKafkaProducer, timeout: float = _STOP_GRACE) -> None:
