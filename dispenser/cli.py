@@ -271,11 +271,16 @@ def _stacks_on_sigusr1() -> None:
         log.debug("no stacks on SIGUSR1: stderr has no file descriptor")
 
 
+def _uvloop_suits(config: Config) -> bool:
+    """Whether to run on uvloop: not with TLS to Kafka, whose connections it closes in 30 s (``run_async``)."""
+    return config.kafka.security_protocol not in ("SSL", "SASL_SSL")
+
+
 def _serve(_args: argparse.Namespace, config: Config) -> int:
     from dispenser.app import run_worker  # noqa: PLC0415 - keep `dispenser get` light
 
     _stacks_on_sigusr1()
-    return run_async(run_worker(config))
+    return run_async(run_worker(config), fast=_uvloop_suits(config))
 
 
 def _enrich(args: argparse.Namespace, config: Config) -> int:
@@ -306,7 +311,7 @@ def _enrich(args: argparse.Namespace, config: Config) -> int:
         fetch_deadline=config.segment.fetch_deadline,
     )
     _stacks_on_sigusr1()
-    return run_async(run_enricher(config, settings))
+    return run_async(run_enricher(config, settings), fast=_uvloop_suits(config))
 
 
 def _dev(args: argparse.Namespace, config: Config) -> int:
@@ -366,7 +371,7 @@ def _get(args: argparse.Namespace, config: Config) -> int:
         )
         return msgspec.json.decode(data, type=Reply)
 
-    reply = run_async(ask_kafka() if args.via == "kafka" else ask())
+    reply = run_async(ask_kafka() if args.via == "kafka" else ask(), fast=_uvloop_suits(config))
     if reply.error is not None:
         retry = " (retryable)" if reply.error.retryable else ""
         print(f"dispenser: {reply.error.code}: {reply.error.message}{retry}", file=sys.stderr)
@@ -388,7 +393,7 @@ def _watch(args: argparse.Namespace, config: Config) -> int:
 def _check(_args: argparse.Namespace, config: Config) -> int:
     from dispenser.health import check_all  # noqa: PLC0415
 
-    results = run_async(check_all(config))
+    results = run_async(check_all(config), fast=_uvloop_suits(config))
     failed = [r for r in results if not r.ok]
     for result in results:
         print(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {result.detail}")

@@ -31,6 +31,7 @@ from dispenser.adapters.kafka.clients import (
     CORRELATION_ID,
     REPLY_PARTITION,
     REPLY_TOPIC,
+    check_security,
     client_options,
     encode_partition,
     header,
@@ -104,6 +105,7 @@ class KafkaIdClient:
         Raises:
             OSError: Kafka could not be reached, or the reply topic (or partition) does not exist.
         """
+        await check_security(self._config)
         options = client_options(self._config)
         self._producer = AIOKafkaProducer(**options, acks=1, linger_ms=0)
         self._consumer = AIOKafkaConsumer(**options, enable_auto_commit=False, group_id=None)

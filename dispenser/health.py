@@ -140,10 +140,14 @@ async def _check_zookeeper(config: Config) -> CheckResult:
 
 
 async def _check_kafka(config: Config) -> CheckResult:
-    from dispenser.adapters.kafka.clients import topic_partitions  # noqa: PLC0415 - imports aiokafka
+    from dispenser.adapters.kafka.clients import (  # noqa: PLC0415 - imports aiokafka
+        check_security,
+        topic_partitions,
+    )
 
     kafka = config.kafka
     try:
+        await asyncio.wait_for(check_security(kafka), 10.0)
         partitions = await asyncio.wait_for(topic_partitions(kafka, kafka.request_topic), 10.0)
     except TimeoutError:
         return CheckResult("kafka", False, f"no answer from {kafka.bootstrap_servers} within 10 s")

@@ -183,8 +183,14 @@ def _secret_scan_basetemp(tmp_path_factory: pytest.TempPathFactory, pytestconfig
 
 @pytest.fixture(autouse=True)
 def _secret_scan_stays_on() -> None:
-    """Undo what an earlier test did to the root logger (``main()`` sets its level, a test may remove handlers)."""
+    """Undo what an earlier test did to the root logger (``main()`` sets its level, a test may remove handlers).
+
+    ``main()`` also leaves its stderr handler behind, writing to that test's captured (now closed) stderr:
+    every later record would print a "Logging error" traceback. It goes.
+    """
     root = logging.getLogger()
+    for handler in [h for h in root.handlers if h.get_name() == "dispenser-cli"]:
+        root.removeHandler(handler)
     if _secret_scan not in root.handlers:
         root.addHandler(_secret_scan)
     root.setLevel(logging.DEBUG)

@@ -26,3 +26,7 @@ SECRETS["nats_orders_password"] = "nats-Orders-962191714444-secret"
 SECRETS["nats_ops_password"] = "nats-Ops-0813f0fd70ec-secret"
 SECRETS["check_postgres_password"] = "pg-Check-7c1d0e93b5a2-secret"
 """In the DSN of a trust-auth test server: accepted unused, so it can only show up where it leaked."""
+
+# Kafka SASL/SCRAM over TLS (tests/integration/test_kafka_security.py)
+SECRETS["kafka_scram_password"] = "kafka-Scram-4d71b0e9c2a6-secret"
+SECRETS["kafka_wrong_password"] = "kafka-Wrong-b83f05d2e917-secret"

@@ -17,7 +17,14 @@ from typing import Any, Final, TypeVar
 import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.conn import create_conn
+from aiokafka.errors import (
+    IllegalSaslStateError,
+    KafkaError,
+    KafkaTimeoutError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+)
 
 from dispenser.config import KafkaConfig
 from dispenser.messages import RateEvent
@@ -29,7 +36,11 @@ __all__ = [
     "REPLY_PARTITION",
     "REPLY_TOPIC",
     "Headers",
+    "KafkaAuthenticationFailed",
     "KafkaRateSink",
+    "KafkaSecurityError",
+    "KafkaTlsFailed",
+    "check_security",
     "client_options",
     "decode_partition",
     "encode_partition",
@@ -83,19 +94,74 @@ def encode_partition(partition: int) -> bytes:
     return partition.to_bytes(4, "big", signed=True)
 
 
+class KafkaSecurityError(ConnectionRefusedError):
+    """Kafka refused this client's security settings: no retry helps until the settings are fixed.
+
+    An :class:`OSError` (as every "cannot reach Kafka"), so callers that handle an unreachable cluster
+    handle this too; the message is one line naming the setting to check, never a secret.
+    """
+
+    code = "kafka_security"
+    retryable = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class KafkaAuthenticationFailed(KafkaSecurityError):
+    """The broker refused the SASL user name and password (or offers none of the configured mechanism)."""
+
+    code = "kafka_authentication_failed"
+
+
+class KafkaTlsFailed(KafkaSecurityError):
+    """The TLS settings do not work: the broker's certificate is untrusted or names another host.
+
+    Also when the port does not speak TLS, or the configured CA, certificate or key cannot be read.
+    """
+
+    code = "kafka_tls_failed"
+
+
 def _ssl_context(config: KafkaConfig) -> ssl.SSLContext | None:
     if config.security_protocol not in ("SSL", "SASL_SSL"):
         return None
-    context = ssl.create_default_context(cafile=config.ssl_ca)
+    try:
+        context = ssl.create_default_context(cafile=config.ssl_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise KafkaTlsFailed(f"cannot load kafka.ssl_ca {config.ssl_ca}: {_reason(exc)}") from exc
     if config.ssl_cert:
-        context.load_cert_chain(config.ssl_cert, config.ssl_key)
+        try:
+            context.load_cert_chain(config.ssl_cert, config.ssl_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise KafkaTlsFailed(
+                f"cannot load kafka.ssl_cert {config.ssl_cert} / kafka.ssl_key {config.ssl_key}: {_reason(exc)}"
+            ) from exc
     return context
 
 
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return str(exc.verify_message)
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
 def client_options(config: KafkaConfig) -> dict[str, Any]:
-    """Keyword arguments every aiokafka client takes: servers, client id, security, timeouts."""
+    """Keyword arguments every aiokafka client takes: servers, client id, security, timeouts.
+
+    Raises:
+        KafkaTlsFailed: the configured CA, certificate or key cannot be read.
+    """
     options: dict[str, Any] = {
-        "bootstrap_servers": [s.strip() for s in config.bootstrap_servers.split(",") if s.strip()],
+        "bootstrap_servers": _servers(config),
         "client_id": config.client_id,
         "security_protocol": config.security_protocol,
         "request_timeout_ms": config.request_timeout_ms,
@@ -109,6 +175,91 @@ def client_options(config: KafkaConfig) -> dict[str, Any]:
         options["sasl_plain_username"] = config.sasl_username
         options["sasl_plain_password"] = config.sasl_password
     return options
+
+
+def _servers(config: KafkaConfig) -> list[str]:
+    return [s.strip() for s in config.bootstrap_servers.split(",") if s.strip()]
+
+
+_CHECK_TIMEOUT_MS: Final = 5_000
+"""How long :func:`check_security` waits for one server (a silent one is an outage, left to the clients)."""
+
+
+async def check_security(config: KafkaConfig) -> None:
+    """Open one connection as the clients would and fail clearly if Kafka refuses the security settings.
+
+    aiokafka logs such a refusal and then reports only "Unable to bootstrap"; so before the first client
+    starts, this connects to the bootstrap servers in turn (TLS handshake, SASL authentication) until one
+    accepts. A refusal of the settings ends it at once, as :class:`KafkaSecurityError`; a server that is
+    down or silent is left to the clients, which wait for it or report it as they do for any outage.
+    A no-op with ``PLAINTEXT``, which has nothing to refuse.
+
+    Raises:
+        KafkaAuthenticationFailed: wrong user name or password, or a mechanism the broker does not offer.
+        KafkaTlsFailed: the broker's certificate is not trusted or names another host, the port does not
+            speak TLS, or the CA, certificate or key cannot be read.
+    """
+    if config.security_protocol == "PLAINTEXT":
+        return
+    options = client_options(config)
+    for server in options["bootstrap_servers"]:
+        host, _, port = server.rpartition(":")
+        where = server
+        try:
+            conn = await create_conn(
+                host.strip("[]"),
+                int(port),
+                client_id=config.client_id,
+                request_timeout_ms=min(config.request_timeout_ms, _CHECK_TIMEOUT_MS),
+                ssl_context=options.get("ssl_context"),
+                security_protocol=config.security_protocol,
+                sasl_mechanism=options.get("sasl_mechanism"),
+                sasl_plain_username=options.get("sasl_plain_username"),
+                sasl_plain_password=options.get("sasl_plain_password"),
+            )
+        except SaslAuthenticationFailed as exc:
+            raise KafkaAuthenticationFailed(
+                f"Kafka authentication failed for user {config.sasl_username!r} at {where} "
+                f"({config.sasl_mechanism} over {config.security_protocol}): check kafka.sasl_username "
+                "and kafka.sasl_password"
+            ) from exc
+        except IllegalSaslStateError as exc:
+            # What a listener without SASL answers a SASL handshake with.
+            raise KafkaAuthenticationFailed(
+                f"Kafka at {where} does not take SASL authentication (is it a {config.security_protocol} "
+                "listener? kafka.security_protocol)"
+            ) from exc
+        except UnsupportedSaslMechanismError as exc:
+            raise KafkaAuthenticationFailed(
+                f"Kafka at {where} does not accept SASL mechanism {config.sasl_mechanism} "
+                f"(kafka.sasl_mechanism): {exc}"
+            ) from exc
+        except ssl.SSLCertVerificationError as exc:
+            trusted = (
+                f"kafka.ssl_ca {config.ssl_ca}" if config.ssl_ca else "the system's CAs (kafka.ssl_ca unset)"
+            )
+            raise KafkaTlsFailed(
+                f"Kafka TLS certificate verification failed at {where}: {_reason(exc)} (trusting {trusted})"
+            ) from exc
+        except ssl.SSLError as exc:
+            raise KafkaTlsFailed(
+                f"TLS handshake with Kafka at {where} failed: {_reason(exc)} "
+                f"(is it a {config.security_protocol} listener?)"
+            ) from exc
+        except ConnectionResetError as exc:
+            if options.get("ssl_context") is not None:
+                # A plaintext listener drops a TLS ClientHello (a malformed request to it) mid-handshake.
+                raise KafkaTlsFailed(
+                    f"Kafka at {where} closed the connection during the TLS handshake "
+                    f"(is it a {config.security_protocol} listener?)"
+                ) from exc
+            log.debug("security check: %s reset the connection; trying the next server", where)
+            continue
+        except (KafkaError, OSError, TimeoutError, ValueError) as exc:
+            log.debug("security check: %s did not answer (%s); trying the next server", where, exc)
+            continue
+        conn.close()
+        return
 
 
 def _admin_options(config: KafkaConfig) -> dict[str, Any]:
@@ -235,6 +386,7 @@ class KafkaRateSink:
         Raises:
             OSError: Kafka could not be reached.
         """
+        await check_security(self._config)
         if self._config.create_topics:
             await ensure_topics(self._config, {self.topic: self._config.topic_partitions})
         self._producer = AIOKafkaProducer(**client_options(self._config), acks=1, linger_ms=20)

@@ -46,7 +46,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
 
-from dispenser.adapters.kafka.clients import client_options, ensure_topics, topic_partitions
+from dispenser.adapters.kafka.clients import check_security, client_options, ensure_topics, topic_partitions
 from dispenser.adapters.kafka.offsets import CommittedOffsets
 from dispenser.config import EnrichConfig, KafkaConfig
 from dispenser.core.errors import DispenserError
@@ -201,6 +201,7 @@ class Enricher:
             OSError: Kafka could not be reached, or the input topic does not exist.
         """
         settings, kafka = self.settings, self._kafka
+        await check_security(kafka)
         partitions = await topic_partitions(kafka, settings.input_topic)
         if kafka.create_topics:
             await ensure_topics(kafka, {settings.output_topic: partitions, settings.dlq: partitions})

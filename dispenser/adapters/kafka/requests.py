@@ -36,6 +36,7 @@ from dispenser.adapters.kafka.clients import (
     CORRELATION_ID,
     REPLY_PARTITION,
     REPLY_TOPIC,
+    check_security,
     client_options,
     decode_partition,
     ensure_topics,
@@ -148,6 +149,7 @@ class KafkaRequestService:
             OSError: Kafka could not be reached.
         """
         config = self._config
+        await check_security(config)
         if config.create_topics:
             topics = {config.request_topic: config.topic_partitions}
             if config.reply_topic:

@@ -6,6 +6,9 @@ the settings measured to work on small machines (``../shared/KAFKA.md``): a 256 
 cleaner buffer, one-partition internal topics, no initial rebalance delay, no automatic topic creation,
 short minimum consumer sessions so that tests of crashes take seconds, and a 3 s broker session so that a
 start after :meth:`~KafkaBroker.kill` is ready in ~5 s rather than ~12 s.
+
+Given a :class:`SecureListener`, the broker also listens with SASL_SSL on a port of its own: TLS with a
+certificate the test made (PEM files, no keystore tool) and SCRAM users created when the storage is formatted.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dispenser.testing.servers._kafka_wire import metadata
@@ -25,7 +29,15 @@ from dispenser.testing.servers._server import ServerProcess
 from dispenser.testing.servers.kafka_markers import DroppedMarkers, dropped_markers, write_markers
 from dispenser.testing.servers.zookeeper import find_java
 
-__all__ = ["KAFKA_VERSION", "KafkaBroker", "fetch_kafka_jars", "metadata_brokers", "new_cluster_id"]
+__all__ = [
+    "KAFKA_VERSION",
+    "SCRAM_MECHANISMS",
+    "KafkaBroker",
+    "SecureListener",
+    "fetch_kafka_jars",
+    "metadata_brokers",
+    "new_cluster_id",
+]
 
 KAFKA_VERSION = os.environ.get("DISPENSER_KAFKA_VERSION", "4.4.0")
 """The Kafka release to run (``DISPENSER_KAFKA_VERSION``; 3.9.x works too and picks its logging profile)."""
@@ -108,6 +120,48 @@ def metadata_brokers(port: int, timeout: float = 1.0) -> int | None:
     return None if answer is None else len(answer.brokers)
 
 
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+"""The SASL mechanisms a :class:`SecureListener` enables; every user gets credentials for both."""
+
+_SECURE = "SECURE"
+"""The listener name of the SASL_SSL listener."""
+
+# What StorageTool's --add-scram parser cannot take inside a value, even quoted.
+_SCRAM_UNSAFE = frozenset(',[]="\\ \n')
+
+
+@dataclass(frozen=True, slots=True)
+class SecureListener:
+    """A SASL_SSL listener beside the broker's plaintext one: TLS, then SCRAM user name and password.
+
+    The certificate and key are PEM files (``ssl.keystore.type=PEM``: the key unencrypted, PKCS#8 as
+    ``openssl req -nodes`` writes it). The users are created with ``StorageTool format --add-scram`` (KRaft
+    has no ZooKeeper to hold them), so they exist from the broker's first start; a broker whose storage was
+    formatted already keeps the users it was formatted with. The plaintext listener stays, for the
+    harness's readiness probe and for the tests' own setup (topics, reading results back); the controller
+    listener and the inter-broker traffic use it too, on 127.0.0.1 only.
+
+    Args:
+        cert: The broker's certificate chain (PEM), for 127.0.0.1.
+        key: Its private key (PEM, unencrypted).
+        users: User name → password, each given SCRAM-SHA-256 and SCRAM-SHA-512 credentials.
+        port: The listener's port; a free one when omitted.
+    """
+
+    cert: Path
+    key: Path
+    users: Mapping[str, str] = field(default_factory=dict)
+    port: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, password in self.users.items():
+            if not name or not password or _SCRAM_UNSAFE & set(name + password):
+                # The value itself is never shown: it is a secret.
+                raise ValueError(
+                    f'SCRAM user {name!r}: name and password must be non-empty, without , [ ] = " or spaces'
+                )
+
+
 class KafkaBroker(ServerProcess[tuple[Path, Path]]):
     """One single-node KRaft Kafka (broker and controller) on 127.0.0.1, restartable on the same ports and data.
 
@@ -130,6 +184,7 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         voters: ``controller.quorum.voters`` of a cluster (``1@host:port,2@…``); this node alone when omitted.
         cluster_id: The cluster ID the storage is formatted with (the same for every member); random
             when omitted.
+        secure: A SASL_SSL listener to add (:attr:`secure_bootstrap`), with its certificate and SCRAM users.
         start_timeout: Seconds to wait until the broker lists itself in its metadata.
         stop_timeout: Seconds to wait after SIGTERM before SIGKILL.
     """
@@ -147,6 +202,7 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         controller_port: int | None = None,
         voters: str | None = None,
         cluster_id: str | None = None,
+        secure: SecureListener | None = None,
         start_timeout: float = 60.0,
         stop_timeout: float = 20.0,
     ) -> None:
@@ -161,12 +217,26 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         self.controller_port = free_port() if controller_port is None else controller_port
         self.voters = voters
         self.cluster_id = cluster_id
+        self.secure = secure
+        self._auto_secure_port = secure is not None and secure.port is None
+        self.secure_port = (secure.port or free_port()) if secure is not None else None
         self._repaired: set[DroppedMarkers] = set()
 
     @property
     def bootstrap(self) -> str:
         """What clients take as ``bootstrap_servers``: ``127.0.0.1:PORT``."""
         return f"{LOOPBACK}:{self._port}"
+
+    @property
+    def secure_bootstrap(self) -> str:
+        """``127.0.0.1:PORT`` of the SASL_SSL listener.
+
+        Raises:
+            ValueError: the broker has no :class:`SecureListener`.
+        """
+        if self.secure_port is None:
+            raise ValueError("this broker has no SASL_SSL listener (pass secure=SecureListener(...))")
+        return f"{LOOPBACK}:{self.secure_port}"
 
     @property
     def data_dir(self) -> Path:
@@ -238,8 +308,32 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         if not self.version.startswith("3."):
             settings["share.coordinator.state.topic.replication.factor"] = "1"
             settings["share.coordinator.state.topic.min.isr"] = "1"
+        if self.secure is not None:
+            settings |= self._secure_settings(self.secure, controller)
         settings |= self.config
         self._properties.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+
+    def _secure_settings(self, secure: SecureListener, controller: str) -> dict[str, str]:
+        """The SASL_SSL listener: its address, PEM keystore, and SCRAM on it (the others stay PLAINTEXT)."""
+        # Kafka's PEM keystore is one file holding the private key and then the certificate chain.
+        keystore = self.workdir / "secure-keystore.pem"
+        keystore.write_text(Path(secure.key).read_text() + Path(secure.cert).read_text())
+        keystore.chmod(0o600)
+        prefix = f"listener.name.{_SECURE.lower()}"
+        secure_address = self.secure_bootstrap
+        settings = {
+            "listeners": f"PLAINTEXT://{self.bootstrap},{_SECURE}://{secure_address},CONTROLLER://{controller}",
+            "advertised.listeners": f"PLAINTEXT://{self.bootstrap},{_SECURE}://{secure_address}",
+            "listener.security.protocol.map": f"PLAINTEXT:PLAINTEXT,{_SECURE}:SASL_SSL,CONTROLLER:PLAINTEXT",
+            f"{prefix}.ssl.keystore.type": "PEM",
+            f"{prefix}.ssl.keystore.location": str(keystore.resolve()),
+            f"{prefix}.sasl.enabled.mechanisms": ",".join(SCRAM_MECHANISMS),
+        }
+        for mechanism in SCRAM_MECHANISMS:
+            settings[f"{prefix}.{mechanism.lower()}.sasl.jaas.config"] = (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            )
+        return settings
 
     def _logging_options(self) -> list[str]:
         if self.version.startswith("3."):
@@ -275,6 +369,8 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         if not self._ever_started and self._auto_controller_port:
             # Until the first start, both ports are ours to re-pick (the base class re-picks the client one).
             self.controller_port = free_port()
+        if not self._ever_started and self._auto_secure_port:
+            self.secure_port = free_port()
         self._write_config()
         base = [str(java), *_JVM_OPTIONS, *self._logging_options(), "-cp", str(jars.resolve() / "*")]
         if not (self.data_dir / "meta.properties").exists():
@@ -297,6 +393,10 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
             "-c",
             str(self._properties.resolve()),
         ]
+        users = self.secure.users if self.secure is not None else {}
+        for name, password in users.items():
+            for mechanism in SCRAM_MECHANISMS:
+                cmd += ["--add-scram", f"{mechanism}=[name={name},password={password}]"]
         try:
             done = subprocess.run(
                 cmd, capture_output=True, text=True, timeout=self.start_timeout, cwd=self.workdir, check=False
@@ -304,8 +404,11 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         except subprocess.TimeoutExpired as exc:
             raise ServerStartError(f"formatting Kafka's storage took over {self.start_timeout:g} s") from exc
         if done.returncode != 0:
+            output = (done.stdout + done.stderr)[-3000:]
+            for password in users.values():
+                output = output.replace(password, "***")
             raise ServerStartError(
-                f"formatting Kafka's storage failed (exit status {done.returncode}): {(done.stdout + done.stderr)[-3000:]}"
+                f"formatting Kafka's storage failed (exit status {done.returncode}): {output}"
             )
 
     def _ready(self, proc: subprocess.Popen[bytes], offset: int) -> bool:
@@ -313,7 +416,8 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         return answer is not None and self.node_id in answer.brokers
 
     def __repr__(self) -> str:
-        return f"KafkaBroker(bootstrap={self.bootstrap!r}, version={self.version!r}, pid={self.pid})"
+        secure = f", secure_bootstrap={self.secure_bootstrap!r}" if self.secure is not None else ""
+        return f"KafkaBroker(bootstrap={self.bootstrap!r}{secure}, version={self.version!r}, pid={self.pid})"
 
 
 def main(argv: list[str] | None = None) -> int:
