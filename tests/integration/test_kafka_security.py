@@ -318,6 +318,17 @@ def test_the_wrong_listener_fails_in_one_line(
     assert_no_password(text)
 
 
+def test_a_mechanism_the_broker_does_not_offer_fails_in_one_line(
+    secure_kafka: KafkaBroker, pki: Pki, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SASL PLAIN against a listener that offers SCRAM only: one line naming the mechanism and the setting."""
+    env = secure_env(secure_kafka, pki.ca, mechanism="PLAIN", kafka_enabled=True)
+    text = run_failing("check", env, monkeypatch, capsys)
+    expected = f"Kafka at {secure_kafka.secure_bootstrap} does not accept SASL mechanism PLAIN (kafka.sasl_mechanism)"
+    assert len(lines_with(text, expected)) == 1, text
+    assert_no_password(text)
+
+
 async def test_the_python_client_raises_coded_errors(secure_kafka: KafkaBroker, pki: Pki) -> None:
     """KafkaIdClient raises KafkaAuthenticationFailed / KafkaTlsFailed: OSErrors with a code, no retry."""
     wrong_password = load_config(environ=secure_env(secure_kafka, pki.ca, password=WRONG_PASSWORD)).kafka

@@ -231,8 +231,7 @@ async def check_security(config: KafkaConfig) -> None:
             ) from exc
         except UnsupportedSaslMechanismError as exc:
             raise KafkaAuthenticationFailed(
-                f"Kafka at {where} does not accept SASL mechanism {config.sasl_mechanism} "
-                f"(kafka.sasl_mechanism): {exc}"
+                f"Kafka at {where} does not accept SASL mechanism {config.sasl_mechanism} (kafka.sasl_mechanism)"
             ) from exc
         except ssl.SSLCertVerificationError as exc:
             trusted = (
