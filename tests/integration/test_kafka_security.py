@@ -45,8 +45,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 @pytest.fixture(scope="module")
 def secure_kafka(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[KafkaBroker]:
-    """A broker with a SASL_SSL listener (SCRAM-SHA-256 and -512, user ``USER``) beside its plaintext one."""
-    listener = SecureListener(cert=pki.cert, key=pki.key, users={USER: PASSWORD})
+    """A broker with a SASL_SSL listener (SCRAM-SHA-256 and -512, user ``USER``) beside its plaintext one.
+
+    And an SSL listener that requires a client certificate signed by the test CA.
+    """
+    listener = SecureListener(cert=pki.cert, key=pki.key, users={USER: PASSWORD}, client_ca=pki.ca)
     yield from _running(KafkaBroker(tmp_path_factory.mktemp("kafka-secure"), secure=listener))
 
 
@@ -327,6 +330,56 @@ def test_a_mechanism_the_broker_does_not_offer_fails_in_one_line(
     expected = f"Kafka at {secure_kafka.secure_bootstrap} does not accept SASL mechanism PLAIN (kafka.sasl_mechanism)"
     assert len(lines_with(text, expected)) == 1, text
     assert_no_password(text)
+
+
+def client_certificate_env(
+    broker: KafkaBroker, pki: Pki, cert: Path | None, key: Path | None
+) -> dict[str, str]:
+    """``DISPENSER_*`` variables for ``check`` on the SSL listener, presenting ``cert`` (none if ``None``)."""
+    env = kafka_env(
+        broker.tls_bootstrap, kafka_enabled=True, kafka_security_protocol="SSL", kafka_ssl_ca=pki.ca
+    )
+    if cert is not None and key is not None:
+        env |= {"DISPENSER_KAFKA_SSL_CERT": str(cert), "DISPENSER_KAFKA_SSL_KEY": str(key)}
+    return env
+
+
+def test_check_passes_with_a_client_certificate(
+    secure_kafka: KafkaBroker, pki: Pki, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``security_protocol = "SSL"`` with ``ssl_cert``/``ssl_key``: TLS both ways, no password."""
+    topic = unique("requests")
+    asyncio.run(create_topics(secure_kafka.bootstrap, {topic: 2}))
+    env = client_certificate_env(secure_kafka, pki, pki.client_cert, pki.client_key)
+    for name, value in (env | {"DISPENSER_KAFKA_REQUEST_TOPIC": topic}).items():
+        monkeypatch.setenv(name, value)
+    assert main(["check"]) == 0
+    output = capsys.readouterr()
+    assert f"ok   kafka: {secure_kafka.tls_bootstrap} (request topic {topic!r}: 2 partitions)" in output.out
+
+
+@pytest.mark.parametrize("presented", ["none", "a server certificate"])
+def test_a_refused_client_certificate_fails_in_one_line(
+    presented: str,
+    *,
+    secure_kafka: KafkaBroker,
+    pki: Pki,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No client certificate, or one not made for clients: one line saying the broker refused it."""
+    if presented == "none":
+        env = client_certificate_env(secure_kafka, pki, None, None)
+        expected = f"Kafka at {secure_kafka.tls_bootstrap} refused the TLS connection"
+        hint = "does it require a client certificate? kafka.ssl_cert and kafka.ssl_key are unset"
+    else:  # the broker's own certificate: signed by the CA, but for serverAuth only
+        env = client_certificate_env(secure_kafka, pki, pki.cert, pki.key)
+        expected = f"Kafka at {secure_kafka.tls_bootstrap} refused this client's certificate kafka.ssl_cert {pki.cert}"
+        hint = "CERTIFICATE"
+    text = run_failing("check", env, monkeypatch, capsys)
+    assert len(lines_with(text, expected)) == 1, text
+    assert hint in lines_with(text, expected)[0]
+    assert "Traceback" not in text
 
 
 async def test_the_python_client_raises_coded_errors(secure_kafka: KafkaBroker, pki: Pki) -> None:

@@ -29,17 +29,27 @@ subjectAltName = IP:127.0.0.1, DNS:localhost
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid:always
 """
+_CLIENT_EXTENSIONS = """\
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = clientAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid:always
+"""
 
 
 @dataclass(frozen=True)
 class Pki:
-    """PEM files: a CA, a server certificate it signed (127.0.0.1 and localhost), and an unrelated CA."""
+    """PEM files: a CA, a server and a client certificate it signed (server: 127.0.0.1 and localhost), and an unrelated CA."""
 
     ca: Path
     cert: Path
     key: Path
     other_ca: Path
     """A CA that signed nothing the server presents: trusting only it must fail verification."""
+    client_cert: Path
+    """A client certificate (CN ``leaf-dispenser``) the CA signed, for servers that require one."""
+    client_key: Path
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -63,20 +73,28 @@ def _make_ca(directory: Path, name: str) -> tuple[Path, Path]:
     return cert, key
 
 
+def _sign(
+    directory: Path, name: str, subject: str, extensions: str, *, ca: Path, ca_key: Path
+) -> tuple[Path, Path]:
+    key, csr, cert = directory / f"{name}.key", directory / f"{name}.csr", directory / f"{name}.crt"
+    extfile = directory / f"{name}.ext"
+    extfile.write_text(extensions)
+    _openssl("req", "-new", *_EC, "-keyout", str(key), "-out", str(csr), "-subj", subject, cwd=directory)
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-out", str(cert), "-days", "2", "-extfile", str(extfile),
+        cwd=directory,
+    )  # fmt: skip
+    return cert, key
+
+
 def make_pki(directory: Path) -> Pki:
-    """Create the CA, the server certificate and key, and the unrelated CA in ``directory``."""
+    """Create the CA, the server and client certificates and keys, and the unrelated CA in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     ca, ca_key = _make_ca(directory, "ca")
     other_ca, _ = _make_ca(directory, "other-ca")
-    key, csr, cert = directory / "server.key", directory / "server.csr", directory / "server.crt"
-    extensions = directory / "server.ext"
-    extensions.write_text(_SERVER_EXTENSIONS)
-    _openssl(
-        "req", "-new", *_EC, "-keyout", str(key), "-out", str(csr), "-subj", "/CN=127.0.0.1", cwd=directory
+    cert, key = _sign(directory, "server", "/CN=127.0.0.1", _SERVER_EXTENSIONS, ca=ca, ca_key=ca_key)
+    client_cert, client_key = _sign(
+        directory, "client", "/CN=leaf-dispenser", _CLIENT_EXTENSIONS, ca=ca, ca_key=ca_key
     )
-    _openssl(
-        "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
-        "-out", str(cert), "-days", "2", "-extfile", str(extensions),
-        cwd=directory,
-    )  # fmt: skip
-    return Pki(ca=ca, cert=cert, key=key, other_ca=other_ca)
+    return Pki(ca=ca, cert=cert, key=key, other_ca=other_ca, client_cert=client_cert, client_key=client_key)

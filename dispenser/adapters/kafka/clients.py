@@ -9,6 +9,7 @@ custom code. aiokafka's exceptions are converted here and in the two services bu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -17,9 +18,10 @@ from typing import Any, Final, TypeVar
 import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.conn import create_conn
+from aiokafka.conn import AIOKafkaConnection
 from aiokafka.errors import (
     IllegalSaslStateError,
+    KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
     SaslAuthenticationFailed,
@@ -121,7 +123,8 @@ class KafkaAuthenticationFailed(KafkaSecurityError):
 class KafkaTlsFailed(KafkaSecurityError):
     """The TLS settings do not work: the broker's certificate is untrusted or names another host.
 
-    Also when the port does not speak TLS, or the configured CA, certificate or key cannot be read.
+    Also when the broker refuses this client's certificate (or wants one), the port does not speak TLS, or
+    the configured CA, certificate or key cannot be read.
     """
 
     code = "kafka_tls_failed"
@@ -196,17 +199,17 @@ async def check_security(config: KafkaConfig) -> None:
 
     Raises:
         KafkaAuthenticationFailed: wrong user name or password, or a mechanism the broker does not offer.
-        KafkaTlsFailed: the broker's certificate is not trusted or names another host, the port does not
-            speak TLS, or the CA, certificate or key cannot be read.
+        KafkaTlsFailed: the broker's certificate is not trusted or names another host, the broker refused
+            this client's certificate (or wanted one), the port does not speak TLS, or the CA, certificate
+            or key cannot be read.
     """
     if config.security_protocol == "PLAINTEXT":
         return
     options = client_options(config)
     for server in options["bootstrap_servers"]:
         host, _, port = server.rpartition(":")
-        where = server
         try:
-            conn = await create_conn(
+            conn = AIOKafkaConnection(
                 host.strip("[]"),
                 int(port),
                 client_id=config.client_id,
@@ -217,48 +220,81 @@ async def check_security(config: KafkaConfig) -> None:
                 sasl_plain_username=options.get("sasl_plain_username"),
                 sasl_plain_password=options.get("sasl_plain_password"),
             )
-        except SaslAuthenticationFailed as exc:
-            raise KafkaAuthenticationFailed(
-                f"Kafka authentication failed for user {config.sasl_username!r} at {where} "
-                f"({config.sasl_mechanism} over {config.security_protocol}): check kafka.sasl_username "
-                "and kafka.sasl_password"
-            ) from exc
-        except IllegalSaslStateError as exc:
-            # What a listener without SASL answers a SASL handshake with.
-            raise KafkaAuthenticationFailed(
-                f"Kafka at {where} does not take SASL authentication (is it a {config.security_protocol} "
-                "listener? kafka.security_protocol)"
-            ) from exc
-        except UnsupportedSaslMechanismError as exc:
-            raise KafkaAuthenticationFailed(
-                f"Kafka at {where} does not accept SASL mechanism {config.sasl_mechanism} (kafka.sasl_mechanism)"
-            ) from exc
-        except ssl.SSLCertVerificationError as exc:
-            trusted = (
-                f"kafka.ssl_ca {config.ssl_ca}" if config.ssl_ca else "the system's CAs (kafka.ssl_ca unset)"
-            )
-            raise KafkaTlsFailed(
-                f"Kafka TLS certificate verification failed at {where}: {_reason(exc)} (trusting {trusted})"
-            ) from exc
-        except ssl.SSLError as exc:
-            raise KafkaTlsFailed(
-                f"TLS handshake with Kafka at {where} failed: {_reason(exc)} "
-                f"(is it a {config.security_protocol} listener?)"
-            ) from exc
-        except ConnectionResetError as exc:
-            if options.get("ssl_context") is not None:
-                # A plaintext listener drops a TLS ClientHello (a malformed request to it) mid-handshake.
-                raise KafkaTlsFailed(
-                    f"Kafka at {where} closed the connection during the TLS handshake "
-                    f"(is it a {config.security_protocol} listener?)"
-                ) from exc
-            log.debug("security check: %s reset the connection; trying the next server", where)
+        except ValueError as exc:
+            log.debug("security check: cannot connect to %s (%s); trying the next server", server, exc)
             continue
+        try:
+            await conn.connect()
         except (KafkaError, OSError, TimeoutError, ValueError) as exc:
-            log.debug("security check: %s did not answer (%s); trying the next server", where, exc)
+            if isinstance(exc, KafkaError):
+                # Refused after the connection was made: connect() closed it without waiting, and a
+                # transport still closing when the loop ends is never closed (a ResourceWarning later).
+                await _closed(conn)
+            error = _security_error(config, server, exc)
+            if error is not None:
+                raise error from exc
+            log.debug("security check: %s did not answer (%s); trying the next server", server, exc)
             continue
-        conn.close()
+        await _closed(conn)
         return
+
+
+async def _closed(conn: AIOKafkaConnection) -> None:
+    """Close ``conn`` and wait (boundedly) until its transport has closed (TLS: after the shutdown exchange)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(conn.close(), _CHECK_TIMEOUT_MS / 1000)
+
+
+def _security_error(config: KafkaConfig, where: str, exc: BaseException) -> KafkaSecurityError | None:
+    """What ``exc``, from connecting to ``where``, says about the security settings; ``None``: an outage."""
+    tls = config.security_protocol in ("SSL", "SASL_SSL")
+    if isinstance(exc, SaslAuthenticationFailed):
+        return KafkaAuthenticationFailed(
+            f"Kafka authentication failed for user {config.sasl_username!r} at {where} "
+            f"({config.sasl_mechanism} over {config.security_protocol}): check kafka.sasl_username "
+            "and kafka.sasl_password"
+        )
+    if isinstance(exc, IllegalSaslStateError):  # what a listener without SASL answers a SASL handshake with
+        return KafkaAuthenticationFailed(
+            f"Kafka at {where} does not take SASL authentication (is it a {config.security_protocol} "
+            "listener? kafka.security_protocol)"
+        )
+    if isinstance(exc, UnsupportedSaslMechanismError):
+        return KafkaAuthenticationFailed(
+            f"Kafka at {where} does not accept SASL mechanism {config.sasl_mechanism} (kafka.sasl_mechanism)"
+        )
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        trusted = (
+            f"kafka.ssl_ca {config.ssl_ca}" if config.ssl_ca else "the system's CAs (kafka.ssl_ca unset)"
+        )
+        return KafkaTlsFailed(
+            f"Kafka TLS certificate verification failed at {where}: {_reason(exc)} (trusting {trusted})"
+        )
+    if isinstance(exc, ssl.SSLError):
+        return KafkaTlsFailed(
+            f"TLS handshake with Kafka at {where} failed: {_reason(exc)} "
+            f"(is it a {config.security_protocol} listener?)"
+        )
+    if isinstance(exc, ConnectionResetError) and tls:
+        # A plaintext listener drops a TLS ClientHello (a malformed request to it) mid-handshake.
+        return KafkaTlsFailed(
+            f"Kafka at {where} closed the connection during the TLS handshake "
+            f"(is it a {config.security_protocol} listener?)"
+        )
+    alert = exc.__cause__ or exc.__context__
+    if isinstance(exc, KafkaConnectionError) and isinstance(alert, ssl.SSLError):
+        # The broker's TLS alert after the handshake (TLS 1.3): it refused our certificate, or its absence.
+        return KafkaTlsFailed(_certificate_refused(config, where, alert))
+    return None
+
+
+def _certificate_refused(config: KafkaConfig, where: str, alert: ssl.SSLError) -> str:
+    if config.ssl_cert:
+        return f"Kafka at {where} refused this client's certificate kafka.ssl_cert {config.ssl_cert}: {_reason(alert)}"
+    return (
+        f"Kafka at {where} refused the TLS connection: {_reason(alert)} (does it require a client certificate? "
+        "kafka.ssl_cert and kafka.ssl_key are unset)"
+    )
 
 
 def _admin_options(config: KafkaConfig) -> dict[str, Any]:

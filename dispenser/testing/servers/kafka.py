@@ -125,6 +125,8 @@ SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 _SECURE = "SECURE"
 """The listener name of the SASL_SSL listener."""
+_MTLS = "MTLS"
+"""The listener name of the SSL listener that requires a client certificate."""
 
 # What StorageTool's --add-scram parser cannot take inside a value, even quoted.
 _SCRAM_UNSAFE = frozenset(',[]="\\ \n')
@@ -146,12 +148,15 @@ class SecureListener:
         key: Its private key (PEM, unencrypted).
         users: User name → password, each given SCRAM-SHA-256 and SCRAM-SHA-512 credentials.
         port: The listener's port; a free one when omitted.
+        client_ca: A CA (PEM): also listen with SSL on another port (``KafkaBroker.tls_bootstrap``), with the
+            same certificate, for clients presenting a certificate this CA signed (and no password).
     """
 
     cert: Path
     key: Path
     users: Mapping[str, str] = field(default_factory=dict)
     port: int | None = None
+    client_ca: Path | None = None
 
     def __post_init__(self) -> None:
         for name, password in self.users.items():
@@ -220,6 +225,7 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         self.secure = secure
         self._auto_secure_port = secure is not None and secure.port is None
         self.secure_port = (secure.port or free_port()) if secure is not None else None
+        self.tls_port = free_port() if secure is not None and secure.client_ca is not None else None
         self._repaired: set[DroppedMarkers] = set()
 
     @property
@@ -237,6 +243,19 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         if self.secure_port is None:
             raise ValueError("this broker has no SASL_SSL listener (pass secure=SecureListener(...))")
         return f"{LOOPBACK}:{self.secure_port}"
+
+    @property
+    def tls_bootstrap(self) -> str:
+        """``127.0.0.1:PORT`` of the SSL listener that requires a client certificate.
+
+        Raises:
+            ValueError: the broker has no such listener (no ``SecureListener(client_ca=...)``).
+        """
+        if self.tls_port is None:
+            raise ValueError(
+                "this broker has no SSL listener (pass secure=SecureListener(..., client_ca=...))"
+            )
+        return f"{LOOPBACK}:{self.tls_port}"
 
     @property
     def data_dir(self) -> Path:
@@ -320,11 +339,9 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         keystore.write_text(Path(secure.key).read_text() + Path(secure.cert).read_text())
         keystore.chmod(0o600)
         prefix = f"listener.name.{_SECURE.lower()}"
-        secure_address = self.secure_bootstrap
+        advertised = [f"PLAINTEXT://{self.bootstrap}", f"{_SECURE}://{self.secure_bootstrap}"]
+        protocols = ["PLAINTEXT:PLAINTEXT", f"{_SECURE}:SASL_SSL", "CONTROLLER:PLAINTEXT"]
         settings = {
-            "listeners": f"PLAINTEXT://{self.bootstrap},{_SECURE}://{secure_address},CONTROLLER://{controller}",
-            "advertised.listeners": f"PLAINTEXT://{self.bootstrap},{_SECURE}://{secure_address}",
-            "listener.security.protocol.map": f"PLAINTEXT:PLAINTEXT,{_SECURE}:SASL_SSL,CONTROLLER:PLAINTEXT",
             f"{prefix}.ssl.keystore.type": "PEM",
             f"{prefix}.ssl.keystore.location": str(keystore.resolve()),
             f"{prefix}.sasl.enabled.mechanisms": ",".join(SCRAM_MECHANISMS),
@@ -333,6 +350,22 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
             settings[f"{prefix}.{mechanism.lower()}.sasl.jaas.config"] = (
                 "org.apache.kafka.common.security.scram.ScramLoginModule required;"
             )
+        if secure.client_ca is not None:
+            mtls = f"listener.name.{_MTLS.lower()}"
+            advertised.append(f"{_MTLS}://{self.tls_bootstrap}")
+            protocols.append(f"{_MTLS}:SSL")
+            settings |= {
+                f"{mtls}.ssl.keystore.type": "PEM",
+                f"{mtls}.ssl.keystore.location": str(keystore.resolve()),
+                f"{mtls}.ssl.truststore.type": "PEM",
+                f"{mtls}.ssl.truststore.location": str(Path(secure.client_ca).resolve()),
+                f"{mtls}.ssl.client.auth": "required",
+            }
+        settings |= {
+            "listeners": ",".join([*advertised, f"CONTROLLER://{controller}"]),
+            "advertised.listeners": ",".join(advertised),
+            "listener.security.protocol.map": ",".join(protocols),
+        }
         return settings
 
     def _logging_options(self) -> list[str]:
@@ -371,6 +404,8 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
             self.controller_port = free_port()
         if not self._ever_started and self._auto_secure_port:
             self.secure_port = free_port()
+            if self.tls_port is not None:
+                self.tls_port = free_port()
         self._write_config()
         base = [str(java), *_JVM_OPTIONS, *self._logging_options(), "-cp", str(jars.resolve() / "*")]
         if not (self.data_dir / "meta.properties").exists():
@@ -417,6 +452,8 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
 
     def __repr__(self) -> str:
         secure = f", secure_bootstrap={self.secure_bootstrap!r}" if self.secure is not None else ""
+        if self.tls_port is not None:
+            secure += f", tls_bootstrap={self.tls_bootstrap!r}"
         return f"KafkaBroker(bootstrap={self.bootstrap!r}{secure}, version={self.version!r}, pid={self.pid})"
 
 
