@@ -53,6 +53,14 @@ def secure_kafka(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator
     yield from _running(KafkaBroker(tmp_path_factory.mktemp("kafka-secure"), secure=listener))
 
 
+@pytest.mark.parametrize("password", ["with,comma", "with space", "with]bracket", ""])
+def test_the_kit_refuses_a_password_its_format_tool_cannot_take(password: str, pki: Pki) -> None:
+    """SecureListener checks names and passwords up front, without showing the password."""
+    with pytest.raises(ValueError, match="SCRAM user 'leaf'") as caught:
+        SecureListener(cert=pki.cert, key=pki.key, users={"leaf": password})
+    assert not password or password not in str(caught.value)
+
+
 def secure_env(
     broker: KafkaBroker,
     ca: Path,
