@@ -219,16 +219,32 @@ async def test_enrich_over_sasl_ssl_exactly_once(secure_kafka: KafkaBroker, pki:
 
 
 def test_check_passes_over_sasl_ssl(
-    secure_kafka: KafkaBroker, pki: Pki, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    secure_kafka: KafkaBroker,
+    pki: Pki,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``dispenser check`` reaches the request topic through the SASL_SSL listener."""
+    """``dispenser check`` reaches the request topic through the SASL_SSL listener, set up as docs/security.md shows.
+
+    The settings in a TOML file, the password in the environment.
+    """
     topic = unique("requests")
     asyncio.run(create_topics(secure_kafka.bootstrap, {topic: 3}))
-    for name, value in secure_env(
-        secure_kafka, pki.ca, kafka_enabled=True, kafka_request_topic=topic
-    ).items():
-        monkeypatch.setenv(name, value)
-    assert main(["check"]) == 0
+    config = tmp_path / "dispenser.toml"
+    config.write_text(
+        "[nats]\nenabled = false\n[segment]\nenabled = false\n"
+        "[kafka]\n"
+        "enabled = true\n"
+        f'bootstrap_servers = "{secure_kafka.secure_bootstrap}"\n'
+        'security_protocol = "SASL_SSL"\n'
+        'sasl_mechanism = "SCRAM-SHA-512"\n'
+        f'sasl_username = "{USER}"\n'
+        f'ssl_ca = "{pki.ca}"\n'
+        f'request_topic = "{topic}"\n'
+    )
+    monkeypatch.setenv("DISPENSER_KAFKA_SASL_PASSWORD", PASSWORD)
+    assert main(["--config", str(config), "check"]) == 0
     output = capsys.readouterr()
     text = output.out + output.err
     assert f"ok   kafka: {secure_kafka.secure_bootstrap} (request topic {topic!r}: 3 partitions)" in text, (

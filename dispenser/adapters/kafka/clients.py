@@ -115,7 +115,7 @@ class KafkaSecurityError(ConnectionRefusedError):
 
 
 class KafkaAuthenticationFailed(KafkaSecurityError):
-    """The broker refused the SASL user name and password (or offers none of the configured mechanism)."""
+    """The broker refused the SASL user name and password, the mechanism, or SASL itself (a listener without it)."""
 
     code = "kafka_authentication_failed"
 

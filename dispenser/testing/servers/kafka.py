@@ -8,7 +8,8 @@ short minimum consumer sessions so that tests of crashes take seconds, and a 3 s
 start after :meth:`~KafkaBroker.kill` is ready in ~5 s rather than ~12 s.
 
 Given a :class:`SecureListener`, the broker also listens with SASL_SSL on a port of its own: TLS with a
-certificate the test made (PEM files, no keystore tool) and SCRAM users created when the storage is formatted.
+certificate the test made (PEM files, no keystore tool) and SCRAM users created when the storage is formatted;
+and, with its ``client_ca``, with SSL on another port, for clients presenting a certificate.
 """
 
 from __future__ import annotations
@@ -333,7 +334,12 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         self._properties.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
 
     def _secure_settings(self, secure: SecureListener, controller: str) -> dict[str, str]:
-        """The SASL_SSL listener: its address, PEM keystore, and SCRAM on it (the others stay PLAINTEXT)."""
+        """The SASL_SSL (and SSL) listener: addresses, PEM keystore (and truststore), SCRAM.
+
+        The controller and inter-broker listeners stay PLAINTEXT on 127.0.0.1: securing them tests nothing
+        of the dispenser's, and the plaintext client listener keeps the readiness probe (a raw Metadata
+        request) as it is for the plain broker.
+        """
         # Kafka's PEM keystore is one file holding the private key and then the certificate chain.
         keystore = self.workdir / "secure-keystore.pem"
         keystore.write_text(Path(secure.key).read_text() + Path(secure.cert).read_text())
