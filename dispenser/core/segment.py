@@ -8,10 +8,16 @@ Rules of this module (everything that decides an ID lives here, nothing else doe
 * :meth:`SegmentBuffer.take` is all-or-nothing. It returns a :class:`IdBatch` of ranges (a batch spans
   segments when the current one runs out), or :data:`NEED_SEGMENT` without consuming anything when the
   buffered IDs are not enough: the shell then waits on the one in-flight fetch and asks again.
+* :meth:`SegmentBuffer.take_run` serves a caller that hands IDs out one by one from a cursor (the
+  client's buffer, :mod:`dispenser.client`): up to ``limit`` IDs as one range of the current segment,
+  never spanning two, so the cursor is two integers.
 * Prefetch (Leaf's double buffer): once more than ``prefetch_threshold`` of the current segment is
   used and no further segment is buffered, :attr:`SegmentBuffer.wants_fetch` turns true. The shell
   starts a fetch, calls :meth:`begin_fetch`, and later :meth:`install` or :meth:`fetch_failed`.
   At most one fetch is in flight per tag: ``wants_fetch`` is false while one is.
+* A buffer fed by several sources whose ranges need not increase (a client answered by two workers,
+  each drawing from a segment of its own) passes each range through :meth:`SegmentBuffer.admissible`
+  first: only the part above everything installed may be installed, the rest is skipped.
 * Time is passed in (``now`` in seconds, any monotonic origin); it is recorded for statistics only.
 """
 
@@ -127,6 +133,11 @@ class SegmentBuffer:
         return self._available
 
     @property
+    def high(self) -> int:
+        """The last ID of the newest installed segment (-1 before the first install)."""
+        return self._high
+
+    @property
     def fetching(self) -> bool:
         """Whether a fetch is in flight (between :meth:`begin_fetch` and install/failure)."""
         return self._fetching
@@ -199,6 +210,40 @@ class SegmentBuffer:
         self._position = position
         self._available -= count
         return IdBatch(tuple(ranges))
+
+    def take_run(self, limit: int) -> Range | NeedSegment:
+        """Hand out up to ``limit`` IDs as one range of a single segment, or :data:`NEED_SEGMENT` if none is buffered.
+
+        The run ends early where the current segment ends (the next call starts the next segment), so a
+        caller can keep it as a cursor of two integers. IDs come in the same order as from :meth:`take`,
+        and the two may be mixed.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        if not self._available:
+            return NEED_SEGMENT
+        current = self._current
+        assert current is not None  # _available > 0 implies a current segment
+        position = self._position
+        if position > current.last:  # used up: a queued segment exists, since IDs are available
+            current = self._current = self._queue.popleft()
+            position = current.first
+        end = min(current.last, position + limit - 1)
+        self._position = end + 1
+        self._available -= end - position + 1
+        return (position, end)
+
+    def admissible(self, segment: Segment) -> Segment | None:
+        """The part of ``segment`` that :meth:`install` would accept: the IDs above every installed one.
+
+        ``None`` when all of it lies at or below them. The rest must be skipped, never handed out: a buffer
+        hands out increasing IDs only.
+        """
+        if segment.first > self._high:
+            return segment
+        if segment.last <= self._high:
+            return None
+        return Segment(self._high + 1, segment.last)
 
     def begin_fetch(self) -> None:
         """Record that a fetch is now in flight."""

@@ -175,6 +175,59 @@ def test_leafs_threshold_leaves_less_than_a_segment_before_its_prefetch() -> Non
     assert buf.remaining == 900
 
 
+def test_take_run_stays_within_one_segment() -> None:
+    """A run ends where its segment ends; the next run starts the next segment."""
+    buf = SegmentBuffer()
+    assert buf.take_run(5) is NEED_SEGMENT
+    buf.begin_fetch()
+    buf.install(Segment(1, 10), now=0.0)
+    assert buf.take_run(4) == (1, 4)
+    assert buf.wants_fetch  # fetch at the switch: a run counts as use
+    buf.begin_fetch()
+    buf.install(Segment(21, 30), now=1.0)
+    assert buf.take_run(100) == (5, 10)
+    assert buf.take_run(3) == (21, 23)
+    assert buf.remaining == 7
+    with pytest.raises(ValueError, match="limit"):
+        buf.take_run(0)
+
+
+def test_admissible_keeps_only_ids_above_everything_installed() -> None:
+    """A range from a source that is behind is clipped to the IDs above the last installed, or refused."""
+    buf = SegmentBuffer()
+    assert buf.high == -1
+    assert buf.admissible(Segment(0, 9)) == Segment(0, 9)
+    buf.begin_fetch()
+    buf.install(Segment(100, 199), now=0.0)
+    assert buf.high == 199
+    assert buf.admissible(Segment(50, 150)) is None
+    assert buf.admissible(Segment(150, 250)) == Segment(200, 250)
+    assert buf.admissible(Segment(300, 400)) == Segment(300, 400)
+
+
+@given(
+    ranges=st.lists(st.tuples(st.integers(0, 500), st.integers(0, 60)), min_size=1, max_size=30),
+    limits=st.lists(st.integers(1, 40), min_size=1, max_size=60),
+)
+def test_admitted_ranges_from_unordered_sources_hand_out_increasing_ids(
+    ranges: list[tuple[int, int]], limits: list[int]
+) -> None:
+    """Ranges in any order, admitted then installed: runs hand out strictly increasing IDs, each granted."""
+    buf = SegmentBuffer()
+    granted: set[int] = set()
+    issued: list[int] = []
+    for (first, length), limit in zip(ranges, limits * len(ranges), strict=False):
+        part = buf.admissible(Segment(first, first + length))
+        if part is not None:
+            buf.install(part, now=0.0)
+            granted.update(range(first, first + length + 1))
+        run = buf.take_run(limit)
+        if run is not NEED_SEGMENT:
+            issued.extend(range(run[0], run[1] + 1))
+    assert all(a < b for a, b in zip(issued, issued[1:], strict=False))
+    assert set(issued) <= granted
+
+
 class DoubleBufferMachine(RuleBasedStateMachine):
     """Any interleaving of takes, fetch starts, installs and failures keeps the invariants."""
 
@@ -199,6 +252,22 @@ class DoubleBufferMachine(RuleBasedStateMachine):
         if self.issued:
             assert ids[0] > self.issued[-1]
         self.issued.extend(ids)
+
+    @rule(limit=st.integers(1, 300))
+    def take_run(self, limit: int) -> None:
+        """Take a run for a cursor: one range of at most ``limit`` IDs, or nothing if none are buffered."""
+        before = self.buf.remaining
+        run = self.buf.take_run(limit)
+        if run is NEED_SEGMENT:
+            assert before == 0
+            return
+        first, last = run
+        assert 1 <= last - first + 1 <= limit
+        assert any(s.first <= first and last <= s.last for s in self.granted)  # within one segment
+        assert self.buf.remaining == before - (last - first + 1)
+        if self.issued:
+            assert first > self.issued[-1]
+        self.issued.extend(range(first, last + 1))
 
     @precondition(lambda self: not self.buf.fetching)
     @rule()
