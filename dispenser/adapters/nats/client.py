@@ -1,21 +1,32 @@
-"""The NATS connection type for the wiring, and one-off requests for the command line (``dispenser get``)."""
+"""Asking the dispensers over NATS: one-off requests (``dispenser get``) and the transport of the client.
+
+nats-py's exceptions end here: "no responders" and a lost connection become :class:`ConnectionError`, a
+request without a reply in time :class:`TimeoutError` (both :class:`OSError`), so the client above knows
+nothing of the driver.
+"""
 
 from __future__ import annotations
 
 from typing import TypeAlias
 
+import msgspec
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
+from nats.errors import ConnectionClosedError, ConnectionReconnectingError, NoRespondersError
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 
 from dispenser.adapters.nats.connection import connect
 from dispenser.config import NatsConfig
+from dispenser.messages import IdRequest, Kind, Reply, id_subject
 from dispenser.redaction import redact
 
-__all__ = ["Connection", "request_once"]
+__all__ = ["Connection", "NatsIdTransport", "request_once"]
 
 Connection: TypeAlias = Client
 """A NATS connection, as the wiring holds it (so that it need not import the driver)."""
+
+_encode = msgspec.json.Encoder().encode
+_decode_reply = msgspec.json.Decoder(Reply).decode
 
 
 async def request_once(config: NatsConfig, subject: str, body: bytes, timeout: float, name: str) -> bytes:
@@ -35,3 +46,63 @@ async def request_once(config: NatsConfig, subject: str, body: bytes, timeout: f
     finally:
         await nc.close()
     return msg.data
+
+
+class NatsIdTransport:
+    """ID requests over NATS (``<prefix>.<kind>.<tag>``), for :class:`dispenser.client.IdClient`.
+
+    Args:
+        config: servers and credentials (``subject_prefix`` too); used when no ``connection`` is given.
+        connection: a connection of the caller's to use instead (not closed by :meth:`close`).
+        name: the connection's name, as the NATS server's monitoring shows it.
+    """
+
+    def __init__(
+        self, config: NatsConfig | None = None, *, connection: Client | None = None, name: str = "leaf-client"
+    ) -> None:
+        self._config = config or NatsConfig()
+        self._prefix = self._config.subject_prefix
+        self._name = name
+        self._nc = connection
+        self._owned = connection is None
+
+    async def start(self) -> None:
+        """Connect (unless a connection was given).
+
+        Raises:
+            OSError: no server could be reached.
+        """
+        if self._nc is None:
+            self._nc = await connect(self._config, name=self._name)
+
+    async def close(self) -> None:
+        """Close the connection if it is ours."""
+        nc, self._nc = self._nc, None
+        if nc is not None and self._owned:
+            await nc.close()
+
+    async def request(self, kind: Kind, tag: str, request: IdRequest, timeout: float) -> Reply:
+        """Send one ID request and return its reply (error replies included).
+
+        Raises:
+            ConnectionError: nobody serves the subject, or the connection is closed or reconnecting.
+            TimeoutError: no reply within ``timeout`` seconds (it may still have been answered).
+        """
+        nc = self._nc
+        if nc is None:
+            raise ConnectionError("the NATS transport is not started")
+        subject = id_subject(self._prefix, kind, tag)
+        try:
+            msg = await nc.request(subject, _encode(request), timeout=timeout)
+        except NoRespondersError:
+            raise ConnectionError(f"no dispenser is serving {subject}") from None
+        except NatsTimeout:
+            raise TimeoutError(f"no reply on {subject} within {timeout:g} s") from None
+        except (ConnectionClosedError, ConnectionReconnectingError) as exc:
+            raise ConnectionError(f"NATS connection unusable: {exc}") from None
+        except NatsError as exc:
+            raise ConnectionError(f"NATS request on {subject} failed: {exc}") from None
+        try:
+            return _decode_reply(msg.data)
+        except msgspec.DecodeError as exc:
+            raise ConnectionError(f"undecodable reply on {subject}: {exc}") from None

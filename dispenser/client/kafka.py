@@ -37,10 +37,11 @@ from dispenser.adapters.kafka.clients import (
     header,
     topic_partitions,
 )
+from dispenser.client.errors import IdRequestError
 from dispenser.config import KafkaConfig
-from dispenser.messages import MSGPACK, Format, KafkaIdRequest, Kind, Reply
+from dispenser.messages import MSGPACK, Format, IdRequest, KafkaIdRequest, Kind, Reply
 
-__all__ = ["IdRequestError", "KafkaIdClient"]
+__all__ = ["KafkaIdClient", "KafkaIdTransport"]
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +49,6 @@ _json_reply = msgspec.json.Decoder(Reply)
 _msgpack_reply = msgspec.msgpack.Decoder(Reply)
 _json = msgspec.json.Encoder()
 _msgpack = msgspec.msgpack.Encoder()
-
-
-class IdRequestError(Exception):
-    """The dispenser answered with an error reply.
-
-    Attributes:
-        code: the stable error code (``unknown_tag``, ``unavailable``, …; see the README).
-        message: what went wrong, for a person.
-        retryable: whether the same request may succeed later.
-    """
-
-    def __init__(self, code: str, message: str, retryable: bool) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.retryable = retryable
 
 
 class KafkaIdClient:
@@ -259,3 +244,44 @@ class KafkaIdClient:
 def _raise_for_error(reply: Reply) -> None:
     if reply.error is not None:
         raise IdRequestError(reply.error.code, reply.error.message, reply.error.retryable)
+
+
+class KafkaIdTransport:
+    """ID requests over Kafka through a :class:`KafkaIdClient`, for :class:`dispenser.client.IdClient`.
+
+    Args:
+        config: servers and credentials; the other arguments are :class:`KafkaIdClient`'s.
+    """
+
+    def __init__(
+        self,
+        config: KafkaConfig | None = None,
+        *,
+        reply_topic: str | None = None,
+        reply_partition: int | None = None,
+    ) -> None:
+        self.client = KafkaIdClient(config, reply_topic=reply_topic, reply_partition=reply_partition)
+
+    async def start(self) -> None:
+        """Connect (see :meth:`KafkaIdClient.start`)."""
+        await self.client.start()
+
+    async def close(self) -> None:
+        """Disconnect."""
+        await self.client.close()
+
+    async def request(self, kind: Kind, tag: str, request: IdRequest, timeout: float) -> Reply:
+        """Send one ID request and return its reply (error replies included).
+
+        Raises:
+            TimeoutError: no reply in time.
+            OSError: the request could not be sent.
+        """
+        return await self.client.request(
+            tag,
+            request.count,
+            kind=kind,
+            format=request.format,
+            request_id=request.request_id,
+            timeout=timeout,
+        )

@@ -1,0 +1,202 @@
+"""The buffered client for code without an event loop (a WSGI app, a thread pool): same API, blocking.
+
+An :class:`~dispenser.client.buffered.IdClient` runs on an event loop in a thread of its own. Each tag
+has a cursor here, behind a lock of its own: :meth:`BlockingIdClient.next_id` takes the lock and moves
+the cursor, and only when the cursor is empty does it cross to the loop thread for the next run of IDs
+(:meth:`~dispenser.client.buffered.IdClient.take_run`). Runs grow while they go in under 2 ms and shrink
+when they last longer than 50 ms (1 to 4,096 IDs), so a busy caller crosses threads rarely and a quiet
+one holds few IDs. IDs are strictly increasing per client and tag across all threads (one lock
+serialises a tag's cursor); IDs held at exit are skipped, never reissued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, Literal, Self, TypeVar, overload
+
+from dispenser.client.buffered import BufferSettings, ClientStats, IdClient, IdTransport
+from dispenser.config import KafkaConfig, NatsConfig
+from dispenser.core.ids import Range
+from dispenser.messages import Format, Kind
+
+__all__ = ["BlockingIdClient"]
+
+T = TypeVar("T")
+
+_MAX_RUN = 4096
+_FAST = 0.002
+_SLOW = 0.05
+
+
+class _Cursor:
+    __slots__ = ("end", "lock", "position", "run", "run_at")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.position = 1
+        self.end = 0
+        self.run = 1
+        self.run_at = time.monotonic()
+
+
+class BlockingIdClient:
+    """:class:`~dispenser.client.buffered.IdClient` for threads: every method blocks; all are thread-safe.
+
+    Args:
+        transport: how to reach the dispensers (see :meth:`over_nats`, :meth:`over_kafka`).
+        settings: buffer sizes and timeouts.
+
+    Example::
+
+        with BlockingIdClient.over_nats("nats://127.0.0.1:4222") as client:
+            order_id = client.next_id("order")
+    """
+
+    def __init__(self, transport: IdTransport, settings: BufferSettings | None = None) -> None:
+        self.client = IdClient(transport, settings)
+        """The asynchronous client underneath (runs on the loop thread: call it through the loop)."""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="leaf-id-client", daemon=True)
+        self._cursors: dict[str, _Cursor] = {}
+        self._cursors_lock = threading.Lock()
+        settings = self.client.settings
+        # A call never waits longer than the client's own deadlines; this is only a backstop.
+        self._backstop = settings.timeout + settings.request_timeout + 5.0
+
+    @classmethod
+    def over_nats(
+        cls, config: NatsConfig | str | None = None, settings: BufferSettings | None = None
+    ) -> Self:
+        """A client over NATS (connects on :meth:`start`); arguments as :meth:`IdClient.over_nats`."""
+        return cls(IdClient.over_nats(config).transport, settings)
+
+    @classmethod
+    def over_kafka(
+        cls,
+        config: KafkaConfig | None = None,
+        settings: BufferSettings | None = None,
+        *,
+        reply_topic: str | None = None,
+    ) -> Self:
+        """A client over Kafka (connects on :meth:`start`); arguments as :meth:`IdClient.over_kafka`."""
+        return cls(IdClient.over_kafka(config, reply_topic=reply_topic).transport, settings)
+
+    def start(self) -> None:
+        """Start the loop thread and connect.
+
+        Raises:
+            OSError: the broker cannot be reached (the thread is stopped again).
+        """
+        self._thread.start()
+        try:
+            self._call(self.client.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def close(self) -> None:
+        """Disconnect and stop the loop thread. IDs still held are skipped, never handed out by anyone."""
+        if not self._thread.is_alive():
+            return
+        try:
+            self._call(self.client.close())
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _call(self, work: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(self._backstop)
+
+    def _cursor(self, tag: str) -> _Cursor:
+        cursor = self._cursors.get(tag)
+        if cursor is None:
+            with self._cursors_lock:
+                cursor = self._cursors.setdefault(tag, _Cursor())
+        return cursor
+
+    def _refill(self, tag: str, cursor: _Cursor) -> None:
+        """Fill the empty cursor with the next run (the caller holds its lock)."""
+        now = time.monotonic()
+        lasted = now - cursor.run_at
+        if lasted < _FAST:
+            cursor.run = min(cursor.run * 2, _MAX_RUN)
+        elif lasted > _SLOW:
+            cursor.run = max(cursor.run // 2, 1)
+        first, last = self._call(self.client.take_run(tag, cursor.run))
+        cursor.position, cursor.end = first, last
+        cursor.run_at = time.monotonic()
+
+    def next_id(self, tag: str, kind: Kind = "segment") -> int:
+        """As :meth:`IdClient.next_id <dispenser.client.buffered.IdClient.next_id>`, blocking."""
+        if kind != "segment":
+            return self._call(self.client.next_id(tag, kind))
+        cursor = self._cursor(tag)
+        with cursor.lock:
+            position = cursor.position
+            if position > cursor.end:
+                self._refill(tag, cursor)
+                position = cursor.position
+            cursor.position = position + 1
+            return position
+
+    @overload
+    def take(
+        self, tag: str, count: int, *, kind: Kind = "segment", format: Literal["ids"] = "ids"
+    ) -> list[int]: ...
+
+    @overload
+    def take(
+        self, tag: str, count: int, *, kind: Kind = "segment", format: Literal["ranges"]
+    ) -> list[Range]: ...
+
+    def take(
+        self, tag: str, count: int, *, kind: Kind = "segment", format: Format = "ids"
+    ) -> list[int] | list[Range]:
+        """As :meth:`IdClient.take <dispenser.client.buffered.IdClient.take>`, blocking."""
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        if kind != "segment":
+            ranges = self._call(self.client.take(tag, count, kind=kind, format="ranges"))
+        else:
+            cursor = self._cursor(tag)
+            with cursor.lock:
+                first = cursor.position
+                if first + count - 1 <= cursor.end:
+                    cursor.position = first + count
+                    ranges = [(first, first + count - 1)]
+                else:
+                    # The cursor's rest, then the client's next IDs (all above it): one lock, so no other
+                    # thread's IDs come between.
+                    ranges = [(first, cursor.end)] if first <= cursor.end else []
+                    rest = count - len(range(first, cursor.end + 1))
+                    more = self._call(self.client.take(tag, rest, format="ranges"))
+                    cursor.position = cursor.end + 1
+                    for a, b in more:
+                        if ranges and ranges[-1][1] + 1 == a:
+                            ranges[-1] = (ranges[-1][0], b)
+                        else:
+                            ranges.append((a, b))
+        if format == "ids":
+            return [i for a, b in ranges for i in range(a, b + 1)]
+        return ranges
+
+    def stats(self, tag: str) -> ClientStats | None:
+        """As :meth:`IdClient.stats <dispenser.client.buffered.IdClient.stats>`; this client's cursors count as handed out."""
+        return self.client.stats(tag)

@@ -1,0 +1,590 @@
+"""The buffered client: Leaf's double buffer, one hop further, in the caller's process.
+
+``await client.next_id("order")`` hands out the next ID of a range the client already holds; ranges come
+from the dispensers in the background (``format: "ranges"``), one request per range, so a service that
+needs an ID per event pays a network round trip per range, not per ID, and keeps going for a while when
+no worker answers.
+
+Per tag (segment kind), what decides lives in the pure core, as on the workers:
+
+* a :class:`~dispenser.core.segment.SegmentBuffer` holds the ranges fetched: the refill is started when it
+  says :attr:`~dispenser.core.segment.SegmentBuffer.wants_fetch` (at the switch: as soon as a range starts
+  being used, the next one is asked for, so one whole range is in hand beyond the current one), at most
+  one at a time; :meth:`~dispenser.core.segment.SegmentBuffer.admissible` drops what lies below IDs
+  already held (two workers answer from two segments: a range from the one behind would break the order);
+* a :class:`~dispenser.core.rate.RateMeter` measures the client's own consumption, and
+  :class:`~dispenser.core.step.StepPolicy` sizes the next range: ``buffer_seconds`` x the rate (the peak
+  of the last minute, or the rate at which the last range went if that is higher), between
+  ``min_buffer`` and ``max_buffer``.
+
+The hot path is a cursor: :meth:`IdClient.next_id` returns ``position`` and moves it on, with no await of
+anything, while the cursor has IDs; the cursor is refilled from the buffer in runs
+(:meth:`~dispenser.core.segment.SegmentBuffer.take_run`) of about a millisecond's consumption, and only
+then is the meter told and the refill decision taken.
+
+Each refill carries a ``request_id``; an attempt that got no reply is sent again with the same one, so a
+lost reply costs no range (the fleet replays the answer it recorded). IDs held when the client goes away
+(its cursor, its buffer) are never handed out by anyone: they are skipped, as a worker's are.
+
+Snowflake IDs are not buffered: an ID's time would then be when the range was fetched, not when it was
+handed out, and ``decode`` would lie by up to the buffer's age. Each call is one request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal, Protocol, Self, overload
+
+from dispenser.adapters.nats.client import NatsIdTransport
+from dispenser.client.errors import DispenserUnavailable, IdRequestError
+from dispenser.client.kafka import KafkaIdTransport
+from dispenser.config import KafkaConfig, NatsConfig
+from dispenser.core.ids import Range
+from dispenser.core.rate import RateMeter
+from dispenser.core.segment import NEED_SEGMENT, Segment, SegmentBuffer
+from dispenser.core.step import FleetView, StepPolicy
+from dispenser.messages import Format, IdRequest, Kind, Reply
+from dispenser.service.retry import Backoff
+
+__all__ = ["BufferSettings", "ClientStats", "IdClient", "IdTransport"]
+
+log = logging.getLogger(__name__)
+
+_RUN_SECONDS_LOW = 0.001
+"""A cursor run that lasted less than this doubles the next run (up to :data:`_MAX_RUN`)."""
+_RUN_SECONDS_HIGH = 0.02
+"""A cursor run that lasted more than this halves the next run (down to one ID)."""
+_MAX_RUN = 4096
+"""The longest cursor run: the meter hears of consumption at least every this many IDs."""
+_MIN_RANGE_GAP = 0.001
+"""The shortest time between two refills used to measure the rate at which a range went."""
+_RATE_WINDOW = 1
+"""Seconds per rate sample (the peak is the highest one-second average...)."""
+_PEAK_RETENTION = 60.0
+"""...of the last minute)."""
+
+
+class IdTransport(Protocol):
+    """How the client reaches the dispensers.
+
+    NATS: :class:`dispenser.adapters.nats.client.NatsIdTransport`; Kafka: :class:`dispenser.client.kafka.KafkaIdTransport`.
+    """
+
+    async def start(self) -> None:
+        """Connect. Raises :class:`OSError` when the broker cannot be reached."""
+
+    async def close(self) -> None:
+        """Disconnect."""
+
+    async def request(self, kind: Kind, tag: str, request: IdRequest, timeout: float) -> Reply:
+        """One request, its reply (error replies included).
+
+        Raises:
+            TimeoutError: no reply within ``timeout`` seconds.
+            OSError: no worker serves the tag, or the broker cannot be reached.
+        """
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSettings:
+    """How much the client holds per tag, and how long it waits."""
+
+    buffer_seconds: float = 3.0
+    """A range holds this many seconds of the client's measured rate (its peak of the last minute)."""
+    min_buffer: int = 100
+    """The smallest range asked for (the first one, and at low rates)."""
+    max_buffer: int = 1_000_000
+    """The largest range asked for (the workers' ``limits.max_ranges`` caps a request anyway)."""
+    max_request: int = 1_000_000
+    """The most IDs one request asks for (the workers' ``limits.max_ranges``); a bigger ``take`` needs several."""
+    timeout: float = 5.0
+    """Seconds a call waits for IDs when the buffer is empty and no outage is known yet."""
+    request_timeout: float = 3.0
+    """Seconds a request waits for its reply (above the workers' ``segment.fetch_deadline``, 2 s)."""
+    retry_initial: float = 0.05
+    """First pause after a refill failed, doubling up to ``retry_max``."""
+    retry_max: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.buffer_seconds <= 0:
+            raise ValueError(f"buffer_seconds must be positive, got {self.buffer_seconds}")
+        if not 1 <= self.min_buffer <= self.max_buffer:
+            raise ValueError(f"need 1 <= min_buffer <= max_buffer, got {self.min_buffer}, {self.max_buffer}")
+        if self.max_request < 1:
+            raise ValueError(f"max_request must be at least 1, got {self.max_request}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    """What one tag cost (segment kind), since the client started."""
+
+    tag: str
+    requests: int
+    """Requests sent to the workers for refills (retries included)."""
+    ids_received: int
+    """IDs in the ranges received (those dropped included)."""
+    ids_dropped: int
+    """IDs received below those already held (a worker behind another), skipped."""
+    ids_held: int
+    """IDs in hand now (cursor and buffer): skipped if the client exits."""
+    last_range: int | None
+    """The size of the last range asked for."""
+
+    @property
+    def ids_handed_out(self) -> int:
+        """IDs returned to callers."""
+        return self.ids_received - self.ids_dropped - self.ids_held
+
+
+class _Tag:
+    """One tag's cursor, buffer, meter and refill (segment kind)."""
+
+    __slots__ = (
+        "buffer",
+        "changed",
+        "end",
+        "failure",
+        "fatal",
+        "fatal_round",
+        "ids_dropped",
+        "ids_received",
+        "issued_at_refill",
+        "last_count",
+        "meter",
+        "name",
+        "position",
+        "refill_at",
+        "refiller",
+        "requests",
+        "round",
+        "run",
+        "run_at",
+        "wanted",
+    )
+
+    def __init__(self, name: str, now: float) -> None:
+        self.name = name
+        self.position = 1  # the cursor: position > end means empty
+        self.end = 0
+        self.buffer = SegmentBuffer(0.0)
+        self.meter = RateMeter(now, window=_RATE_WINDOW, retention=_PEAK_RETENTION)
+        self.changed = asyncio.Event()
+        self.refiller: asyncio.Task[None] | None = None
+        self.round = 0  # refills started
+        self.failure: DispenserUnavailable | None = None  # the outage the refill is retrying through
+        self.fatal: IdRequestError | None = None  # a non-retryable answer that ended refill ``fatal_round``
+        self.fatal_round = 0
+        self.wanted = 0  # the IDs a waiting take needs in hand
+        self.last_count: int | None = None
+        self.refill_at: float | None = None
+        self.issued_at_refill = 0
+        self.run = 1  # the next cursor run's length
+        self.run_at = now
+        self.requests = 0
+        self.ids_received = 0
+        self.ids_dropped = 0
+
+    def held(self) -> int:
+        return self.end - self.position + 1 + self.buffer.remaining
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class IdClient:
+    """IDs from the dispensers, buffered per tag in this process; one instance serves any number of tasks.
+
+    Args:
+        transport: how to reach the dispensers (see :meth:`over_nats`, :meth:`over_kafka`).
+        settings: buffer sizes and timeouts.
+
+    Example::
+
+        async with IdClient.over_nats(NatsConfig(url="nats://127.0.0.1:4222")) as client:
+            order_id = await client.next_id("order")
+            ids = await client.take("order", 1000)
+    """
+
+    def __init__(self, transport: IdTransport, settings: BufferSettings | None = None) -> None:
+        self.transport = transport
+        self.settings = settings or BufferSettings()
+        self._policy = StepPolicy(
+            segment_seconds=self.settings.buffer_seconds, max_step=self.settings.max_buffer, hysteresis=0.25
+        )
+        self._tags: dict[str, _Tag] = {}
+        self._closed = False
+
+    @classmethod
+    def over_nats(
+        cls, config: NatsConfig | str | None = None, settings: BufferSettings | None = None
+    ) -> Self:
+        """A client over NATS (connects on :meth:`start`).
+
+        Args:
+            config: servers and credentials, or just a server URL; default ``nats://127.0.0.1:4222``.
+            settings: buffer sizes and timeouts.
+        """
+        if isinstance(config, str):
+            config = NatsConfig(url=config)
+        return cls(NatsIdTransport(config, name="leaf-id-client"), settings)
+
+    @classmethod
+    def over_kafka(
+        cls,
+        config: KafkaConfig | None = None,
+        settings: BufferSettings | None = None,
+        *,
+        reply_topic: str | None = None,
+    ) -> Self:
+        """A client over Kafka (connects on :meth:`start`; the reply topic must exist).
+
+        Args:
+            config: servers and credentials, ``request_topic`` and ``reply_topic``.
+            settings: buffer sizes and timeouts.
+            reply_topic: where replies should come (default: ``config.reply_topic``).
+        """
+        return cls(KafkaIdTransport(config, reply_topic=reply_topic), settings)
+
+    async def start(self) -> None:
+        """Connect.
+
+        Raises:
+            OSError: the broker cannot be reached.
+        """
+        await self.transport.start()
+
+    async def close(self) -> None:
+        """Stop refilling and disconnect. IDs still held are skipped, never handed out by anyone."""
+        self._closed = True
+        tasks = [state.refiller for state in self._tags.values() if state.refiller is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.transport.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- the hot path ------------------------------------------------------------------------------
+
+    async def next_id(self, tag: str, kind: Kind = "segment") -> int:
+        """The next ID of ``tag``: strictly above every ID this client handed out for ``tag`` before.
+
+        Raises:
+            DispenserUnavailable: the buffer is empty and no worker answers (retryable).
+            IdRequestError: the workers refused (``unknown_tag``, ``invalid_tag``, …): not retryable.
+        """
+        state = self._tags.get(tag)
+        if state is not None and kind == "segment":
+            position = state.position
+            if position <= state.end:
+                state.position = position + 1
+                return position
+        return await self._next_id_slow(tag, kind)
+
+    @overload
+    async def take(
+        self, tag: str, count: int, *, kind: Kind = "segment", format: Literal["ids"] = "ids"
+    ) -> list[int]: ...
+
+    @overload
+    async def take(
+        self, tag: str, count: int, *, kind: Kind = "segment", format: Literal["ranges"]
+    ) -> list[Range]: ...
+
+    async def take(
+        self, tag: str, count: int, *, kind: Kind = "segment", format: Format = "ids"
+    ) -> list[int] | list[Range]:
+        """``count`` IDs of ``tag``, increasing: a list (``format="ids"``) or inclusive ranges (``"ranges"``).
+
+        Segment IDs come from the buffer (and are above every ID this client handed out before); snowflake
+        IDs are one request.
+
+        Raises:
+            ValueError: ``count`` < 1.
+            DispenserUnavailable: not enough IDs held and no worker answers (retryable).
+            IdRequestError: the workers refused: not retryable.
+        """
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        if kind != "segment":
+            ranges = await self._request_direct(kind, tag, count)
+        else:
+            state = self._tags.get(tag)
+            if state is not None and (position := state.position) + count - 1 <= state.end:
+                state.position = position + count
+                if format == "ids":
+                    return list(range(position, position + count))
+                return [(position, position + count - 1)]
+            ranges = await self._take_slow(tag, count)
+        if format == "ids":
+            return [i for first, last in ranges for i in range(first, last + 1)]
+        return list(ranges)
+
+    async def take_run(self, tag: str, limit: int) -> Range:
+        """Between 1 and ``limit`` IDs of ``tag`` as one range, for a cursor of the caller's own.
+
+        The blocking client keeps one per tag this way. Raises as :meth:`next_id`.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        state = self._state(tag)
+        while True:
+            first = state.position
+            if first <= state.end:
+                last = min(state.end, first + limit - 1)
+                state.position = last + 1
+                return (first, last)
+            if not self._refill_cursor(state):
+                await self._wait(state, 1)
+
+    def stats(self, tag: str) -> ClientStats | None:
+        """What ``tag`` cost so far (segment kind), or ``None`` if it was never asked for."""
+        state = self._tags.get(tag)
+        if state is None:
+            return None
+        return ClientStats(
+            tag=tag,
+            requests=state.requests,
+            ids_received=state.ids_received,
+            ids_dropped=state.ids_dropped,
+            ids_held=state.held(),
+            last_range=state.last_count,
+        )
+
+    # -- the slow path -----------------------------------------------------------------------------
+
+    def _state(self, tag: str) -> _Tag:
+        state = self._tags.get(tag)
+        if state is None:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            state = self._tags[tag] = _Tag(tag, time.monotonic())
+        return state
+
+    async def _next_id_slow(self, tag: str, kind: Kind) -> int:
+        if kind != "segment":
+            ranges = await self._request_direct(kind, tag, 1)
+            return ranges[0][0]
+        state = self._state(tag)
+        while True:
+            if state.position <= state.end:  # refilled while we waited
+                position = state.position
+                state.position = position + 1
+                return position
+            if self._refill_cursor(state):
+                continue
+            await self._wait(state, 1)
+
+    def _refill_cursor(self, state: _Tag) -> bool:
+        """Move the next run from the buffer into the empty cursor; false if the buffer is empty too."""
+        now = time.monotonic()
+        elapsed = now - state.run_at
+        if elapsed < _RUN_SECONDS_LOW:
+            state.run = min(state.run * 2, _MAX_RUN)
+        elif elapsed > _RUN_SECONDS_HIGH:
+            state.run = max(state.run // 2, 1)
+        run = state.buffer.take_run(state.run)
+        if state.buffer.wants_fetch:
+            self._start_refill(state)
+        if run is NEED_SEGMENT:
+            return False
+        first, last = run
+        state.position, state.end = first, last
+        state.run_at = now
+        state.meter.record(now, last - first + 1, last - first + 1)
+        return True
+
+    async def _take_slow(self, tag: str, count: int) -> list[Range]:
+        state = self._state(tag)
+        while True:
+            in_cursor = state.end - state.position + 1
+            if in_cursor + state.buffer.remaining >= count:
+                ranges: list[Range] = []
+                rest = count
+                if in_cursor > 0:
+                    ranges.append((state.position, state.end))
+                    rest -= in_cursor
+                    state.position = state.end + 1
+                batch = state.buffer.take(rest)
+                assert batch is not NEED_SEGMENT  # checked above
+                state.meter.record(time.monotonic(), rest)
+                if state.buffer.wants_fetch:
+                    self._start_refill(state)
+                for first, last in batch.ranges:
+                    if ranges and ranges[-1][1] + 1 == first:
+                        ranges[-1] = (ranges[-1][0], last)
+                    else:
+                        ranges.append((first, last))
+                return ranges
+            await self._wait(state, count)
+
+    async def _wait(self, state: _Tag, count: int) -> None:
+        """Wait until ``count`` IDs are held or the refill ended; raise what says there will be none.
+
+        Raises:
+            DispenserUnavailable: an outage is known (the refill is retrying through it: new callers get it
+                at once, waiting ones unless it is a reply that timed out and is being asked again), or
+                nothing came within ``timeout``.
+            IdRequestError: the refill this call waited for was refused.
+        """
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        if state.failure is not None:
+            raise state.failure
+        state.wanted = max(state.wanted, count)
+        if state.refiller is None:
+            self._start_refill(state)
+        waiting_for = state.round
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.timeout
+        while True:
+            try:
+                await asyncio.wait_for(state.changed.wait(), deadline - loop.time())
+            except TimeoutError:
+                raise DispenserUnavailable(
+                    "timeout", f"no IDs of {state.name!r} within {self.settings.timeout:g} s"
+                ) from None
+            if state.fatal is not None and state.fatal_round == waiting_for:
+                raise state.fatal
+            if state.held() >= count or state.refiller is None:
+                return
+            failure = state.failure
+            if failure is not None and failure.code != "timeout":
+                raise failure
+
+    def _start_refill(self, state: _Tag) -> None:
+        if state.refiller is not None or self._closed:
+            return
+        state.buffer.begin_fetch()
+        state.round += 1
+        state.fatal = None
+        state.refiller = asyncio.create_task(self._refill(state), name=f"id-client-refill-{state.name}")
+
+    def _range_size(self, state: _Tag, now: float) -> int:
+        """The next range: ``buffer_seconds`` of the measured rate, by the workers' own step policy."""
+        rate = state.meter.rate(now)
+        peak = state.meter.peak(now)
+        recent = 0.0
+        if state.refill_at is not None:
+            elapsed = max(now - state.refill_at, _MIN_RANGE_GAP)
+            recent = (state.meter.ids_issued - state.issued_at_refill) / elapsed
+        fleet = FleetView(own_rate=rate, own_peak=peak, fleet_rate=rate, fleet_peak=peak, recent=recent)
+        size = self._policy.next_step(self.settings.min_buffer, state.last_count, fleet)
+        shortfall = state.wanted - state.held()
+        return min(max(size, shortfall), self.settings.max_request)
+
+    async def _refill(self, state: _Tag) -> None:
+        settings = self.settings
+        backoff = Backoff(settings.retry_initial, settings.retry_max, jitter=0.2)
+        try:
+            while True:
+                now = time.monotonic()
+                count = self._range_size(state, now)
+                state.refill_at = now
+                state.issued_at_refill = state.meter.ids_issued
+                request = IdRequest(count=count, request_id=uuid.uuid4().hex, format="ranges")
+                reply = await self._attempts(state, request, backoff)
+                if reply is None:  # refused: no retry
+                    return
+                state.last_count = count
+                assert reply.ranges is not None
+                admitted = self._install(state, reply.ranges, now)
+                state.failure = None
+                backoff.reset()
+                if admitted and state.held() >= state.wanted:
+                    state.wanted = 0
+                    return
+                # All of it below what we hold (a worker behind another), or a take needs more: again.
+                if admitted:
+                    state.buffer.begin_fetch()
+                    state.notify()
+        finally:
+            state.refiller = None
+            state.notify()
+
+    async def _attempts(self, state: _Tag, request: IdRequest, backoff: Backoff) -> Reply | None:
+        """Send ``request`` until it is answered with IDs (same ``request_id``: a lost reply costs no range).
+
+        Returns ``None`` when the workers refused it (``state.fatal`` says why).
+        """
+        while True:
+            state.requests += 1
+            try:
+                reply = await self.transport.request(
+                    "segment", state.name, request, self.settings.request_timeout
+                )
+            except TimeoutError as exc:
+                failure = DispenserUnavailable("timeout", f"{state.name!r}: {exc or 'no reply in time'}")
+            except OSError as exc:
+                failure = DispenserUnavailable("unreachable", f"{state.name!r}: {exc}")
+            except Exception as exc:  # a bug, not an outage: say so loudly, and keep trying
+                log.exception("refill of %r failed unexpectedly", state.name)
+                failure = DispenserUnavailable("unavailable", f"{state.name!r}: {type(exc).__name__}: {exc}")
+            else:
+                error = reply.error
+                if error is None and reply.ranges:
+                    return reply
+                if error is None:
+                    failure = DispenserUnavailable("unavailable", f"{state.name!r}: a reply without ranges")
+                elif error.retryable:
+                    failure = DispenserUnavailable(error.code, error.message)
+                else:
+                    state.buffer.fetch_failed()
+                    state.fatal = IdRequestError(error.code, error.message, False)
+                    state.fatal_round = state.round
+                    state.wanted = 0
+                    return None
+            if state.failure is None:
+                log.warning("refill of %r failed, retrying until a worker answers: %s", state.name, failure)
+            state.failure = failure
+            state.notify()
+            await backoff.wait()
+
+    def _install(self, state: _Tag, ranges: Sequence[tuple[int, int]], now: float) -> bool:
+        """Put a reply's ranges into the buffer, above what it holds; whether any ID was kept."""
+        admitted = False
+        for first, last in ranges:
+            state.ids_received += last - first + 1
+            part = state.buffer.admissible(Segment(first, last))
+            if part is None:
+                state.ids_dropped += last - first + 1
+                continue
+            state.ids_dropped += part.first - first
+            state.buffer.install(part, now)
+            admitted = True
+        return admitted
+
+    async def _request_direct(self, kind: Kind, tag: str, count: int) -> list[Range]:
+        """One request, not buffered (snowflake IDs); a lost reply is asked again with the same ``request_id``."""
+        request = IdRequest(count=count, request_id=uuid.uuid4().hex, format="ranges")
+        deadline = time.monotonic() + self.settings.timeout
+        while True:
+            try:
+                reply = await self.transport.request(kind, tag, request, self.settings.request_timeout)
+            except TimeoutError as exc:
+                if time.monotonic() < deadline:
+                    continue
+                raise DispenserUnavailable("timeout", f"{tag!r}: {exc or 'no reply in time'}") from None
+            except OSError as exc:
+                raise DispenserUnavailable("unreachable", f"{tag!r}: {exc}") from None
+            if reply.error is not None:
+                if reply.error.retryable:
+                    raise DispenserUnavailable(reply.error.code, reply.error.message)
+                raise IdRequestError(reply.error.code, reply.error.message, False)
+            if not reply.ranges:
+                raise DispenserUnavailable("unavailable", f"{tag!r}: a reply without ranges")
+            return [(first, last) for first, last in reply.ranges]

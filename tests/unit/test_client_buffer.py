@@ -1,0 +1,205 @@
+"""The buffered client against an in-memory transport: order, sizing, outages, refusals, lost replies, threads."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+import pytest
+
+from dispenser.client import BlockingIdClient, BufferSettings, DispenserUnavailable, IdClient, IdRequestError
+from dispenser.messages import ErrorBody, IdRequest, Kind, Reply
+
+FAST = BufferSettings(retry_initial=0.005, retry_max=0.01, timeout=1.0, request_timeout=0.5)
+
+
+class MemoryTransport:
+    """Grants ranges from counters, one per source (a worker), and replays an answer by ``request_id``.
+
+    ``down`` makes every request fail as if no worker served the subject; ``lose`` drops the next replies
+    after the range was granted (as a reply lost on the way back); ``refuse`` answers an error.
+    """
+
+    def __init__(self, sources: int = 1, step: int = 1_000_000) -> None:
+        # Each source draws from a segment of its own, as two workers do: [1, step], [step + 1, 2 step], ...
+        self.positions = [1 + i * step for i in range(sources)]
+        self.turn = itertools.cycle(range(sources))
+        self.requests: list[IdRequest] = []
+        self.answers: dict[str, Reply] = {}
+        self.down = False
+        self.lose = 0
+        self.refuse: ErrorBody | None = None
+        self.delay = 0.0
+
+    async def start(self) -> None:
+        """Nothing to connect."""
+
+    async def close(self) -> None:
+        """Nothing to close."""
+
+    async def request(self, kind: Kind, tag: str, request: IdRequest, timeout: float) -> Reply:
+        """Answer like a fleet: ranges, a replay, or an error."""
+        self.requests.append(request)
+        await asyncio.sleep(self.delay)
+        if self.down:
+            raise ConnectionError(f"no dispenser is serving leaf.{kind}.{tag}")
+        if self.refuse is not None:
+            return Reply(tag=tag, error=self.refuse)
+        assert request.request_id is not None
+        reply = self.answers.get(request.request_id)
+        if reply is None:
+            source = next(self.turn)
+            first = self.positions[source]
+            self.positions[source] += request.count
+            reply = Reply(tag=tag, ranges=[(first, first + request.count - 1)], request_id=request.request_id)
+            self.answers[request.request_id] = reply
+        if self.lose:
+            self.lose -= 1
+            raise TimeoutError("no reply in time")
+        return reply
+
+
+async def drain(client: IdClient, tag: str) -> tuple[list[int], DispenserUnavailable]:
+    """Call next_id until it raises DispenserUnavailable: the IDs it gave, and the error."""
+    ids: list[int] = []
+    while True:
+        try:
+            ids.append(await client.next_id(tag))
+        except DispenserUnavailable as exc:
+            return ids, exc
+
+
+async def test_next_id_and_take_hand_out_increasing_ids_from_few_requests() -> None:
+    """next_id and take, mixed, give strictly increasing IDs; a range serves many calls."""
+    transport = MemoryTransport()
+    async with IdClient(transport, FAST) as client:
+        seen: list[int] = []
+        for _ in range(2000):
+            seen.append(await client.next_id("order"))
+            seen += await client.take("order", 7)
+            ranges = await client.take("order", 5, format="ranges")
+            assert sum(b - a + 1 for a, b in ranges) == 5
+            seen += [i for a, b in ranges for i in range(a, b + 1)]
+        stats = client.stats("order")
+    assert all(a < b for a, b in itertools.pairwise(seen))
+    assert len(seen) == 2000 * 13
+    assert stats is not None
+    assert stats.ids_handed_out == len(seen)
+    assert stats.requests < 20
+    assert all(r.format == "ranges" and r.request_id for r in transport.requests)
+
+
+async def test_ranges_follow_the_rate_within_bounds() -> None:
+    """Ranges start at min_buffer and grow with the consumption, never past max_buffer."""
+    transport = MemoryTransport()
+    settings = BufferSettings(min_buffer=50, max_buffer=20_000, buffer_seconds=1.0)
+    async with IdClient(transport, settings) as client:
+        for _ in range(200_000):
+            await client.next_id("order")
+    counts = [r.count for r in transport.requests]
+    assert counts[0] == 50
+    assert max(counts) == 20_000
+    assert all(50 <= c <= 20_000 for c in counts)
+
+
+async def test_an_outage_serves_what_is_held_then_raises_and_recovers() -> None:
+    """No worker: the held IDs are handed out, then DispenserUnavailable (retryable); then it recovers."""
+    transport = MemoryTransport()
+    settings = BufferSettings(min_buffer=100, max_buffer=100, retry_initial=0.005, retry_max=0.01)
+    async with IdClient(transport, settings) as client:
+        first = await client.next_id("order")
+        await asyncio.sleep(0.01)  # the second range lands
+        transport.down = True
+        held, error = await drain(client, "order")
+        served = [first, *held]
+        assert error.retryable
+        assert error.code == "unreachable"
+        assert len(served) == 200  # both ranges, then the error
+        with pytest.raises(DispenserUnavailable):  # at once while the outage lasts, no waiting
+            await asyncio.wait_for(client.next_id("order"), 0.1)
+        transport.down = False
+        for _ in range(100):  # the background refill gets through by itself
+            await asyncio.sleep(0.01)
+            stats = client.stats("order")
+            assert stats is not None
+            if stats.ids_held:
+                break
+        after = await client.next_id("order")
+    assert after > served[-1]
+
+
+async def test_a_refusal_is_raised_once_per_call_not_retried() -> None:
+    """An unknown tag: the coded error, one request per call, no retries in the background."""
+    transport = MemoryTransport()
+    transport.refuse = ErrorBody("unknown_tag", "unknown tag 'nope'", retryable=False)
+    async with IdClient(transport, FAST) as client:
+        for attempt in range(1, 4):
+            with pytest.raises(IdRequestError) as caught:
+                await client.next_id("nope")
+            assert not isinstance(caught.value, DispenserUnavailable)
+            assert caught.value.code == "unknown_tag"
+            assert not caught.value.retryable
+            await asyncio.sleep(0.05)
+            assert len(transport.requests) == attempt
+        waiters = await asyncio.gather(*(client.next_id("nope") for _ in range(50)), return_exceptions=True)
+        assert all(isinstance(w, IdRequestError) for w in waiters)
+        assert len(transport.requests) == 4  # fifty callers, one request
+
+
+async def test_a_lost_reply_is_asked_again_with_the_same_request_id() -> None:
+    """The retry of a refill whose reply was lost carries its request_id: the same range, nothing skipped."""
+    transport = MemoryTransport()
+    transport.lose = 2
+    async with IdClient(transport, FAST) as client:
+        ids = await client.take("order", 10)
+    assert [r.request_id for r in transport.requests[:3]] == [transport.requests[0].request_id] * 3
+    assert ids == list(range(1, 11))
+
+
+async def test_ranges_below_what_is_held_are_dropped() -> None:
+    """Two workers on two segments: what the one behind grants is skipped; the IDs still increase."""
+    transport = MemoryTransport(sources=2, step=10_000)
+    settings = BufferSettings(min_buffer=100, max_buffer=100)
+    async with IdClient(transport, settings) as client:
+        seen = [await client.next_id("order") for _ in range(5_000)]
+        stats = client.stats("order")
+    assert all(a < b for a, b in itertools.pairwise(seen))
+    assert stats is not None
+    assert stats.ids_dropped > 0
+    assert stats.ids_handed_out == len(seen)
+
+
+async def test_snowflake_ids_are_one_request_each() -> None:
+    """kind="snowflake" is not buffered: every call is a request."""
+    transport = MemoryTransport()
+    async with IdClient(transport, FAST) as client:
+        one = await client.next_id("events", kind="snowflake")
+        more = await client.take("events", 3, kind="snowflake")
+    assert one < more[0]
+    assert [r.count for r in transport.requests] == [1, 3]
+
+
+def test_the_blocking_client_from_sixteen_threads() -> None:
+    """Sixteen threads share one blocking client: every ID once, increasing within each thread."""
+    transport = MemoryTransport()
+    transport.delay = 0.0005
+    per_thread: list[list[int]] = [[] for _ in range(16)]
+    with BlockingIdClient(transport, FAST) as client:
+
+        def work(out: list[int]) -> None:
+            for n in range(3000):
+                if n % 100 == 0:
+                    out.extend(client.take("order", 10))
+                else:
+                    out.append(client.next_id("order"))
+
+        threads = [threading.Thread(target=work, args=(out,)) for out in per_thread]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    everything = [i for out in per_thread for i in out]
+    assert len(everything) == len(set(everything)) == 16 * (2970 + 300)
+    for out in per_thread:
+        assert all(a < b for a, b in itertools.pairwise(out))
