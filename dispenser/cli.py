@@ -194,15 +194,15 @@ def _parser() -> argparse.ArgumentParser:
     remove.add_argument("tag")
 
     bench = sub.add_parser(
-        "bench", help="benchmark the service (`dispenser bench nats|kafka|snowflake --help`)"
+        "bench", help="benchmark the service (`dispenser bench nats|kafka|snowflake|client --help`)"
     )
     bench.add_argument(
         "target",
-        choices=["nats", "kafka", "snowflake"],
+        choices=["nats", "kafka", "snowflake", "client"],
         help=(
             "nats: the worker against an echo responder; kafka: request/reply against a Kafka echo responder "
             "and enrichment against a plain transactional copy loop; snowflake: in-process IDs/s against "
-            "the format's ceiling"
+            "the format's ceiling; client: the buffered client's next_id and take against a request per ID"
         ),
     )
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
@@ -452,6 +452,10 @@ def _bench(args: argparse.Namespace, _config: Config) -> int:
         from dispenser.bench import snowflake_inproc  # noqa: PLC0415
 
         return snowflake_inproc.run_cli(args.options)
+    if args.target == "client":
+        from dispenser.bench import client_bench  # noqa: PLC0415 - starts servers; only when asked
+
+        return client_bench.main(args.options)
     if args.target == "kafka":
         from dispenser.bench import kafka_bench  # noqa: PLC0415 - starts servers; only when asked
 

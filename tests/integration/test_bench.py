@@ -65,3 +65,37 @@ def test_bench_nats_reports_every_case(
     # A segment of 1,000 IDs at 10 per request: every 100th reply lands on a switch-over.
     assert sum(c["switch_requests"] for c in switches) > 0
     assert {t["name"] for t in report["targets"]} >= {"rate vs echo, ids/1 @64", "IDs/s, ids/100 @64"}
+
+
+def test_bench_client_reports_every_case(
+    nats_server: NatsServer, pg_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tiny `dispenser bench client` run measures every case and judges the four targets."""
+    path = tmp_path / "bench-client.json"
+    status = main(
+        [
+            "bench",
+            "client",
+            *("--duration", "0.2", "--warmup", "0.05", "--quiet"),
+            *("--nats-url", nats_server.url, "--postgres-dsn", pg_dsn, "--json", str(path)),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "targets:" in out
+    report = json.loads(path.read_text())
+    names = [c["name"] for c in report["cases"]]
+    assert names == [
+        "nc.request per ID @1",
+        "nc.request per ID @64",
+        "IdClient.next_id",
+        "IdClient.take(1000)",
+        "BlockingIdClient.next_id x1 threads",
+        "BlockingIdClient.next_id x4 threads",
+    ]
+    for case in report["cases"]:
+        assert case["ids_per_s"] > 0
+    requests = {c["name"]: c["requests_per_million_ids"] for c in report["cases"]}
+    assert requests["nc.request per ID @1"] == 1_000_000
+    assert requests["IdClient.next_id"] < 1_000
+    assert len(report["targets"]) == 4

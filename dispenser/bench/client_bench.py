@@ -1,0 +1,433 @@
+"""``dispenser bench client``: the buffered client against a request per ID, in one process.
+
+What runs, all on this machine: one NATS server and one PostgreSQL server (started here in a temporary
+directory, or ``--nats-url`` / ``--postgres-dsn``), one dispenser worker (``python -m dispenser serve``, a
+process of its own, stopped by its PID), and the cases below in this process, on uvloop, one after the
+other against the same worker and tag:
+
+* ``nc.request per ID @1``: a loop of ``await nc.request(subject, b"")`` (an empty body is one ID), one
+  in flight: what a service pays today for an ID per event;
+* ``nc.request per ID @64``: 64 such loops on one connection, the most one process gets that way;
+* ``IdClient.next_id``: a loop of ``await client.next_id(tag)``;
+* ``IdClient.take(1000)``: a loop of ``await client.take(tag, 1000)`` (a list of 1,000 IDs);
+* ``BlockingIdClient.next_id`` from 1 and from 4 threads.
+
+Every call is timed on its own (``time.perf_counter_ns`` around it); the loops yield to the event loop
+once every 1,000 calls, untimed, as a service awaiting anything does (a loop that never yields would
+starve the client's background refill, which then happens when the buffer is empty, inside a call).
+Each case reports calls/s, IDs/s, the p50/p99/p999 of one call in microseconds, and the requests the worker
+answered per million IDs handed out (the worker's own count, from ``$SRV.STATS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import functools
+import json
+import os
+import platform
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nats
+from nats.aio.client import Client
+
+from dispenser.bench.nats_load import Child, wait_ready
+from dispenser.bench.nats_plan import BenchError
+from dispenser.bench.stats import write_json
+from dispenser.client import BlockingIdClient, BufferSettings, IdClient
+from dispenser.runner import run_async
+from dispenser.tables import fmt_rate, fmt_us, render_table
+
+__all__ = ["CaseResult", "Target", "main", "run"]
+
+_YIELD_EVERY = 1000
+
+
+@dataclass(slots=True)
+class CaseResult:
+    """One measured case."""
+
+    name: str
+    calls: int
+    ids: int
+    seconds: float
+    p50_us: float
+    p99_us: float
+    p999_us: float
+    max_us: float
+    worker_requests: int
+    """Requests the worker answered during the case (its ``$SRV.STATS``)."""
+
+    @property
+    def calls_per_s(self) -> float:
+        """Calls per second."""
+        return self.calls / self.seconds
+
+    @property
+    def ids_per_s(self) -> float:
+        """IDs per second."""
+        return self.ids / self.seconds
+
+    @property
+    def requests_per_million(self) -> float:
+        """Requests reaching the worker per million IDs."""
+        return self.worker_requests * 1_000_000 / max(1, self.ids)
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON record."""
+        return asdict(self) | {
+            "calls_per_s": self.calls_per_s,
+            "ids_per_s": self.ids_per_s,
+            "requests_per_million_ids": self.requests_per_million,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A goal of issue 13 and whether this run met it."""
+
+    name: str
+    measured: str
+    passed: bool
+
+
+@dataclass(slots=True)
+class Report:
+    """Cases, targets and what the run was."""
+
+    cases: list[CaseResult]
+    targets: list[Target]
+    meta: dict[str, object] = field(default_factory=dict)
+
+
+def _percentile(sorted_ns: Sequence[int], q: float) -> float:
+    if not sorted_ns:
+        return 0.0
+    return sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))] / 1000
+
+
+class _Timer:
+    """Latencies of single calls, and the count of IDs they returned."""
+
+    def __init__(self) -> None:
+        self.ns: list[int] = []
+        self.ids = 0
+        self.started = 0.0
+        self.seconds = 0.0
+
+    def result(self, name: str, worker_requests: int) -> CaseResult:
+        ns = sorted(self.ns)
+        return CaseResult(
+            name=name,
+            calls=len(ns),
+            ids=self.ids,
+            seconds=self.seconds,
+            p50_us=_percentile(ns, 0.5),
+            p99_us=_percentile(ns, 0.99),
+            p999_us=_percentile(ns, 0.999),
+            max_us=ns[-1] / 1000 if ns else 0.0,
+            worker_requests=worker_requests,
+        )
+
+
+async def _worker_requests(nc: Client) -> int:
+    """The requests the (single) worker has answered so far, from its ``$SRV.STATS``."""
+    msg = await nc.request("$SRV.STATS.leaf-dispenser", b"", timeout=5.0)
+    stats = json.loads(msg.data)
+    return sum(int(e["num_requests"]) for e in stats["endpoints"])
+
+
+async def _loop(call: Callable[[], Awaitable[int]], duration: float, timer: _Timer) -> None:
+    """Call ``call`` for ``duration`` seconds, timing each call; yield every 1,000 calls, untimed."""
+    clock = time.perf_counter_ns
+    ns = timer.ns
+    end = time.perf_counter() + duration
+    timer.started = time.perf_counter()
+    while time.perf_counter() < end:
+        for _ in range(_YIELD_EVERY):
+            start = clock()
+            got = await call()
+            ns.append(clock() - start)
+            timer.ids += got
+        await asyncio.sleep(0)
+    timer.seconds = time.perf_counter() - timer.started
+
+
+async def _request_case(nc: Client, subject: str, inflight: int, duration: float) -> _Timer:
+    timer = _Timer()
+    clock = time.perf_counter_ns
+    end = time.perf_counter() + duration
+
+    async def requester() -> None:
+        while time.perf_counter() < end:
+            start = clock()
+            await nc.request(subject, b"", timeout=5.0)
+            timer.ns.append(clock() - start)
+            timer.ids += 1
+
+    timer.started = time.perf_counter()
+    await asyncio.gather(*(requester() for _ in range(inflight)))
+    timer.seconds = time.perf_counter() - timer.started
+    return timer
+
+
+def _blocking_case(client: BlockingIdClient, tag: str, threads: int, duration: float) -> _Timer:
+    timer = _Timer()
+    lock = threading.Lock()
+    end = time.perf_counter() + duration
+
+    def work() -> None:
+        clock = time.perf_counter_ns
+        ns: list[int] = []
+        while time.perf_counter() < end:
+            for _ in range(_YIELD_EVERY):
+                start = clock()
+                client.next_id(tag)
+                ns.append(clock() - start)
+        with lock:
+            timer.ns += ns
+            timer.ids += len(ns)
+
+    workers = [threading.Thread(target=work, name=f"bench-{n}") for n in range(threads)]
+    timer.started = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    timer.seconds = time.perf_counter() - timer.started
+    return timer
+
+
+async def _measure(
+    nats_url: str, tag: str, child: Child, duration: float, warmup: float, *, say: Callable[[str], None]
+) -> list[CaseResult]:
+    subject = f"leaf.segment.{tag}"
+    nc = await nats.connect(nats_url, name="dispenser-bench-client", allow_reconnect=False)
+    cases: list[CaseResult] = []
+    try:
+        await wait_ready(nc, child, subject, b"")
+
+        async def case(name: str, run: Callable[[], Awaitable[_Timer]]) -> None:
+            before = await _worker_requests(nc)
+            timer = await run()
+            result = timer.result(name, await _worker_requests(nc) - before)
+            say(
+                f"  {name:<32} {fmt_rate(result.ids_per_s):>12} IDs/s  p50 {fmt_us(result.p50_us):>7} µs  "
+                f"p99 {fmt_us(result.p99_us):>7} µs  {result.requests_per_million:,.1f} requests per 1M IDs"
+            )
+            cases.append(result)
+
+        for inflight in (1, 64):
+            await _request_case(nc, subject, inflight, warmup)
+            await case(
+                f"nc.request per ID @{inflight}",
+                functools.partial(_request_case, nc, subject, inflight, duration),
+            )
+
+        settings = BufferSettings()
+        async with IdClient.over_nats(nats_url, settings) as client:
+
+            async def next_id() -> int:
+                await client.next_id(tag)
+                return 1
+
+            async def take() -> int:
+                return len(await client.take(tag, 1000))
+
+            await _loop(next_id, warmup, _Timer())
+            await case("IdClient.next_id", functools.partial(_timed, next_id, duration))
+            await _loop(take, warmup, _Timer())
+            await case("IdClient.take(1000)", functools.partial(_timed, take, duration))
+
+        blocking = BlockingIdClient.over_nats(nats_url, settings)
+        await asyncio.to_thread(blocking.start)
+        try:
+            for threads in (1, 4):
+                await asyncio.to_thread(_blocking_case, blocking, tag, threads, warmup)
+                await case(
+                    f"BlockingIdClient.next_id x{threads} threads",
+                    functools.partial(asyncio.to_thread, _blocking_case, blocking, tag, threads, duration),
+                )
+        finally:
+            await asyncio.to_thread(blocking.close)
+    finally:
+        await nc.close()
+    return cases
+
+
+async def _timed(call: Callable[[], Awaitable[int]], duration: float) -> _Timer:
+    timer = _Timer()
+    await _loop(call, duration, timer)
+    return timer
+
+
+def _targets(cases: Sequence[CaseResult]) -> list[Target]:
+    by_name = {c.name: c for c in cases}
+    best_request = max(by_name["nc.request per ID @1"].ids_per_s, by_name["nc.request per ID @64"].ids_per_s)
+    next_id = by_name["IdClient.next_id"]
+    take = by_name["IdClient.take(1000)"]
+    return [
+        Target(
+            "next_id >= 500,000 calls/s",
+            f"{next_id.calls_per_s:,.0f} calls/s",
+            next_id.calls_per_s >= 500_000,
+        ),
+        Target("next_id p99 < 10 µs", f"{next_id.p99_us:.2f} µs", next_id.p99_us < 10),
+        Target(
+            "next_id >= 15x a request per ID",
+            f"{next_id.ids_per_s / best_request:,.0f}x (vs {best_request:,.0f} requests/s)",
+            next_id.ids_per_s >= 15 * best_request,
+        ),
+        Target(
+            "take(1000) >= 10,000,000 IDs/s", f"{take.ids_per_s:,.0f} IDs/s", take.ids_per_s >= 10_000_000
+        ),
+    ]
+
+
+def render(report: Report) -> str:
+    """The table and the targets, as printed."""
+    meta = report.meta
+    lines = [
+        f"dispenser bench client — {meta.get('date')} — {meta.get('cpus')} CPUs, Python {meta.get('python')}, "
+        f"{meta.get('duration')} s per case (+{meta.get('warmup')} s warm-up)",
+        "",
+        render_table(
+            ["case", "calls/s", "IDs/s", "p50 µs", "p99 µs", "p999 µs", "max µs", "requests per 1M IDs"],
+            [
+                [
+                    c.name,
+                    fmt_rate(c.calls_per_s),
+                    fmt_rate(c.ids_per_s),
+                    fmt_us(c.p50_us),
+                    fmt_us(c.p99_us),
+                    fmt_us(c.p999_us),
+                    fmt_us(c.max_us),
+                    f"{c.requests_per_million:,.1f}",
+                ]
+                for c in report.cases
+            ],
+        ),
+        "",
+        "targets:",
+        *(f"  [{'ok' if t.passed else 'MISSED'}] {t.name}: {t.measured}" for t in report.targets),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run(
+    duration: float = 3.0,
+    warmup: float = 1.0,
+    nats_url: str | None = None,
+    postgres_dsn: str | None = None,
+    quiet: bool = False,
+) -> Report:
+    """Start the servers and the worker (unless given), measure every case, stop what was started.
+
+    Raises:
+        BenchError: a server or the worker could not be started, or the worker went away.
+    """
+    from dispenser.testing.servers import DevServerError, NatsServer, PostgresServer  # noqa: PLC0415
+
+    def say(text: str) -> None:
+        if not quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    tag = f"bench-client-{secrets.token_hex(3)}"
+    started = datetime.datetime.now(datetime.UTC)
+    with tempfile.TemporaryDirectory(prefix="dispenser-bench-client-") as tmp:
+        workdir = Path(tmp)
+        if os.geteuid() == 0:
+            workdir.chmod(0o755)  # PostgreSQL runs as its own user below it
+        nats_server: NatsServer | None = None
+        pg_server: PostgresServer | None = None
+        child: Child | None = None
+        try:
+            if nats_url is None:
+                nats_server = NatsServer(workdir / "nats")
+                nats_server.start()
+                nats_url = nats_server.url
+            if postgres_dsn is None:
+                pg_server = PostgresServer(workdir / "pgdata")
+                pg_server.start()
+                postgres_dsn = pg_server.dsn
+            say(f"servers: NATS {nats_url}, PostgreSQL {postgres_dsn}")
+            from dispenser.bench.nats_bench import _prepare_tags, _remove_tags  # noqa: PLC0415
+
+            run_async(_prepare_tags(postgres_dsn, [(tag, 100_000, 1)]))
+            env = dict(os.environ) | {
+                "DISPENSER_NATS_URL": nats_url,
+                "DISPENSER_POSTGRES_DSN": postgres_dsn,
+                "DISPENSER_LOG_LEVEL": "WARNING",
+                "DISPENSER_SNOWFLAKE_ENABLED": "false",
+                "XDG_STATE_HOME": str(workdir / "state"),
+            }
+            child = Child(
+                "dispenser worker", [sys.executable, "-m", "dispenser", "serve"], workdir / "worker.log", env
+            )
+            child.start()
+            try:
+                cases = run_async(_measure(nats_url, tag, child, duration, warmup, say=say))
+            finally:
+                status = child.stop()
+                if status not in (None, 0):
+                    say(f"dispenser worker exited with status {status}:\n{child.tail()}")
+                run_async(_remove_tags(postgres_dsn, [(tag, 100_000, 1)]))
+        except DevServerError as exc:
+            raise BenchError(f"cannot start a server: {exc}") from exc
+        finally:
+            if pg_server is not None:
+                pg_server.stop()
+            if nats_server is not None:
+                nats_server.stop()
+    meta: dict[str, object] = {
+        "date": started.isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "duration": duration,
+        "warmup": warmup,
+        "buffer": asdict(BufferSettings()),
+    }
+    return Report(cases, _targets(cases), meta)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``dispenser bench client [--duration S] [--warmup S] [--json PATH] [--nats-url U --postgres-dsn D]``."""
+    parser = argparse.ArgumentParser(prog="dispenser bench client", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per case (default 3)")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per case (default 1)")
+    parser.add_argument("--nats-url", help="use this NATS server instead of starting one")
+    parser.add_argument(
+        "--postgres-dsn", help="use this PostgreSQL instead of starting one (a tag is added, then removed)"
+    )
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
+    args = parser.parse_args(list(argv))
+    try:
+        report = run(args.duration, args.warmup, args.nats_url, args.postgres_dsn, args.quiet)
+    except BenchError as exc:
+        print(f"dispenser bench: {exc}", file=sys.stderr)
+        return 1
+    print(render(report), end="")
+    if args.json is not None:
+        write_json(
+            args.json,
+            {
+                "meta": report.meta,
+                "cases": [c.as_dict() for c in report.cases],
+                "targets": [asdict(t) for t in report.targets],
+            },
+        )
+        print(f"\nwrote {args.json}")
+    return 1 if args.strict and not all(t.passed for t in report.targets) else 0
