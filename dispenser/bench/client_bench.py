@@ -298,7 +298,8 @@ def render(report: Report) -> str:
     meta = report.meta
     lines = [
         f"dispenser bench client — {meta.get('date')} — {meta.get('cpus')} CPUs, Python {meta.get('python')}, "
-        f"{meta.get('duration')} s per case (+{meta.get('warmup')} s warm-up)",
+        f"{meta.get('duration')} s per case (+{meta.get('warmup')} s warm-up), "
+        f"load average {meta.get('loadavg_before')} before, {meta.get('loadavg_after')} after",
         "",
         render_table(
             ["case", "calls/s", "IDs/s", "p50 µs", "p99 µs", "p999 µs", "max µs", "requests per 1M IDs"],
@@ -343,6 +344,7 @@ def run(
 
     tag = f"bench-client-{secrets.token_hex(3)}"
     started = datetime.datetime.now(datetime.UTC)
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="dispenser-bench-client-") as tmp:
         workdir = Path(tmp)
         if os.geteuid() == 0:
@@ -393,6 +395,7 @@ def run(
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "duration": duration,
         "warmup": warmup,
