@@ -18,7 +18,9 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, overload
 
+from dispenser.adapters.nats.client import NatsIdTransport
 from dispenser.client.buffered import BufferSettings, ClientStats, IdClient, IdTransport
+from dispenser.client.kafka import KafkaIdTransport
 from dispenser.config import KafkaConfig, NatsConfig
 from dispenser.core.ids import Range
 from dispenser.messages import Format, Kind
@@ -72,7 +74,9 @@ class BlockingIdClient:
         cls, config: NatsConfig | str | None = None, settings: BufferSettings | None = None
     ) -> Self:
         """A client over NATS (connects on :meth:`start`); arguments as :meth:`IdClient.over_nats`."""
-        return cls(IdClient.over_nats(config).transport, settings)
+        if isinstance(config, str):
+            config = NatsConfig(url=config)
+        return cls(NatsIdTransport(config, name="leaf-id-client"), settings)
 
     @classmethod
     def over_kafka(
@@ -83,7 +87,7 @@ class BlockingIdClient:
         reply_topic: str | None = None,
     ) -> Self:
         """A client over Kafka (connects on :meth:`start`); arguments as :meth:`IdClient.over_kafka`."""
-        return cls(IdClient.over_kafka(config, reply_topic=reply_topic).transport, settings)
+        return cls(KafkaIdTransport(config, reply_topic=reply_topic), settings)
 
     def start(self) -> None:
         """Start the loop thread and connect.
@@ -101,6 +105,8 @@ class BlockingIdClient:
     def close(self) -> None:
         """Disconnect and stop the loop thread. IDs still held are skipped, never handed out by anyone."""
         if not self._thread.is_alive():
+            if not self._loop.is_closed():  # never started
+                self._loop.close()
             return
         try:
             self._call(self.client.close())

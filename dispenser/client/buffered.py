@@ -490,6 +490,7 @@ class IdClient:
     async def _refill(self, state: _Tag) -> None:
         settings = self.settings
         backoff = Backoff(settings.retry_initial, settings.retry_max, jitter=0.2)
+        dropped_in_a_row = 0
         try:
             while True:
                 now = time.monotonic()
@@ -510,8 +511,18 @@ class IdClient:
                     return
                 # All of it below what we hold (a worker behind another), or a take needs more: again.
                 if admitted:
+                    dropped_in_a_row = 0
                     state.buffer.begin_fetch()
                     state.notify()
+                else:
+                    dropped_in_a_row += 1
+                    if dropped_in_a_row > 2:  # not one worker behind: the tag's counter went back (by hand?)
+                        log.warning(
+                            "refill of %r: %d ranges in a row below the IDs held",
+                            state.name,
+                            dropped_in_a_row,
+                        )
+                        await backoff.wait()
         finally:
             state.refiller = None
             state.notify()

@@ -203,3 +203,19 @@ def test_the_blocking_client_from_sixteen_threads() -> None:
     assert len(everything) == len(set(everything)) == 16 * (2970 + 300)
     for out in per_thread:
         assert all(a < b for a, b in itertools.pairwise(out))
+
+
+async def test_a_counter_gone_back_is_skipped_with_a_pause_not_a_spin() -> None:
+    """The tag's counter set back below what the client held: those ranges are skipped, the IDs still increase."""
+    transport = MemoryTransport()
+    settings = BufferSettings(min_buffer=100, max_buffer=100, retry_initial=0.005, retry_max=0.01)
+    async with IdClient(transport, settings) as client:
+        seen = [await client.next_id("order")]
+        await asyncio.sleep(0.01)  # the second range lands: 1..200 held
+        transport.positions[0] = 1  # someone reset the counter
+        seen += [await client.next_id("order") for _ in range(200)]
+        stats = client.stats("order")
+    assert all(a < b for a, b in itertools.pairwise(seen))
+    assert seen[-1] > 200
+    assert stats is not None
+    assert stats.ids_dropped >= 200
