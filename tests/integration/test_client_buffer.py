@@ -53,6 +53,12 @@ def assert_disjoint(clients: list[Runs]) -> None:
         assert first > last, (last, first)
 
 
+def held_ids(ids: IdClient) -> int:
+    """IDs of ``demo`` the client holds."""
+    stats = ids.stats("demo")
+    return 0 if stats is None else stats.ids_held
+
+
 class CountingTransport(NatsIdTransport):
     """The NATS transport, counting requests; it may lose the next replies after they arrived."""
 
@@ -161,7 +167,7 @@ async def test_an_outage_serves_the_buffer_raises_then_recovers(nats_server: Nat
     async with IdClient.over_nats(nats_server.url, settings) as ids:
         async with running_worker(config):
             before = [await ids.next_id("demo") for _ in range(10)]
-            await asyncio.sleep(0.05)  # the second range lands
+            await wait_until(lambda: held_ids(ids) == 990, what="the second range")
         held: list[int] = []
         with pytest.raises(DispenserUnavailable) as caught:  # noqa: PT012 - the loop is the point
             while True:
