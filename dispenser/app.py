@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from dispenser.adapters.kafka.clients import KafkaRateSink
+from dispenser.adapters.kafka.clients import KafkaRateSink, check_security
 from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
 from dispenser.adapters.kafka.rates import KafkaRateListener
 from dispenser.adapters.kafka.requests import KafkaRequestService
@@ -112,7 +112,7 @@ class Worker:
         fails half-way releases exactly what it opened (see :meth:`stop`).
 
         Raises:
-            OSError: NATS cannot be reached.
+            OSError: NATS cannot be reached, or Kafka refuses the security settings (``KafkaSecurityError``).
             DispenserError: PostgreSQL or the worker-ID registry cannot be reached, or the clock or
                 layout is refused (see :meth:`_start_snowflake`).
         """
@@ -173,6 +173,10 @@ class Worker:
             decode = decode_handler(self.snowflake.layout, config.limits.max_body_bytes)
             special["snowflake"] = {DECODE_TAG: decode}
         self.dispatchers = dispatchers
+        if config.kafka.enabled and (self.serve or config.rate.enabled):
+            # Once, before the first Kafka client (rate events, requests): a refused password or CA is one
+            # clear line here, where aiokafka itself would only say "Unable to bootstrap".
+            await check_security(config.kafka)
         if config.rate.enabled:
             await self._start_rates(stack)
         if config.metrics.port is not None:

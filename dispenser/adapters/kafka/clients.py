@@ -421,7 +421,6 @@ class KafkaRateSink:
         Raises:
             OSError: Kafka could not be reached.
         """
-        await check_security(self._config)
         if self._config.create_topics:
             await ensure_topics(self._config, {self.topic: self._config.topic_partitions})
         self._producer = AIOKafkaProducer(**client_options(self._config), acks=1, linger_ms=20)

@@ -18,7 +18,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from dispenser.adapters.kafka.clients import check_security, client_options, ensure_topics, topic_partitions
+from dispenser.adapters.kafka.clients import client_options, ensure_topics, topic_partitions
 from dispenser.config import KafkaConfig
 from dispenser.messages import RateEvent
 
@@ -54,7 +54,6 @@ class KafkaRateListener:
             OSError: Kafka could not be reached, or the topic does not exist.
         """
         config = self._config
-        await check_security(config)
         if config.create_topics:
             await ensure_topics(config, {self.topic: config.topic_partitions})
         partitions = await topic_partitions(config, self.topic)

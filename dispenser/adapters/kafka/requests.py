@@ -36,7 +36,6 @@ from dispenser.adapters.kafka.clients import (
     CORRELATION_ID,
     REPLY_PARTITION,
     REPLY_TOPIC,
-    check_security,
     client_options,
     decode_partition,
     ensure_topics,
@@ -149,7 +148,6 @@ class KafkaRequestService:
             OSError: Kafka could not be reached.
         """
         config = self._config
-        await check_security(config)
         if config.create_topics:
             topics = {config.request_topic: config.topic_partitions}
             if config.reply_topic:
