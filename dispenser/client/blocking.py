@@ -18,9 +18,7 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, overload
 
-from dispenser.adapters.nats.client import NatsIdTransport
 from dispenser.client.buffered import BufferSettings, ClientStats, IdClient, IdTransport
-from dispenser.client.kafka import KafkaIdTransport
 from dispenser.config import KafkaConfig, NatsConfig
 from dispenser.core.ids import Range
 from dispenser.messages import Format, Kind
@@ -59,7 +57,10 @@ class BlockingIdClient:
     """
 
     def __init__(self, transport: IdTransport, settings: BufferSettings | None = None) -> None:
-        self.client = IdClient(transport, settings)
+        self._adopt(IdClient(transport, settings))
+
+    def _adopt(self, client: IdClient) -> None:
+        self.client = client
         """The asynchronous client underneath (runs on the loop thread: call it through the loop)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="leaf-id-client", daemon=True)
@@ -74,9 +75,7 @@ class BlockingIdClient:
         cls, config: NatsConfig | str | None = None, settings: BufferSettings | None = None
     ) -> Self:
         """A client over NATS (connects on :meth:`start`); arguments as :meth:`IdClient.over_nats`."""
-        if isinstance(config, str):
-            config = NatsConfig(url=config)
-        return cls(NatsIdTransport(config, name="leaf-id-client"), settings)
+        return cls._around(IdClient.over_nats(config, settings))
 
     @classmethod
     def over_kafka(
@@ -87,7 +86,13 @@ class BlockingIdClient:
         reply_topic: str | None = None,
     ) -> Self:
         """A client over Kafka (connects on :meth:`start`); arguments as :meth:`IdClient.over_kafka`."""
-        return cls(KafkaIdTransport(config, reply_topic=reply_topic), settings)
+        return cls._around(IdClient.over_kafka(config, settings, reply_topic=reply_topic))
+
+    @classmethod
+    def _around(cls, client: IdClient) -> Self:
+        blocking = cls.__new__(cls)
+        blocking._adopt(client)
+        return blocking
 
     def start(self) -> None:
         """Start the loop thread and connect.
