@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -113,11 +114,15 @@ def check_exactly_once(
         assert record.value in BAD_VALUES
 
 
-async def test_in_process_enrichment_with_bad_records(kafka_broker: KafkaBroker, pg_dsn: str) -> None:
-    """2,000 records, every 50th unfit: outputs and dead letters exactly once, keys and headers kept."""
-    await prepare(pg_dsn, [("order", 500)])
-    bootstrap = kafka_broker.bootstrap
-    topic_in, topic_out, where = await make_stream(bootstrap, 2000, bad_every=50)
+@contextlib.asynccontextmanager
+async def enriching(
+    bootstrap: str, pg_dsn: str, topic_in: str, topic_out: str, commit_records: int
+) -> AsyncIterator[tuple[Enricher, asyncio.Task[None]]]:
+    """An :class:`Enricher` of ``topic_in`` into ``topic_out`` (tag ``order``, field ``order.id``) running here.
+
+    Yields the enricher and its running task; on a normal exit it is stopped and the task awaited (its
+    error, if any, raised); the worker that supplies its IDs is stopped in any case.
+    """
     config = kafka_config(bootstrap, pg_dsn)
     settings = EnrichSettings(
         input_topic=topic_in,
@@ -125,7 +130,7 @@ async def test_in_process_enrichment_with_bad_records(kafka_broker: KafkaBroker,
         tag="order",
         placement=Placement.from_options(field="order.id"),
         group_id=unique("enrich"),
-        commit_records=300,
+        commit_records=commit_records,
     )
     worker = Worker(config, serve=False)
     await worker.start()
@@ -135,13 +140,25 @@ async def test_in_process_enrichment_with_bad_records(kafka_broker: KafkaBroker,
         enricher = Enricher(config.kafka, settings, worker.allocator)
         await enricher.start()
         running = asyncio.create_task(enricher.run(stop))
-        async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, settings.dlq) as dlq:
-            outputs = await out.wait_for(2000 - 40, timeout=60)
-            dead = await dlq.wait_for(40, timeout=30)
+        yield enricher, running
         stop.set()
         await running
     finally:
         await worker.stop()
+
+
+async def test_in_process_enrichment_with_bad_records(kafka_broker: KafkaBroker, pg_dsn: str) -> None:
+    """2,000 records, every 50th unfit: outputs and dead letters exactly once, keys and headers kept."""
+    await prepare(pg_dsn, [("order", 500)])
+    bootstrap = kafka_broker.bootstrap
+    topic_in, topic_out, where = await make_stream(bootstrap, 2000, bad_every=50)
+    async with (
+        enriching(bootstrap, pg_dsn, topic_in, topic_out, commit_records=300) as (enricher, _),
+        TopicReader(bootstrap, topic_out) as out,
+        TopicReader(bootstrap, f"{topic_in}.dlq") as dlq,
+    ):
+        outputs = await out.wait_for(2000 - 40, timeout=60)
+        dead = await dlq.wait_for(40, timeout=30)
     check_exactly_once(outputs, dead, where, bad_every=50)
     assert enricher.stats.enriched == 1960
     assert enricher.stats.dead_lettered == 40
@@ -307,23 +324,7 @@ async def test_a_producer_whose_sender_died_is_replaced(kafka_broker: KafkaBroke
     await prepare(pg_dsn, [("order", 500)])
     bootstrap = kafka_broker.bootstrap
     topic_in, topic_out, where = await make_stream(bootstrap, 400, bad_every=0)
-    config = kafka_config(bootstrap, pg_dsn)
-    settings = EnrichSettings(
-        input_topic=topic_in,
-        output_topic=topic_out,
-        tag="order",
-        placement=Placement.from_options(field="order.id"),
-        group_id=unique("enrich"),
-        commit_records=100,
-    )
-    worker = Worker(config, serve=False)
-    await worker.start()
-    stop = asyncio.Event()
-    try:
-        assert worker.allocator is not None
-        enricher = Enricher(config.kafka, settings, worker.allocator)
-        await enricher.start()
-        running = asyncio.create_task(enricher.run(stop))
+    async with enriching(bootstrap, pg_dsn, topic_in, topic_out, commit_records=100) as (enricher, running):
         async with TopicReader(bootstrap, topic_out) as out:
             await out.wait_for(400, timeout=60)
             broken = 0
@@ -342,10 +343,6 @@ async def test_a_producer_whose_sender_died_is_replaced(kafka_broker: KafkaBroke
             where.update({p: 800 + i for i, p in enumerate(placed)})
             outputs = await out.wait_for(1200, timeout=30)
         assert not running.done(), running
-        stop.set()
-        await running
-    finally:
-        await worker.stop()
     assert broken == 2 * PARTITIONS
     assert enricher.stats.aborted >= broken
     check_exactly_once(outputs, [], where, bad_every=0)
