@@ -18,7 +18,7 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, overload
 
-from dispenser.client.buffered import BufferSettings, ClientStats, IdClient, IdTransport
+from dispenser.client.buffered import BufferSettings, ClientStats, IdClient, IdTransport, next_run
 from dispenser.config import KafkaConfig, NatsConfig
 from dispenser.core.ids import Range
 from dispenser.messages import Format, Kind
@@ -27,7 +27,6 @@ __all__ = ["BlockingIdClient"]
 
 T = TypeVar("T")
 
-_MAX_RUN = 4096
 _FAST = 0.002
 _SLOW = 0.05
 
@@ -144,12 +143,8 @@ class BlockingIdClient:
 
     def _refill(self, tag: str, cursor: _Cursor) -> None:
         """Fill the empty cursor with the next run (the caller holds its lock)."""
-        now = time.monotonic()
-        lasted = now - cursor.run_at
-        if lasted < _FAST:
-            cursor.run = min(cursor.run * 2, _MAX_RUN)
-        elif lasted > _SLOW:
-            cursor.run = max(cursor.run // 2, 1)
+        # Thresholds above the async client's: each run costs a crossing to the loop thread.
+        cursor.run = next_run(cursor.run, time.monotonic() - cursor.run_at, _FAST, _SLOW)
         first, last = self._call(self.client.take_run(tag, cursor.run))
         cursor.position, cursor.end = first, last
         cursor.run_at = time.monotonic()

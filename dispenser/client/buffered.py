@@ -52,7 +52,7 @@ from dispenser.core.step import FleetView, StepPolicy
 from dispenser.messages import Format, IdRequest, Kind, Reply
 from dispenser.service.retry import Backoff
 
-__all__ = ["BufferSettings", "ClientStats", "IdClient", "IdTransport"]
+__all__ = ["BufferSettings", "ClientStats", "IdClient", "IdTransport", "next_run"]
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,19 @@ class _Tag:
     def notify(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+
+
+def next_run(run: int, lasted: float, fast: float = _RUN_SECONDS_LOW, slow: float = _RUN_SECONDS_HIGH) -> int:
+    """The length of a cursor's next run, from how long its last run of ``run`` IDs lasted.
+
+    Doubled (up to :data:`_MAX_RUN`) when it went in under ``fast`` seconds, halved (down to 1) past
+    ``slow``: a busy caller comes back for more rarely, a quiet one holds few IDs it may never use.
+    """
+    if lasted < fast:
+        return min(run * 2, _MAX_RUN)
+    if lasted > slow:
+        return max(run // 2, 1)
+    return run
 
 
 class IdClient:
@@ -392,11 +405,7 @@ class IdClient:
     def _refill_cursor(self, state: _Tag) -> bool:
         """Move the next run from the buffer into the empty cursor; false if the buffer is empty too."""
         now = time.monotonic()
-        elapsed = now - state.run_at
-        if elapsed < _RUN_SECONDS_LOW:
-            state.run = min(state.run * 2, _MAX_RUN)
-        elif elapsed > _RUN_SECONDS_HIGH:
-            state.run = max(state.run // 2, 1)
+        state.run = next_run(state.run, now - state.run_at)
         run = state.buffer.take_run(state.run)
         if state.buffer.wants_fetch:
             self._start_refill(state)

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from dispenser.client import BlockingIdClient, BufferSettings, DispenserUnavailable, IdClient, IdRequestError
+from dispenser.client.buffered import next_run
 from dispenser.messages import ErrorBody, IdRequest, Kind, Reply
 
 FAST = BufferSettings(retry_initial=0.005, retry_max=0.01, timeout=1.0, request_timeout=0.5)
@@ -219,3 +220,13 @@ async def test_a_counter_gone_back_is_skipped_with_a_pause_not_a_spin() -> None:
     assert seen[-1] > 200
     assert stats is not None
     assert stats.ids_dropped >= 200
+
+
+def test_a_cursor_run_doubles_when_quick_halves_when_slow_and_stays_bounded() -> None:
+    assert next_run(8, 0.0005) == 16
+    assert next_run(8, 0.005) == 8
+    assert next_run(8, 0.5) == 4
+    assert next_run(4096, 0.0) == 4096
+    assert next_run(1, 10.0) == 1
+    assert next_run(8, 0.0015, fast=0.002, slow=0.05) == 16  # the blocking client's thresholds
+    assert next_run(8, 0.03, fast=0.002, slow=0.05) == 8
