@@ -42,7 +42,8 @@ from nats.aio.client import Client
 
 from dispenser.bench.nats_load import Child, wait_ready
 from dispenser.bench.nats_plan import BenchError
-from dispenser.bench.stats import write_json
+from dispenser.bench.servers import bench_servers, prepare_tags, remove_tags
+from dispenser.bench.stats import percentile, write_json
 from dispenser.client import BlockingIdClient, BufferSettings, IdClient
 from dispenser.runner import run_async
 from dispenser.tables import fmt_rate, fmt_us, render_table
@@ -109,10 +110,8 @@ class Report:
     meta: dict[str, object] = field(default_factory=dict)
 
 
-def _percentile(sorted_ns: Sequence[int], q: float) -> float:
-    if not sorted_ns:
-        return 0.0
-    return sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))] / 1000
+def _percentile_us(sorted_ns: Sequence[int], q: float) -> float:
+    return percentile(sorted_ns, q) / 1000 if sorted_ns else 0.0
 
 
 class _Timer:
@@ -131,9 +130,9 @@ class _Timer:
             calls=len(ns),
             ids=self.ids,
             seconds=self.seconds,
-            p50_us=_percentile(ns, 0.5),
-            p99_us=_percentile(ns, 0.99),
-            p999_us=_percentile(ns, 0.999),
+            p50_us=_percentile_us(ns, 0.5),
+            p99_us=_percentile_us(ns, 0.99),
+            p999_us=_percentile_us(ns, 0.999),
             max_us=ns[-1] / 1000 if ns else 0.0,
             worker_requests=worker_requests,
         )
@@ -336,7 +335,7 @@ def run(
     Raises:
         BenchError: a server or the worker could not be started, or the worker went away.
     """
-    from dispenser.testing.servers import DevServerError, NatsServer, PostgresServer  # noqa: PLC0415
+    from dispenser.testing.servers import DevServerError  # noqa: PLC0415
 
     def say(text: str) -> None:
         if not quiet:
@@ -349,47 +348,36 @@ def run(
         workdir = Path(tmp)
         if os.geteuid() == 0:
             workdir.chmod(0o755)  # PostgreSQL runs as its own user below it
-        nats_server: NatsServer | None = None
-        pg_server: PostgresServer | None = None
-        child: Child | None = None
         try:
-            if nats_url is None:
-                nats_server = NatsServer(workdir / "nats")
-                nats_server.start()
-                nats_url = nats_server.url
-            if postgres_dsn is None:
-                pg_server = PostgresServer(workdir / "pgdata")
-                pg_server.start()
-                postgres_dsn = pg_server.dsn
-            say(f"servers: NATS {nats_url}, PostgreSQL {postgres_dsn}")
-            from dispenser.bench.nats_bench import _prepare_tags, _remove_tags  # noqa: PLC0415
-
-            run_async(_prepare_tags(postgres_dsn, [(tag, 100_000, 1)]))
-            env = dict(os.environ) | {
-                "DISPENSER_NATS_URL": nats_url,
-                "DISPENSER_POSTGRES_DSN": postgres_dsn,
-                "DISPENSER_LOG_LEVEL": "WARNING",
-                "DISPENSER_SNOWFLAKE_ENABLED": "false",
-                "XDG_STATE_HOME": str(workdir / "state"),
-            }
-            child = Child(
-                "dispenser worker", [sys.executable, "-m", "dispenser", "serve"], workdir / "worker.log", env
-            )
-            child.start()
-            try:
-                cases = run_async(_measure(nats_url, tag, child, duration, warmup, say=say))
-            finally:
-                status = child.stop()
-                if status not in (None, 0):
-                    say(f"dispenser worker exited with status {status}:\n{child.tail()}")
-                run_async(_remove_tags(postgres_dsn, [(tag, 100_000, 1)]))
+            with bench_servers(workdir, nats_url, postgres_dsn) as (url, _pid, dsn):
+                if dsn is None:  # not reachable: need_postgres is the default
+                    raise BenchError("no PostgreSQL to run against")
+                say(f"servers: NATS {url}, PostgreSQL {dsn}")
+                tags = [(tag, 100_000, 1)]
+                run_async(prepare_tags(dsn, tags))
+                env = dict(os.environ) | {
+                    "DISPENSER_NATS_URL": url,
+                    "DISPENSER_POSTGRES_DSN": dsn,
+                    "DISPENSER_LOG_LEVEL": "WARNING",
+                    "DISPENSER_SNOWFLAKE_ENABLED": "false",
+                    "XDG_STATE_HOME": str(workdir / "state"),
+                }
+                child = Child(
+                    "dispenser worker",
+                    [sys.executable, "-m", "dispenser", "serve"],
+                    workdir / "worker.log",
+                    env,
+                )
+                child.start()
+                try:
+                    cases = run_async(_measure(url, tag, child, duration, warmup, say=say))
+                finally:
+                    status = child.stop()
+                    if status not in (None, 0):
+                        say(f"dispenser worker exited with status {status}:\n{child.tail()}")
+                    run_async(remove_tags(dsn, tags))
         except DevServerError as exc:
             raise BenchError(f"cannot start a server: {exc}") from exc
-        finally:
-            if pg_server is not None:
-                pg_server.stop()
-            if nats_server is not None:
-                nats_server.stop()
     meta: dict[str, object] = {
         "date": started.isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),

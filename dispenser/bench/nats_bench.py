@@ -40,7 +40,7 @@ import secrets
 import shlex
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +69,7 @@ from dispenser.bench.nats_plan import (
     plan_for_mode,
 )
 from dispenser.bench.nats_report import Report, evaluate_targets, profile_summary, render_report
+from dispenser.bench.servers import bench_servers, prepare_tags, remove_tags
 from dispenser.bench.stats import CaseResult, ratio, summarize, write_json
 from dispenser.runner import run_async
 from dispenser.tables import fmt_ms, fmt_rate
@@ -79,25 +80,6 @@ __all__ = ["BenchError", "BenchOptions", "main", "parse_options", "run"]
 def _say(options: BenchOptions, text: str) -> None:
     if not options.quiet:
         print(text, file=sys.stderr, flush=True)
-
-
-async def _prepare_tags(dsn: str, tags: Sequence[tuple[str, int, int]]) -> None:
-    from dispenser.adapters.postgres.schema import migrate  # noqa: PLC0415
-    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415 - segment mode only
-
-    await migrate(dsn)
-    async with await PostgresSegmentStore.connect(dsn) as store:
-        for tag, step, start in tags:
-            await store.add_tag(tag, step, start, "created by dispenser bench; safe to remove")
-
-
-async def _remove_tags(dsn: str, tags: Sequence[tuple[str, int, int]]) -> None:
-    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
-
-    async with await PostgresSegmentStore.connect(dsn) as store:
-        for tag, _step, _start in tags:
-            with contextlib.suppress(Exception):
-                await store.remove_tag(tag)
 
 
 def _worker_argv(profile: Path | None, command: str | None) -> list[str]:
@@ -447,34 +429,6 @@ def _add_switch_figures(case: CaseResult, split: SwitchSplit, reference: CaseRes
 # -- the run -----------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _servers(
-    options: BenchOptions, workdir: Path, need_postgres: bool
-) -> Iterator[tuple[str, int | None, str | None]]:
-    """NATS URL, NATS server PID (if we started it) and PostgreSQL DSN (if needed)."""
-    from dispenser.testing.servers import NatsServer, PostgresServer  # noqa: PLC0415 - only when we start them
-
-    nats_server: NatsServer | None = None
-    pg_server: PostgresServer | None = None
-    try:
-        nats_url = options.nats_url
-        if nats_url is None:
-            nats_server = NatsServer(workdir / "nats")
-            nats_server.start()
-            nats_url = nats_server.url
-        dsn = options.postgres_dsn
-        if dsn is None and need_postgres:
-            pg_server = PostgresServer(workdir / "pgdata")
-            pg_server.start()
-            dsn = pg_server.dsn
-        yield nats_url, None if nats_server is None else nats_server.pid, dsn
-    finally:
-        if pg_server is not None:
-            pg_server.stop()
-        if nats_server is not None:
-            nats_server.stop()
-
-
 def run(options: BenchOptions) -> Report:
     """Run every case and return the report (also written to ``options.json_path`` if set).
 
@@ -492,15 +446,17 @@ def run(options: BenchOptions) -> Report:
         if os.geteuid() == 0:
             workdir.chmod(0o755)  # PostgreSQL runs as its own user below it
         try:
-            with _servers(options, workdir, need_postgres=bool(plan.tags)) as (nats_url, nats_pid, dsn):
+            with bench_servers(
+                workdir, options.nats_url, options.postgres_dsn, need_postgres=bool(plan.tags)
+            ) as (nats_url, nats_pid, dsn):
                 _say(options, f"servers: NATS {nats_url}" + (f", PostgreSQL {dsn}" if dsn else ""))
                 if dsn is not None and plan.tags:
-                    run_async(_prepare_tags(dsn, plan.tags))
+                    run_async(prepare_tags(dsn, plan.tags))
                 try:
                     cases = run_async(_measure(options, nats_url, dsn, workdir, plan, nats_pid=nats_pid))
                 finally:
                     if dsn is not None and plan.tags:
-                        run_async(_remove_tags(dsn, plan.tags))
+                        run_async(remove_tags(dsn, plan.tags))
         except DevServerError as exc:
             raise BenchError(f"cannot start a server: {exc}") from exc
     meta = {
