@@ -214,12 +214,12 @@ class TopicReader:
                 await asyncio.wait_for(self._progress.wait(), remaining)
 
 
-class EnricherProcess:
-    """``dispenser enrich`` in a child process, to SIGKILL and restart."""
+class DispenserProcess:
+    """A ``dispenser`` command in a child process, its output appended to a log file (the secret scan reads it)."""
 
     def __init__(self, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
         self.args = args
-        self.env = os.environ | dict(env) | {"DISPENSER_LOG_LEVEL": "INFO"}
+        self.env = os.environ | dict(env)
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -227,11 +227,24 @@ class EnricherProcess:
         """Start it (output appended to the log)."""
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dispenser", "enrich", *self.args],
+                [sys.executable, "-m", "dispenser", *self.args],
                 env=self.env,
                 stdout=log,
                 stderr=log,
             )
+
+    def log(self) -> str:
+        """Everything it wrote so far (all its runs)."""
+        return self.log_path.read_text(errors="replace")
+
+    async def wait_for_line(self, text: str, timeout: float = 30.0) -> None:
+        """Wait until ``text`` shows up in its log; fail with the log if it exits or takes too long."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while text not in self.log():
+            assert self.proc.poll() is None, f"exited with {self.proc.returncode}:\n{self.log()[-3000:]}"
+            assert time.monotonic() < deadline, f"no {text!r} after {timeout} s:\n{self.log()[-3000:]}"
+            await asyncio.sleep(0.1)
 
     def kill(self) -> None:
         """SIGKILL it: a crash, mid-transaction."""
@@ -255,3 +268,10 @@ class EnricherProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+class EnricherProcess(DispenserProcess):
+    """``dispenser enrich`` in a child process (logging at INFO), to SIGKILL and restart."""
+
+    def __init__(self, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
+        super().__init__(["enrich", *args], dict(env) | {"DISPENSER_LOG_LEVEL": "INFO"}, log_path)

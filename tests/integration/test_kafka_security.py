@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,15 @@ from dispenser.client import KafkaIdClient
 from dispenser.config import KafkaConfig, load_config
 from dispenser.testing.servers.kafka import SCRAM_MECHANISMS, KafkaBroker, SecureListener
 from tests.conftest import _running
-from tests.integration.kafka_support import Header, TopicReader, create_topics, kafka_env, produce, unique
+from tests.integration.kafka_support import (
+    DispenserProcess,
+    Header,
+    TopicReader,
+    create_topics,
+    kafka_env,
+    produce,
+    unique,
+)
 from tests.integration.tls_support import Pki, make_pki
 from tests.secret_values import SECRETS
 
@@ -99,43 +106,6 @@ def assert_no_password(text: str) -> None:
     assert "Traceback" not in text
 
 
-class ChildProcess:
-    """A ``dispenser`` command in a child process, its output in a log file (which the secret scan reads)."""
-
-    def __init__(self, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        with log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dispenser", *args],
-                env=os.environ | dict(env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def log(self) -> str:
-        """Everything it wrote so far."""
-        return self.log_path.read_text(errors="replace")
-
-    async def wait_for_line(self, text: str, timeout: float = 30.0) -> None:
-        """Wait until ``text`` shows up in its log; fail with the log if it exits or takes too long."""
-        deadline = time.monotonic() + timeout
-        while text not in self.log():
-            assert self.proc.poll() is None, f"exited with {self.proc.returncode}:\n{self.log()[-3000:]}"
-            assert time.monotonic() < deadline, f"no {text!r} after {timeout} s:\n{self.log()[-3000:]}"
-            await asyncio.sleep(0.1)
-
-    def stop(self) -> int:
-        """SIGTERM, wait (SIGKILL after 15 s); the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
 async def five_ids(kafka: KafkaConfig) -> list[int]:
     """Five snowflake IDs of tag ``order`` from a KafkaIdClient of its own."""
     async with KafkaIdClient(kafka, timeout=20.0) as client:
@@ -158,7 +128,8 @@ async def test_serve_answers_the_python_client_and_get_over_sasl_ssl(
         # Everything, aiokafka's debug lines included, goes to the log the secret scan reads.
         log_level="DEBUG",
     ) | snowflake_env(tmp_path / "serve-state", worker_id=11)
-    worker = ChildProcess(["serve"], env, tmp_path / "serve.log")
+    worker = DispenserProcess(["serve"], env, tmp_path / "serve.log")
+    worker.start()
     try:
         await worker.wait_for_line("serving ID requests from Kafka topic")
         seen: set[int] = set()
@@ -205,7 +176,8 @@ async def test_enrich_over_sasl_ssl_exactly_once(secure_kafka: KafkaBroker, pki:
     args = ["enrich", "--in", topic_in, "--out", topic_out, "--tag", "order", "--kind", "snowflake"]
     args += ["--field", "id", "--group", unique("secure-enrich")]
     async with TopicReader(plain, topic_out) as out:
-        enricher = ChildProcess(args, env | {"DISPENSER_LOG_LEVEL": "INFO"}, tmp_path / "enrich.log")
+        enricher = DispenserProcess(args, env | {"DISPENSER_LOG_LEVEL": "INFO"}, tmp_path / "enrich.log")
+        enricher.start()
         try:
             outputs = await out.wait_for(40, timeout=60)
         finally:
