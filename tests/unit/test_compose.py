@@ -17,6 +17,7 @@ import io
 import json
 import re
 import shlex
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,10 @@ import yaml
 
 from dispenser import cli
 from dispenser.config import Config, load_config
+from dispenser.testing.servers.kafka import KAFKA_VERSION
+from dispenser.testing.servers.nats import find_nats_server
+from dispenser.testing.servers.postgres import find_postgres_installs
+from dispenser.testing.servers.zookeeper import ZOOKEEPER_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "compose"
@@ -345,3 +350,26 @@ def test_build_context_sends_what_the_image_needs_only() -> None:
     assert not _ignored(patterns, "dispenser/core/segment.py")
     for unwanted in (".venv", ".git", ".dispenser", ".servers", "tests", "dispenser/__pycache__"):
         assert _ignored(patterns, unwanted), f"{unwanted} would be sent to the Docker daemon"
+
+
+def _image_tag(prefix: str) -> str:
+    images = [
+        str(service["image"])
+        for path in COMPOSE_FILES
+        for service in _services(path).values()
+        if str(service.get("image", "")).startswith(prefix)
+    ]
+    assert len(images) == 1, f"one {prefix!r} image, found {images}"
+    return images[0].removeprefix(prefix).removesuffix("-alpine")
+
+
+def test_the_servers_are_the_versions_the_tests_run() -> None:
+    """What compose runs is what the suite proved: the same releases (NATS and PostgreSQL by major.minor and major)."""
+    nats_server = find_nats_server()
+    reported = subprocess.run([nats_server, "--version"], capture_output=True, text=True, check=True).stdout
+    nats_version = re.search(r"v(\d+\.\d+)\.\d+", reported)
+    assert nats_version is not None, reported
+    assert _image_tag("nats:") == nats_version.group(1)
+    assert _image_tag("postgres:") == str(find_postgres_installs()[0].major_version)
+    assert _image_tag("zookeeper:") == ZOOKEEPER_VERSION
+    assert _image_tag("apache/kafka:") == KAFKA_VERSION

@@ -43,7 +43,7 @@ _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$")
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 _PARENT = re.compile(r"(?<![.\w])\.\./")  # ../shared, not the ellipsis in .../temporary/
 _MARKDOWN_NAME = re.compile(r"(?<![\w/.-])([\w-]+\.md)\b")
-_REPO_PATH = re.compile(r"`((?:compose|dispenser|docs|schemas|scripts|tests|tools)/[A-Za-z0-9_./-]+)`")
+_REPO_PATH = re.compile(r"`((?:compose|deploy|dispenser|docs|schemas|scripts|tests|tools)/[A-Za-z0-9_./-]+)`")
 
 
 # ---------------------------------------------------------------------------------------------------------
