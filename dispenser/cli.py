@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import functools
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -15,7 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from dispenser import __version__
-from dispenser.config import Config, ConfigError, load_config
+from dispenser.config import Config, ConfigError, effective, load_config, unknown_variables
 from dispenser.core.errors import DispenserError
 from dispenser.runner import run_async
 
@@ -74,8 +76,68 @@ def _setup_logging(config: Config, verbose: bool) -> None:
     root.setLevel("DEBUG" if verbose else config.log.level.upper())
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+DEV_CONFIG = Path(".dispenser") / "dev.toml"
+"""What ``dispenser dev`` (with the default ``--data-dir``) writes for the commands of a second terminal."""
+_OWN_CONFIG_COMMANDS = frozenset({"serve", "enrich", "dev"})
+"""Commands that never pick up the dev stack's file by themselves: they run servers, not ask them."""
+
+
+def _config_path(args: argparse.Namespace) -> str | None:
+    """The configuration file: --config, DISPENSER_CONFIG, or the running dev stack's (``.dispenser/dev.toml``).
+
+    The last only for commands that ask servers (get, watch, check, tag, …), run in the directory where
+    ``dispenser dev`` (or ``scripts/dev``) runs: a second terminal then finds its ports without exports.
+    """
+    if args.config or os.environ.get("DISPENSER_CONFIG"):
+        return str(args.config) if args.config else None
+    if args.command not in _OWN_CONFIG_COMMANDS and DEV_CONFIG.is_file():
+        return str(DEV_CONFIG)
+    return None
+
+
+def _global_options(*, suppress: bool) -> argparse.ArgumentParser:
+    """-c and -v, accepted before the command and after it (``dispenser serve -c x.toml``).
+
+    The copy on each subcommand has no defaults of its own (``SUPPRESS``), so that it never overwrites a
+    value given before the command.
+    """
+    options = argparse.ArgumentParser(add_help=False)
+    default: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    options.add_argument(
+        "-c",
+        "--config",
+        metavar="PATH",
+        help="TOML configuration file (default: DISPENSER_CONFIG; see docs/configuration.md)",
+        **default,
+    )
+    options.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level", **default)
+    return options
+
+
 def _parser() -> argparse.ArgumentParser:
+    common = _global_options(suppress=True)
     parser = argparse.ArgumentParser(
+        parents=[_global_options(suppress=False)],
         prog="dispenser",
         description=(
             "Leaf dispenser: unique 64-bit IDs over NATS and Kafka, from PostgreSQL segments (Leaf-segment) "
@@ -85,16 +147,28 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("-c", "--config", metavar="PATH", help="TOML configuration file")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_parser = functools.partial(sub.add_parser, parents=[common])
 
-    sub.add_parser(
+    add_parser(
         "serve",
         help="serve IDs over NATS, and over Kafka with kafka.enabled (config from file and DISPENSER_* variables)",
+        description=(
+            "Run a worker: answer ID requests on <prefix>.segment.<tag> and <prefix>.snowflake.<tag> over "
+            "NATS (one queue group: run as many workers as you like), and on the Kafka request topic with "
+            "kafka.enabled. Segment IDs come from PostgreSQL (segment.enabled), snowflake IDs from a "
+            "registered worker ID (snowflake.enabled). SIGTERM or SIGINT drains and stops."
+        ),
+        epilog=(
+            "examples:\n"
+            "  dispenser serve -c /etc/leaf-dispenser/dispenser.toml\n"
+            "  DISPENSER_POSTGRES_DSN=postgresql://leaf@db/leaf DISPENSER_NATS_URL=nats://n1:4222 dispenser serve\n"
+            "settings: every section; `dispenser config` prints the effective ones (docs/configuration.md)"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
-    enrich = sub.add_parser(
+    enrich = add_parser(
         "enrich",
         help="give every record of a Kafka topic an ID, exactly once (Kafka transactions)",
         description=(
@@ -127,7 +201,7 @@ def _parser() -> argparse.ArgumentParser:
     enrich.add_argument("--commit-records", type=int, metavar="N", help="commit after N records")
     enrich.add_argument("--commit-interval", type=float, metavar="SECONDS", help="…or after this long")
 
-    dev = sub.add_parser(
+    dev = add_parser(
         "dev",
         help="start NATS and PostgreSQL (and Kafka with --kafka) locally, create tag 'demo', and serve (Ctrl-C stops everything)",
     )
@@ -155,13 +229,21 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
 
-    get = sub.add_parser("get", help="ask the running service for IDs and print them, one per line")
-    get.add_argument("tag")
-    get.add_argument("count", type=int, nargs="?", default=1)
+    get = add_parser(
+        "get",
+        help="ask the running service for IDs and print them, one per line",
+        description="Ask a running worker for IDs (over NATS, or Kafka with --via kafka) and print them.",
+    )
+    get.add_argument("tag", help="the tag (segment: created with `dispenser tag add`; snowflake: any name)")
+    get.add_argument("count", type=_positive_int, nargs="?", default=1, help="how many IDs (default 1)")
     get.add_argument("--ranges", action="store_true", help="ask for ranges; print 'first last' per line")
-    get.add_argument("--kind", default="segment", help="generator: segment (default) or snowflake")
+    get.add_argument(
+        "--kind", choices=["segment", "snowflake"], default="segment", help="generator (default segment)"
+    )
     get.add_argument("--request-id", help="idempotency key: a retry returns the same IDs")
-    get.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply")
+    get.add_argument(
+        "--timeout", type=_positive_float, default=5.0, help="seconds to wait for the reply (default 5)"
+    )
     get.add_argument(
         "--via",
         choices=["nats", "kafka"],
@@ -169,31 +251,60 @@ def _parser() -> argparse.ArgumentParser:
         help="ask over NATS (default) or the Kafka request topic",
     )
 
-    watch = sub.add_parser(
+    watch = add_parser(
         "watch",
         help="live view of every tag's rate, peak, step, buffers and runway (from the rate events on NATS)",
     )
     watch.add_argument("--once", action="store_true", help="listen for one event interval, print one table")
     watch.add_argument("--json", action="store_true", help="print every rate event as a JSON line")
 
-    sub.add_parser("check", help="check that every dependency can be reached; non-zero exit names failures")
-    sub.add_parser("migrate", help="create or upgrade the tables in PostgreSQL (idempotent)")
+    add_parser(
+        "check",
+        help="check that every dependency can be reached; non-zero exit names failures",
+        description=(
+            "Try every dependency the configuration names (NATS, PostgreSQL and its schema, ZooKeeper or "
+            "the snowflake registry, Kafka) and print one line each: ok, or FAIL with the cause. Exits 1 "
+            "if any failed. Use it in a deployment's pre-flight, or to find out why a worker will not start."
+        ),
+    )
+    add_parser(
+        "migrate",
+        help="create or upgrade the tables in PostgreSQL (idempotent)",
+        description=(
+            "Create leaf_alloc (Leaf's own table) and the dispenser's tables in postgres.dsn, or upgrade them "
+            "to this version's schema. Safe to run again, and on a database Leaf already uses (existing "
+            "rows are kept)."
+        ),
+    )
+    add_parser(
+        "config",
+        help="print the effective configuration (file, then DISPENSER_* variables) as TOML, secrets masked",
+        description=(
+            "Print the settings a command would run with: the defaults, overridden by the file (--config or "
+            "DISPENSER_CONFIG), overridden by DISPENSER_* variables. Passwords, tokens and the password in "
+            "a URL or DSN are masked; unset settings are left out."
+        ),
+    )
 
-    tag = sub.add_parser("tag", help="administer segment tags")
+    tag = add_parser(
+        "tag",
+        help="administer segment tags",
+        description="Create, list, change and remove segment tags (rows of leaf_alloc) in postgres.dsn.",
+    )
     tag_sub = tag.add_subparsers(dest="tag_command", required=True, metavar="ACTION")
-    add = tag_sub.add_parser("add", help="create a tag")
-    add.add_argument("tag")
-    add.add_argument("--step", type=int, required=True, help="IDs per segment")
-    add.add_argument("--start", type=int, default=1, help="first ID (default 1)")
+    add = tag_sub.add_parser("add", help="create a tag", parents=[common])
+    add.add_argument("tag", help="the tag's name (letters, digits, - _ ., at most 128 characters)")
+    add.add_argument("--step", type=_positive_int, required=True, help="IDs per segment (at least 1)")
+    add.add_argument("--start", type=_positive_int, default=1, help="first ID (default 1)")
     add.add_argument("--description", default="", help="free text")
-    tag_sub.add_parser("list", help="list tags with their next ID and step")
-    set_ = tag_sub.add_parser("set", help="change a tag's step (from its next segment)")
-    set_.add_argument("tag")
-    set_.add_argument("--step", type=int, required=True)
-    remove = tag_sub.add_parser("remove", help="delete a tag")
-    remove.add_argument("tag")
+    tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
+    set_ = tag_sub.add_parser("set", help="change a tag's step (from its next segment)", parents=[common])
+    set_.add_argument("tag", help="the tag's name")
+    set_.add_argument("--step", type=_positive_int, required=True, help="IDs per segment (at least 1)")
+    remove = tag_sub.add_parser("remove", help="delete a tag", parents=[common])
+    remove.add_argument("tag", help="the tag's name")
 
-    bench = sub.add_parser(
+    bench = add_parser(
         "bench", help="benchmark the service (`dispenser bench nats|kafka|snowflake|client --help`)"
     )
     bench.add_argument(
@@ -207,15 +318,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
 
-    decode = sub.add_parser(
+    decode = add_parser(
         "decode", help="take a snowflake ID apart (time, worker, sequence) with the configured layout"
     )
-    decode.add_argument("id", type=int)
+    decode.add_argument("id", type=int, help="a snowflake ID, in decimal")
 
-    schemas = sub.add_parser(
+    schemas = add_parser(
         "schemas", help="write (or check) the JSON Schemas of the wire messages and the AsyncAPI document"
     )
-    schemas.add_argument("--dir", type=Path, default=Path("schemas"))
+    schemas.add_argument(
+        "--dir", type=Path, default=Path("schemas"), help="where the JSON Schemas go (default: %(default)s)"
+    )
     schemas.add_argument(
         "--asyncapi",
         type=Path,
@@ -229,12 +342,22 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (tests call this without a subprocess)."""
     args = _parser().parse_args(argv)
+    path = _config_path(args)
     try:
-        config = load_config(args.config)
+        config = load_config(path)
     except ConfigError as exc:
         print(f"dispenser: {exc}", file=sys.stderr)
         return 2
     _setup_logging(config, args.verbose)
+    if path == str(DEV_CONFIG):
+        log.info("using the dev stack's settings from %s (give --config to use others)", DEV_CONFIG)
+    for line in unknown_variables():
+        log.warning("%s", line)
+    try:
+        _check_arguments(args)
+    except DispenserError as exc:
+        print(f"dispenser: {exc}", file=sys.stderr)
+        return 2
     handlers: dict[str, Callable[[argparse.Namespace, Config], int]] = {
         "serve": _serve,
         "enrich": _enrich,
@@ -247,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "schemas": _schemas,
         "bench": _bench,
         "decode": _decode,
+        "config": _config,
     }
     try:
         return handlers[args.command](args, config)
@@ -255,6 +379,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DispenserError, OSError) as exc:
         print(f"dispenser: {exc}", file=sys.stderr)
         return 1
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Refuse arguments the server would refuse, before connecting to anything (BadRequest, InvalidTag)."""
+    from dispenser.core.store_rules import check_new_tag, check_step  # noqa: PLC0415
+    from dispenser.core.tags import validate_tag  # noqa: PLC0415
+
+    if args.command == "get":
+        validate_tag(args.tag)
+    elif args.command == "tag" and args.tag_command != "list":
+        validate_tag(args.tag)
+        if args.tag_command == "add":
+            check_new_tag(args.tag, args.step, args.start, args.description)
+        elif args.tag_command == "set":
+            check_step(args.step)
+
+
+def _config(_args: argparse.Namespace, config: Config) -> int:
+    import tomli_w  # noqa: PLC0415
+
+    def present(values: dict[str, Any]) -> dict[str, Any]:  # TOML has no null: unset settings are left out
+        return {name: value for name, value in values.items() if value is not None}
+
+    sections = {section: present(values) for section, values in effective(config).items()}
+    sys.stdout.write(tomli_w.dumps(sections))
+    return 0
 
 
 def _stacks_on_sigusr1() -> None:

@@ -8,7 +8,9 @@ Secrets (passwords, tokens, DSNs) never appear in logs: :func:`redact` masks the
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,7 +30,7 @@ LogLevel = Literal[
     "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "debug", "info", "warning", "error", "critical"
 ]
 
-__all__ = ["Config", "ConfigError", "load_config", "redact"]
+__all__ = ["Config", "ConfigError", "effective", "load_config", "redact", "unknown_variables"]
 
 
 class ConfigError(ValueError):
@@ -306,7 +308,8 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
     """Build the configuration from defaults, the TOML file (if any) and the environment.
 
     Raises:
-        ConfigError: the file is missing or unreadable, or a value has the wrong type.
+        ConfigError: the file is missing or unreadable, or a value is unknown or has the wrong type; the
+            message names the file and the setting (``[nats] urll``) or the variable.
     """
     environ = os.environ if environ is None else environ
     path = path or environ.get("DISPENSER_CONFIG")
@@ -322,7 +325,8 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
         config = msgspec.convert(raw, Config)
         # Environment values are strings: convert them leniently ("2.5" → 2.5, "true" → True).
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid configuration: {exc}") from exc
+        where = f"config file {path}" if path else "configuration"
+        raise ConfigError(f"{where}: {_explain(exc)}") from exc
     for section, values in _env_overrides(environ).items():
         merged = msgspec.to_builtins(getattr(config, section)) | values
         try:
@@ -333,3 +337,96 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
             names = ", ".join(f"DISPENSER_{section}_{name}".upper() for name in values)
             raise ConfigError(f"invalid configuration ({names}): {detail}") from exc
     return config
+
+
+_MSGSPEC_PATH = re.compile(r"\s+- at `\$(?P<path>[^`]*)`$")
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
+
+
+def _explain(exc: msgspec.ValidationError) -> str:
+    """A msgspec error about the file's contents, in the file's own terms: ``[nats] urll: unknown setting``."""
+    message = str(exc)
+    located = _MSGSPEC_PATH.search(message)
+    keys = located.group("path").lstrip(".").split(".") if located and located.group("path") else []
+    problem = message[: located.start()] if located else message
+    unknown = _UNKNOWN_FIELD.match(problem)
+    if unknown:
+        field = unknown.group("field")
+        if not keys:  # a section of its own
+            return f"[{field}]: unknown section{_did_you_mean(field, list(_SECTIONS))}"
+        cls = _SECTIONS.get(keys[0])
+        known = list(cls.__struct_fields__) if cls else []
+        return f"[{keys[0]}] {field}: unknown setting{_did_you_mean(field, known)}"
+    if len(keys) >= 2:
+        return f"[{keys[0]}] {'.'.join(keys[1:])}: {problem}"
+    if keys:
+        return f"[{keys[0]}]: {problem}"
+    return problem
+
+
+def _did_you_mean(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name.lower(), candidates, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+NON_SETTING_VARIABLES = frozenset(
+    {
+        "DISPENSER_CONFIG",
+        # The test harness and scripts/test (docs/testing.md, docs/development.md).
+        "DISPENSER_KAFKA_VERSION",
+        "DISPENSER_KAFKA_JARS",
+        "DISPENSER_ZOOKEEPER_JARS",
+        "DISPENSER_PATRONI_PYTHON",
+        "DISPENSER_LIBFAKETIME",
+        "DISPENSER_SKIP_STATIC",
+        "DISPENSER_TEST_WORKERS",
+        "DISPENSER_REINSTALL",
+    }
+)
+"""``DISPENSER_*`` variables that are not settings but are read elsewhere: no warning for them."""
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line for each ``DISPENSER_*`` variable that is no setting, naming the closest setting's variable.
+
+    A misspelt variable (``DISPENSER_NATS_URLS``) would otherwise be silently ignored.
+    """
+    environ = os.environ if environ is None else environ
+    known = {
+        f"DISPENSER_{section}_{field}".upper()
+        for section, cls in _SECTIONS.items()
+        for field in cls.__struct_fields__
+    }
+    lines = []
+    for name in sorted(environ):
+        if not name.startswith("DISPENSER_") or name in known or name in NON_SETTING_VARIABLES:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        lines.append(f"{name} is not a setting and is ignored{hint}")
+    return lines
+
+
+_SECRET_SETTINGS = frozenset(
+    {
+        ("nats", "password"),
+        ("nats", "token"),
+        ("kafka", "sasl_password"),
+        ("snowflake", "zookeeper_auth"),
+    }
+)
+_URL_SETTINGS = frozenset({("nats", "url"), ("postgres", "dsn")})
+
+
+def effective(config: Config) -> dict[str, dict[str, Any]]:
+    """The configuration as plain data, section by section, with secrets masked (``dispenser config``)."""
+    sections: dict[str, dict[str, Any]] = msgspec.to_builtins(config)
+    for section, values in sections.items():
+        for name, value in values.items():
+            if value is None:
+                continue
+            if (section, name) in _SECRET_SETTINGS:
+                values[name] = "***"
+            elif (section, name) in _URL_SETTINGS:
+                values[name] = redact(str(value))
+    return sections

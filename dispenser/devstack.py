@@ -42,14 +42,39 @@ async def prepare_demo(dsn: str) -> None:
             pass
 
 
-def _banner(config: Config) -> str:
+def _write_client_config(path: Path, config: Config) -> None:
+    """The settings a second terminal needs to reach this stack (``dispenser get``, ``watch``, ``tag``, ``check``).
+
+    The CLI reads ``.dispenser/dev.toml`` by itself when run where the stack runs (no --config, no
+    ``DISPENSER_CONFIG``); from elsewhere, ``--config <data-dir>/dev.toml``.
+    """
+    import tomli_w  # noqa: PLC0415
+
+    settings: dict[str, dict[str, object]] = {
+        "nats": {"url": config.nats.url, "subject_prefix": config.nats.subject_prefix},
+        "postgres": {"dsn": config.postgres.dsn},
+        "snowflake": {  # decode needs the layout
+            "timestamp_bits": config.snowflake.timestamp_bits,
+            "worker_bits": config.snowflake.worker_bits,
+            "sequence_bits": config.snowflake.sequence_bits,
+            "epoch_ms": config.snowflake.epoch_ms,
+        },
+    }
+    if config.kafka.enabled:
+        settings["kafka"] = {"bootstrap_servers": config.kafka.bootstrap_servers}
+    header = "# Written by `dispenser dev` while it runs (removed when it stops): how to reach its servers.\n"
+    path.write_text(header + tomli_w.dumps(settings), encoding="utf-8")
+
+
+def _banner(config: Config, client_config: Path) -> str:
     prefix = config.nats.subject_prefix
     url = config.nats.url
     return f"""
 Leaf dispenser is serving on {url}  (Ctrl-C stops it and the servers it started)
 
-  from another terminal:
-    dispenser get {DEMO_TAG} 5                                  # with DISPENSER_NATS_URL={url}
+  from another terminal, in this directory (the CLI reads .dispenser/dev.toml) or with --config {client_config}:
+    dispenser get {DEMO_TAG} 5
+    dispenser watch
     nats request {prefix}.segment.{DEMO_TAG} '{{"count": 5}}'          # with the nats CLI, if you have it
 
   snowflake IDs (any tag):
@@ -137,8 +162,15 @@ def run_dev(
                 config, segment=msgspec.structs.replace(config.segment, state_dir=str(data_dir / "state"))
             )
         asyncio.run(prepare_demo(postgres.dsn))
-        return run_async(run_worker(config, on_ready=lambda _worker: print(_banner(config), file=sys.stderr)))
+        _write_client_config(data_dir / "dev.toml", config)
+        return run_async(
+            run_worker(
+                config,
+                on_ready=lambda _worker: print(_banner(config, data_dir / "dev.toml"), file=sys.stderr),
+            )
+        )
     finally:
+        (data_dir / "dev.toml").unlink(missing_ok=True)  # never point a later command at stopped servers
         if broker is not None:
             broker.stop()
         postgres.stop()

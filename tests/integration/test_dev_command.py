@@ -21,10 +21,14 @@ pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.slow]
 def test_dev_serves_demo_ids_and_stops_everything_on_ctrl_c(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`dispenser dev` answers `get demo` and snowflake requests; SIGINT exits 0 and frees both ports."""
+    """`dispenser dev` answers `get demo` and snowflake requests; SIGINT exits 0 and frees both ports.
+
+    The commands run where the stack runs, with no settings of their own: they find it through the
+    `.dispenser/dev.toml` it writes (and removes when it stops).
+    """
     nats_port, pg_port = free_port(), free_port()
     log = tmp_path / "dev.log"
-    data_dir = tmp_path / "data"
+    data_dir = tmp_path / ".dispenser"
     data_dir.mkdir()
     data_dir.chmod(0o755)  # the PostgreSQL server runs as its own user below it when we are root
     tmp_path.chmod(0o755)
@@ -43,7 +47,10 @@ def test_dev_serves_demo_ids_and_stops_everything_on_ctrl_c(
         )
     try:
         wait_for(log, "Ctrl-C stops it", proc)
-        monkeypatch.setenv("DISPENSER_NATS_URL", f"nats://127.0.0.1:{nats_port}")
+        monkeypatch.chdir(tmp_path)
+        for name in ("DISPENSER_CONFIG", "DISPENSER_NATS_URL", "DISPENSER_POSTGRES_DSN"):
+            monkeypatch.delenv(name, raising=False)
+        assert (data_dir / "dev.toml").is_file()
         assert main(["get", "demo", "3"]) == 0
         assert [int(i) for i in capsys.readouterr().out.split()] == [1, 2, 3]
         assert main(["get", "--kind", "snowflake", "demo", "2"]) == 0
@@ -60,6 +67,7 @@ def test_dev_serves_demo_ids_and_stops_everything_on_ctrl_c(
     assert "Traceback" not in text
     assert port_is_free(nats_port)
     assert port_is_free(pg_port)
+    assert not (data_dir / "dev.toml").exists()
 
 
 @pytest.mark.kafka

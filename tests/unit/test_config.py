@@ -46,7 +46,7 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
     ("text", "environ", "message"),
     [
         ("[nats]\nurl = 5\n", {}, "Expected `str`"),
-        ("[nats]\nurll = 'x'\n", {}, "unknown field `urll`"),
+        ("[nats]\nurll = 'x'\n", {}, r"\[nats\] urll: unknown setting"),
         ("not toml ===", {}, "not valid TOML"),
         ("", {"DISPENSER_SEGMENT_FETCH_DEADLINE": "soon"}, "Expected `float`"),
     ],
