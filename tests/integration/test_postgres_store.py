@@ -11,8 +11,9 @@ from datetime import datetime
 import asyncpg
 import pytest
 
+from dispenser.adapters.postgres.errors import dsn_secrets
 from dispenser.adapters.postgres.schema import MIGRATIONS, Migration, migrate, schema_version
-from dispenser.adapters.postgres.segments import PostgresSegmentStore, dsn_secrets
+from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.config import redact
 from dispenser.core.errors import StoreUnavailable
 from dispenser.core.segment import Segment

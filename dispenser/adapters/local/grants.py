@@ -3,7 +3,7 @@
 With asynchronous replication, a promoted replica may lack the last ``max_id`` updates of the old primary,
 and would grant those ranges again. Each worker therefore remembers, per database and tag, the highest
 ``max_id`` it was granted, and raises the rows of a primary it has not seen before back to it (see
-:mod:`dispenser.adapters.postgres.segments`).
+:mod:`dispenser.adapters.postgres.primary`).
 
 One file per worker, ``segment-grants-<address>.json``, written atomically and durably before the segment
 is handed out (see :func:`~dispenser.adapters.local.statefile.write_atomically`). The address comes from a

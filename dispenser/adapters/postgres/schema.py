@@ -20,7 +20,7 @@ from typing import Any, Final, TypeAlias
 
 import asyncpg
 
-from dispenser.adapters.postgres.segments import dsn_secrets, invalid_settings, map_store_errors
+from dispenser.adapters.postgres.errors import dsn_secrets, invalid_settings, map_store_errors
 from dispenser.redaction import redact
 
 __all__ = ["MIGRATIONS", "Migration", "migrate", "schema_version"]

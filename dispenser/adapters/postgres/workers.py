@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import asyncpg
 
-from dispenser.adapters.postgres.segments import dsn_secrets, invalid_settings, map_store_errors
+from dispenser.adapters.postgres.errors import dsn_secrets, invalid_settings, map_store_errors
 from dispenser.core.errors import CoordinatorUnavailable, LeaseLost, WorkerIdOutOfRange, WorkerIdsExhausted
 from dispenser.ports import WorkerLease
 from dispenser.redaction import redact

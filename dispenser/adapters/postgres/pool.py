@@ -1,0 +1,93 @@
+"""The asyncpg pool as the store needs it.
+
+No reset query per release, a check on every new connection, and asyncpg's reconnect tracebacks quieted to
+one line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import asyncpg
+
+from dispenser.adapters.postgres.errors import invalid_settings, map_store_errors
+
+__all__ = ["Pooled", "open_pool"]
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+Pooled: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
+"""A connection lent by the pool (what ``pool.acquire()`` yields)."""
+
+
+class _QuietPoolFloor(logging.Filter):
+    """Turns asyncpg's pool tracebacks at WARNING into one line at DEBUG.
+
+    The pool logs a full traceback each time it fails to reopen a connection in the background: during a
+    failover, one every few seconds per pool, for an outage the allocator already reports in one line.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING and record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+_pool_logger = logging.getLogger("asyncpg.pool")
+if not any(isinstance(f, _QuietPoolFloor) for f in _pool_logger.filters):
+    _pool_logger.addFilter(_QuietPoolFloor())
+
+
+async def _keep_session(_conn: asyncpg.Connection[Any]) -> None:
+    """Pool reset hook: nothing to undo, so skip asyncpg's default reset query.
+
+    The default runs ``SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`` on every
+    release: a second round trip per segment. This store never changes session state (no SET, LISTEN,
+    cursors or session-level advisory locks), and asyncpg still rolls back a transaction left open.
+    """
+
+
+async def open_pool(
+    dsn: str,
+    *,
+    where: str,
+    secrets: Sequence[str],
+    hosts: int,
+    min_size: int,
+    max_size: int,
+    command_timeout: float,
+    connect_timeout: float,
+    application_name: str,
+    init: Callable[[asyncpg.Connection[asyncpg.Record]], Coroutine[Any, Any, None]],
+) -> asyncpg.Pool[asyncpg.Record]:
+    """Open a pool to ``dsn`` whose every new connection is first checked by ``init``.
+
+    Raises:
+        StoreUnavailable: the first ``min_size`` connections could not be opened (or ``init`` refused one).
+        ValueError: the DSN or an option is malformed (the message hides the password).
+    """
+    with map_store_errors("connecting", where=where, secrets=secrets, timeout=connect_timeout, hosts=hosts):
+        try:
+            pool: asyncpg.Pool[asyncpg.Record] = await asyncpg.create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                command_timeout=command_timeout,
+                timeout=connect_timeout,
+                reset=_keep_session,
+                init=init,
+                server_settings={"application_name": application_name},
+            )
+            return pool
+        except ValueError as exc:
+            if isinstance(exc, OSError):
+                raise  # a TLS failure (e.g. certificate verify failed): unavailable, as at run time
+            raise invalid_settings(exc, where, secrets) from None

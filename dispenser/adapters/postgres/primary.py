@@ -1,0 +1,124 @@
+"""Which primary a connection reached, and the repair of a new primary from the remembered grants.
+
+Every new connection of the pool is checked first (:class:`PrimaryWatch`, the pool's ``init``): a standby is
+refused, and a primary not seen before (another system identifier or timeline, i.e. after a failover) gets
+the remembered ``max_id`` of each tag restored (``GREATEST``) before any fetch, which closes the hole
+asynchronous replication leaves (docs/ha.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import asyncpg
+
+from dispenser.core.errors import StoreUnavailable
+from dispenser.ports import GrantMemory
+
+__all__ = ["PrimaryWatch"]
+
+# Which primary a connection reached: the cluster (system identifier, kept by physical replicas) and its
+# timeline (the WAL file name's first 8 hex digits; every promotion starts a new one). pg_walfile_name
+# refuses to run during recovery, hence the check first.
+_IDENTITY = """
+SELECT pg_is_in_recovery() AS standby, current_database() AS database,
+       (SELECT system_identifier::text FROM pg_control_system()) AS system,
+       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_lsn()) END AS walfile
+"""
+
+# Raise each remembered tag back to what this worker was granted; only rows that lost a grant change.
+_REPAIR = """
+UPDATE leaf_alloc AS a
+   SET max_id = r.max_id, update_time = now()
+  FROM unnest($1::text[], $2::bigint[]) AS r(tag, max_id)
+ WHERE a.biz_tag = r.tag AND a.max_id < r.max_id
+RETURNING a.biz_tag, r.max_id
+"""
+
+log = logging.getLogger(__name__)
+
+
+class PrimaryWatch:
+    """Checks every new connection: which primary it reached, and repairs a new one's lost grants first.
+
+    Run by the pool on each connection it opens (asyncpg's ``init``), so no statement of this store runs on
+    a connection before the check: a standby is refused with a clear message, and a primary not seen
+    before (system identifier or timeline changed) gets the remembered grants back (see the module).
+    """
+
+    def __init__(self, where: str, grants: GrantMemory | None, grace: float = 0.0) -> None:
+        self._where = where
+        self.grants = grants
+        self.grace = grace
+        """Seconds to hold back connections to a primary on a new timeline (see :meth:`on_connect`)."""
+        self._usable_at = 0.0
+        self.database: str | None = None
+        """The database the DSN names (known once a connection has been made)."""
+        self.primary: str | None = None
+        """``<system identifier>/<timeline>`` of the primary the last new connection reached."""
+
+    async def on_connect(self, conn: asyncpg.Connection[Any]) -> None:
+        """Check (and repair) a new connection before the pool hands it out.
+
+        Raises:
+            StoreUnavailable: the connection reached a standby.
+        """
+        row = await conn.fetchrow(_IDENTITY)
+        assert row is not None
+        if row["standby"]:
+            raise StoreUnavailable(
+                f"connected to a standby, which cannot grant segments ({self._where}): name the primary, "
+                "or every node of the cluster with target_session_attrs=read-write (see docs/ha.md)"
+            )
+        database: str = row["database"]
+        identity = f"{row['system']}/{int(row['walfile'][:8], 16)}"
+        self.database = database
+        loop = asyncio.get_running_loop()
+        if identity != self.primary:
+            if self.primary is not None:
+                log.info("PostgreSQL primary is now system %s, timeline %s", *identity.split("/"))
+                # A failover: every live worker repairs this primary from its memory on its next
+                # connection (within a heartbeat); none of ours fetches before they have had the time.
+                self._usable_at = loop.time() + self.grace
+            self.primary = identity
+        await self._repair(conn, database, identity)
+        wait = self._usable_at - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    async def _repair(self, conn: asyncpg.Connection[Any], database: str, identity: str) -> None:
+        grants = self.grants
+        if grants is None or grants.server(database) == identity:
+            return
+        remembered = grants.remembered(database)
+        if remembered:
+            tags = sorted(remembered)
+            try:
+                raised = await conn.fetch(_REPAIR, tags, [remembered[t] for t in tags])
+            except asyncpg.UndefinedTableError:
+                return  # nothing to repair before `dispenser migrate`; try again on the next connection
+            if raised:
+                shown = ", ".join(f"{r['biz_tag']!r} to {r['max_id']}" for r in raised[:10])
+                more = f" and {len(raised) - 10} more" if len(raised) > 10 else ""
+                log.warning(
+                    "PostgreSQL primary (system %s, timeline %s) is new to this worker and had lost segments "
+                    "it granted (asynchronous replication?): raised max_id of %s%s before fetching",
+                    *identity.split("/"),
+                    shown,
+                    more,
+                )
+            else:
+                log.info(
+                    "PostgreSQL primary (system %s, timeline %s) is new to this worker and holds every "
+                    "segment it remembers granting (%d tags)",
+                    *identity.split("/"),
+                    len(tags),
+                )
+        await grants.set_server(database, identity)
+
+    async def granted(self, tag: str, max_id: int) -> None:
+        """Remember a grant (durably, when there is a memory) before its IDs are handed out."""
+        if self.grants is not None and self.database is not None:
+            await self.grants.remember(self.database, tag, max_id)
