@@ -26,7 +26,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from dispenser.adapters.zookeeper import session as zk_session
-from dispenser.adapters.zookeeper.session import digest_id, registry_acl, shared_acl
+from dispenser.adapters.zookeeper.acl import digest_id, registry_acl, shared_acl
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

@@ -17,7 +17,8 @@ only it knows the high water; this mode runs no task of its own. (The lease regi
 :mod:`dispenser.adapters.zookeeper.lease` does run one, to keep proving its lease.)
 
 **The session** (connection, digest credentials, ACLs, deadlines, error mapping, and why kazoo) lives in
-:mod:`dispenser.adapters.zookeeper.session`; its public names are importable from here too. The client library's
+:mod:`dispenser.adapters.zookeeper.session` (ACLs in :mod:`~dispenser.adapters.zookeeper.acl`); its public
+names are importable from here too. The client library's
 session may be replaced by a new one when ZooKeeper expired the old (its ephemeral nodes gone), so the
 registries compare :attr:`~dispenser.adapters.zookeeper.session.ZkSession.session_id` values.
 """
@@ -32,16 +33,8 @@ from typing import ClassVar
 
 import msgspec
 
-from dispenser.adapters.zookeeper.session import (
-    BadVersion,
-    NodeExists,
-    NoNode,
-    ZkSession,
-    check_auth,
-    digest_id,
-    registry_acl,
-    shared_acl,
-)
+from dispenser.adapters.zookeeper.acl import check_auth, digest_id, registry_acl, shared_acl
+from dispenser.adapters.zookeeper.session import BadVersion, NodeExists, NoNode, ZkSession
 from dispenser.core.errors import (
     CoordinatorUnavailable,
     LeaseLost,
