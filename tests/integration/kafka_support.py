@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +69,8 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: list[Header]
+    timestamp: int = 0
+    """The record's timestamp (ms since 1970), as the broker stored it."""
 
     def header(self, name: str) -> bytes | None:
         """The last value of header ``name``."""
@@ -80,13 +82,19 @@ class Record:
 
 
 async def produce(
-    bootstrap: str, topic: str, records: Iterable[tuple[int, bytes | None, bytes | None, list[Header]]]
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[int, bytes | None, bytes | None, list[Header]]],
+    timestamp_ms: Callable[[int], int] | None = None,
 ) -> list[tuple[int, int]]:
-    """Produce ``(partition, key, value, headers)`` records in order; returns their ``(partition, offset)``."""
+    """Produce ``(partition, key, value, headers)`` records in order; returns their ``(partition, offset)``.
+
+    ``timestamp_ms(i)``: the timestamp of the ``i``-th record (default: the producer's clock).
+    """
     producer = input_producer(bootstrap)
     await producer.start()
     try:
-        return await send_all(producer, topic, records)
+        return await send_all(producer, topic, records, timestamp_ms)
     finally:
         await producer.stop()
 
@@ -100,11 +108,19 @@ async def send_all(
     producer: AIOKafkaProducer,
     topic: str,
     records: Iterable[tuple[int, bytes | None, bytes | None, list[Header]]],
+    timestamp_ms: Callable[[int], int] | None = None,
 ) -> list[tuple[int, int]]:
     """Send records with a started producer and wait for them; their ``(partition, offset)`` in order."""
     futures = [
-        await producer.send(topic, value, key=key, partition=partition, headers=headers)
-        for partition, key, value, headers in records
+        await producer.send(
+            topic,
+            value,
+            key=key,
+            partition=partition,
+            headers=headers,
+            timestamp_ms=None if timestamp_ms is None else timestamp_ms(i),
+        )
+        for i, (partition, key, value, headers) in enumerate(records)
     ]
     return [(m.partition, m.offset) for m in await asyncio.gather(*futures)]
 
@@ -177,7 +193,8 @@ class TopicReader:
             fetched = await self._consumer.getmany(timeout_ms=200)
             for records in fetched.values():
                 self.records.extend(
-                    Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers)) for r in records
+                    Record(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers), r.timestamp)
+                    for r in records
                 )
             # Only this task consumes, so the positions read now cover exactly what was appended above
             # (under read_committed they also step over commit markers and aborted records).

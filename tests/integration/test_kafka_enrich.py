@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -59,6 +60,15 @@ def record_for(i: int, bad_every: int) -> tuple[int, bytes, bytes, list[Header]]
     return i % PARTITIONS, f"k{i}".encode(), value, [("trace", str(i).encode())]
 
 
+TIMESTAMP_BASE = int(time.time() * 1000) - 3_600_000
+"""Input records are an hour old (within any retention), one millisecond apart: their own event times."""
+
+
+def timestamp_of(i: int) -> int:
+    """Input record ``i``'s timestamp, which its output (or dead letter) must keep."""
+    return TIMESTAMP_BASE + i
+
+
 def source_of(record: Record) -> tuple[int, int]:
     """The input ``(partition, offset)`` an output or dead letter came from (its ``leaf-source`` header)."""
     raw = record.header(SOURCE_HEADER)
@@ -76,7 +86,9 @@ async def make_stream(
     await create_topics(
         bootstrap, {topic_in: PARTITIONS, topic_out: PARTITIONS, f"{topic_in}.dlq": PARTITIONS}
     )
-    placed = await produce(bootstrap, topic_in, (record_for(i, bad_every) for i in range(count)))
+    placed = await produce(
+        bootstrap, topic_in, (record_for(i, bad_every) for i in range(count)), timestamp_ms=timestamp_of
+    )
     return topic_in, topic_out, {where: i for i, where in enumerate(placed)}
 
 
@@ -100,6 +112,7 @@ def check_exactly_once(
         assert document["n"] == i
         assert record.key == f"k{i}".encode()
         assert record.header("trace") == str(i).encode()
+        assert record.timestamp == timestamp_of(i), "an output keeps its input's timestamp"
         ids.append(document["order"]["id"])
     assert len(set(ids)) == len(ids), f"{len(ids) - len(set(ids))} IDs handed out twice"
     for partition in range(PARTITIONS):  # input partition p -> output partition p, in input order
@@ -112,6 +125,7 @@ def check_exactly_once(
         assert record.header(SOURCE_OFFSET_HEADER) == str(offset).encode()
         assert record.header(ERROR_CODE_HEADER) in (b"not_json", b"not_an_object", b"field_missing")
         assert record.value in BAD_VALUES
+        assert record.timestamp == timestamp_of(where[(partition, offset)])
 
 
 @contextlib.asynccontextmanager
@@ -353,3 +367,46 @@ def _kill_sender(producer: AIOKafkaProducer) -> None:
     error = KafkaError("Unexpected error during batch delivery (injected)")
     producer._message_accumulator.fail_all(error)
     producer._txn_manager.fatal_error(error)
+
+
+async def test_with_key_outputs_stay_on_their_inputs_partition(
+    kafka_broker: KafkaBroker, pg_dsn: str
+) -> None:
+    """--key: the ID becomes the key, yet each output lands on its input's partition, in order, timestamp kept."""
+    await prepare(pg_dsn, [("order", 500)])
+    bootstrap = kafka_broker.bootstrap
+    topic_in, topic_out, where = await make_stream(bootstrap, 400, bad_every=0)
+    config = kafka_config(bootstrap, pg_dsn)
+    settings = EnrichSettings(
+        input_topic=topic_in,
+        output_topic=topic_out,
+        tag="order",
+        placement=Placement.from_options(key=True),
+        group_id=unique("enrich"),
+        commit_records=100,
+    )
+    worker = Worker(config, serve=False)
+    await worker.start()
+    stop = asyncio.Event()
+    try:
+        assert worker.allocator is not None
+        enricher = Enricher(config.kafka, settings, worker.allocator)
+        await enricher.start()
+        running = asyncio.create_task(enricher.run(stop))
+        async with TopicReader(bootstrap, topic_out) as out:
+            outputs = await out.wait_for(400, timeout=60)
+        stop.set()
+        await running
+    finally:
+        await worker.stop()
+    assert len(outputs) == 400
+    ids = [int(record.key or b"") for record in outputs]
+    assert len(set(ids)) == 400
+    for record in outputs:
+        partition, offset = source_of(record)
+        assert record.partition == partition, "the new key does not choose the partition"
+        assert record.timestamp == timestamp_of(where[(partition, offset)])
+        assert json.loads(record.value or b"")["n"] == where[(partition, offset)], "the value is untouched"
+    for partition in range(PARTITIONS):  # in input order, with increasing IDs (one worker's segments)
+        mine = [r for r in outputs if r.partition == partition]
+        assert [source_of(r)[1] for r in mine] == sorted(source_of(r)[1] for r in mine)

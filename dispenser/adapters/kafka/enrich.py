@@ -467,10 +467,13 @@ class Enricher:
             if source_header:
                 headers.append((SOURCE_HEADER, where + str(record.offset).encode()))
             enriched = transform(record.key, record.value, headers, next_id())
+            # Outputs and dead letters keep the input record's timestamp (Kafka's convention for a record
+            # derived from another: event time survives the hop; the broker's own time is in the log anyway).
+            stamp = record.timestamp
             if isinstance(enriched, Rejection):
-                await dead.add(record.key, record.value, _dead_headers(record, enriched, where))
-            elif not out.try_add(enriched.key, enriched.value, enriched.headers):
-                await out.add(enriched.key, enriched.value, enriched.headers)
+                await dead.add(record.key, record.value, _dead_headers(record, enriched, where), stamp)
+            elif not out.try_add(enriched.key, enriched.value, enriched.headers, stamp):
+                await out.add(enriched.key, enriched.value, enriched.headers, stamp)
         part.sends += await out.flush()
         part.sends += await dead.flush()
         part.dead += dead.count
@@ -578,25 +581,29 @@ class _Batches:
         self.count = 0
         self.futures: list[asyncio.Future[object]] = []
 
-    def try_add(self, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> bool:
+    def try_add(
+        self, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], timestamp: int
+    ) -> bool:
         """Append a record to the current batch if there is one with room (no await: the common case)."""
         batch = self._batch
-        if batch is None or batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+        if batch is None or batch.append(key=key, value=value, timestamp=timestamp, headers=headers) is None:
             return False
         self.count += 1
         return True
 
-    async def add(self, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
-        """Append a record, sending the current batch first if it is full."""
+    async def add(
+        self, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], timestamp: int
+    ) -> None:
+        """Append a record (``timestamp``: ms since 1970), sending the current batch first if it is full."""
         self.count += 1
         if self._batch is None:
             self._batch = self._producer.create_batch()
-        elif self._batch.append(key=key, value=value, timestamp=None, headers=headers) is not None:
+        elif self._batch.append(key=key, value=value, timestamp=timestamp, headers=headers) is not None:
             return
         else:
             await self._send()
             self._batch = self._producer.create_batch()
-        if self._batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+        if self._batch.append(key=key, value=value, timestamp=timestamp, headers=headers) is None:
             raise ValueError(f"a record of {len(value or b'')} bytes does not fit an empty producer batch")
 
     async def flush(self) -> list[asyncio.Future[object]]:
