@@ -40,7 +40,9 @@ async def test_tag_administration(
     assert await run(["tag", "remove", "order"]) == 0
     assert await run(["tag", "remove", "order"]) == 1
     assert "unknown tag" in capsys.readouterr().err
-    assert await run(["tag", "add", "bad tag!", "--step", "5"]) == 1
+    assert (
+        await run(["tag", "add", "bad tag!", "--step", "5"]) == 2
+    )  # refused before connecting, as a usage error
 
 
 async def test_check_names_what_it_cannot_reach(

@@ -29,7 +29,7 @@ from .kafka_support import (
     unique,
 )
 from .segment_support import prepare
-from .test_kafka_enrich import PARTITIONS, check_exactly_once, record_for
+from .test_kafka_enrich import PARTITIONS, check_exactly_once, record_for, timestamp_of
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres]
 
@@ -52,7 +52,12 @@ async def _topics() -> tuple[str, str]:
 
 async def _produce_range(bootstrap: str, topic: str, first: int, last: int) -> dict[tuple[int, int], int]:
     """Records ``first..last-1`` (see :func:`record_for`); returns (partition, offset) → record number."""
-    placed = await produce(bootstrap, topic, (record_for(i, BAD_EVERY) for i in range(first, last)))
+    placed = await produce(
+        bootstrap,
+        topic,
+        (record_for(i, BAD_EVERY) for i in range(first, last)),
+        timestamp_ms=lambda i: timestamp_of(first + i),
+    )
     return {where: first + i for i, where in enumerate(placed)}
 
 
