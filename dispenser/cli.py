@@ -340,6 +340,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The drivers the base install (the client) leaves out, and the extra that brings each (pyproject.toml).
+_EXTRA_OF = {
+    "aiokafka": "server",
+    "asyncpg": "server",
+    "kazoo": "server",
+    "prometheus_client": "server",
+    "uvloop": "server",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (tests call this without a subprocess)."""
     args = _parser().parse_args(argv)
@@ -377,6 +387,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handlers[args.command](args, config)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as missing:
+        module = (missing.name or "").split(".")[0]
+        extra = _EXTRA_OF.get(module)
+        if extra is None:
+            raise
+        if args.command == "get" and module == "aiokafka":  # a client over Kafka needs no worker
+            extra = "kafka"
+        # A client-only install (pip install leaf-dispenser) has no worker drivers: say what to install.
+        print(
+            f"dispenser {args.command}: {missing.name} is not installed (it comes with the [{extra}] "
+            f"extra): pip install 'leaf-dispenser[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
     except (DispenserError, OSError) as exc:
         print(f"dispenser: {exc}", file=sys.stderr)
         return 1
