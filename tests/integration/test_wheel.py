@@ -23,7 +23,7 @@ from dispenser.testing.servers import NatsServer
 
 from .segment_support import prepare, running_worker, worker_config
 
-# The fixture builds and installs a wheel: ~7 s on an idle machine, ~15 s at a load of 8.
+# Builds and installs a wheel: ~7 s on an idle machine, ~15 s at a load of 8.
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,10 +58,8 @@ def _pip(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return _run(sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args)
 
 
-@pytest.fixture(scope="module")
-def clean_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv holding only the wheel and what its base install requires; its ``bin`` directory."""
-    where = tmp_path_factory.mktemp("wheel")
+def _clean_venv(where: Path) -> Path:
+    """A venv under ``where`` holding only the wheel (in ``where/dist``) and its base install; its ``bin``."""
     # Built from a copy of what the wheel is made of: an in-tree build would leave build/ in the checkout,
     # and a stale build/lib could ship modules the checkout no longer has.
     source = where / "source"
@@ -91,43 +89,44 @@ def clean_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv / "bin"
 
 
-def test_the_wheel_ships_its_types_and_licence(clean_venv: Path) -> None:
-    """py.typed (PEP 561) is in the package and the Apache-2.0 text in the wheel's metadata."""
-    (wheel,) = (clean_venv.parent.parent / "dist").glob("leaf_dispenser-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "dispenser/py.typed" in names
-    licence = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
-    assert b"Apache License" in zipfile.ZipFile(wheel).read(licence)
+async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
+    tmp_path: Path, nats_server: NatsServer, pg_dsn: str
+) -> None:
+    """Typed, licensed, no driver; serve names the extra, schemas refuses; the client takes IDs from a worker.
 
+    `dispenser serve` fails in one line naming the extra; IdClient, BlockingIdClient and `dispenser get` run
+    from the venv against a worker in this process. One test, so that the wheel is built and installed once (a fixture would be built again by each xdist
+    worker that runs one of several tests).
+    """
+    bin_dir = await asyncio.to_thread(_clean_venv, tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("leaf_dispenser-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        assert "dispenser/py.typed" in names
+        licence = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+        assert b"Apache License" in archive.read(licence)
 
-def test_the_base_install_is_the_client_without_the_workers_drivers(clean_venv: Path) -> None:
-    """No driver in the venv; `dispenser serve` fails in one line naming the extra; schemas refuses."""
-    (site,) = (clean_venv.parent / "lib").glob("python*/site-packages")
+    (site,) = (bin_dir.parent / "lib").glob("python*/site-packages")
     assert [driver for driver in DRIVERS if (site / driver).exists()] == []
-    served = _run(
-        clean_venv / "dispenser", "serve", env={**os.environ, "DISPENSER_NATS_URL": "nats://127.0.0.1:9"}
+    served = await asyncio.to_thread(
+        _run, bin_dir / "dispenser", "serve", env={**os.environ, "DISPENSER_NATS_URL": "nats://127.0.0.1:9"}
     )
     assert served.returncode == 2
     assert served.stdout == ""
     assert served.stderr.count("\n") == 1, served.stderr
     assert "pip install 'leaf-dispenser[server]'" in served.stderr
-    schemas = _run(clean_venv / "dispenser", "schemas")
+    schemas = await asyncio.to_thread(_run, bin_dir / "dispenser", "schemas")
     assert schemas.returncode == 2
     assert "Traceback" not in schemas.stderr
 
-
-async def test_the_client_from_the_wheel_takes_ids_from_a_worker(
-    clean_venv: Path, nats_server: NatsServer, pg_dsn: str
-) -> None:
-    """IdClient and BlockingIdClient from the clean venv, and `dispenser get`, against a worker here."""
     await prepare(pg_dsn, [("demo", 1000)])
     async with running_worker(worker_config(nats_server.url, pg_dsn)):
-        used = await asyncio.to_thread(_run, clean_venv / "python", "-c", CLIENT, nats_server.url, *DRIVERS)
+        used = await asyncio.to_thread(_run, bin_dir / "python", "-c", CLIENT, nats_server.url, *DRIVERS)
         assert used.returncode == 0, used.stderr
         result = json.loads(used.stdout)
         got = await asyncio.to_thread(
             _run,
-            clean_venv / "dispenser",
+            bin_dir / "dispenser",
             "get",
             "demo",
             "3",
