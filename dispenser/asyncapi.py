@@ -140,10 +140,15 @@ def _nats_reply(*messages: str) -> dict[str, Any]:
 
 
 _TAG = "The business tag (`leaf_alloc.biz_tag`); it may contain dots."
-_TAG_KEY: Final = {"kafka": {"key": _string("The tag."), "bindingVersion": "0.5.0"}}
-_NATS_CONTENT_TYPE: Final = _string(
-    f"`{MSGPACK}`: the body is msgpack, and so is the reply (JSON otherwise).", enum=[MSGPACK]
-)
+
+
+def _tag_key() -> dict[str, Any]:
+    """The Kafka binding of a message keyed by tag."""
+    return {"kafka": {"key": _string("The tag."), "bindingVersion": "0.5.0"}}
+
+
+def _nats_content_type() -> dict[str, Any]:
+    return _string(f"`{MSGPACK}`: the body is msgpack, and so is the reply (JSON otherwise).", enum=[MSGPACK])
 
 
 def _queue(nats: NatsConfig) -> dict[str, Any]:
@@ -175,7 +180,7 @@ def _segment_ids(nats: NatsConfig) -> _Part:
         "title": "ID request",
         "summary": 'Empty, or {"count": n, "format": "ids"|"ranges", "request_id": "…"}; an empty body is one ID.',
         "contentType": _JSON,
-        "headers": _headers({NATS_CONTENT_TYPE: _NATS_CONTENT_TYPE}),
+        "headers": _headers({NATS_CONTENT_TYPE: _nats_content_type()}),
         "payload": _ref("components/schemas", "IdRequest"),
         "examples": [
             {"name": "ids", "payload": {"count": 3}},
@@ -253,7 +258,7 @@ def _nats_replies() -> _Part:
                     "Error replies only: an HTTP-like status (400, 404, 413, 503, 507, …).",
                     pattern="^[0-9]{3}$",
                 ),
-                NATS_CONTENT_TYPE: _NATS_CONTENT_TYPE,
+                NATS_CONTENT_TYPE: _nats_content_type(),
             }
         ),
         "payload": _ref("components/schemas", "Reply"),
@@ -377,7 +382,7 @@ def _kafka_requests(kafka: KafkaConfig) -> _Part:
         ),
         "correlationId": _ref("components/correlationIds", "kafkaCorrelationId"),
         "payload": _ref("components/schemas", "KafkaIdRequest"),
-        "bindings": _TAG_KEY,
+        "bindings": _tag_key(),
         "examples": [{"payload": {"tag": "order", "kind": "segment", "count": 100}}],
     }
     return _Part("kafkaRequests", channel, {"serveKafkaRequests": serve}, {"kafkaIdRequest": request})
@@ -406,7 +411,7 @@ def _kafka_replies(kafka: KafkaConfig) -> _Part:
         ),
         "correlationId": _ref("components/correlationIds", "kafkaCorrelationId"),
         "payload": _ref("components/schemas", "Reply"),
-        "bindings": _TAG_KEY,
+        "bindings": _tag_key(),
     }
     return _Part("kafkaReplies", channel, messages={"kafkaReply": reply})
 
@@ -429,7 +434,7 @@ def _kafka_rate_events(config: Config) -> _Part:
         ),
     }
     event = _payload_message("RateEvent", "Rate event on Kafka", name="KafkaRateEvent") | {
-        "bindings": _TAG_KEY
+        "bindings": _tag_key()
     }
     return _Part("kafkaRateEvents", channel, operations, {"kafkaRateEvent": event})
 
@@ -441,10 +446,13 @@ _ENRICH: Final = EnrichSettings(
     input_topic="{input}", output_topic="{output}", tag="", placement=Placement("field", ("id",))
 )
 _INPUT = "The input topic (`--in`)."
-_SOURCE: Final = _string(
-    "`<topic>/<partition>/<offset>` of the input record (`enrich.source_header`).",
-    examples=["orders.raw/0/1234"],
-)
+
+
+def _source() -> dict[str, Any]:
+    return _string(
+        "`<topic>/<partition>/<offset>` of the input record (`enrich.source_header`).",
+        examples=["orders.raw/0/1234"],
+    )
 
 
 def _enrich_input() -> _Part:
@@ -493,7 +501,7 @@ def _enrich_output() -> _Part:
         "summary": "The input record with its ID: in a JSON field (`--field`, the value re-encoded), a "
         "header (`--header`, ASCII decimal) or the key (`--key`, ASCII decimal); other keys and headers "
         "unchanged.",
-        "headers": _headers({SOURCE_HEADER: _SOURCE}),
+        "headers": _headers({SOURCE_HEADER: _source()}),
         "payload": {"description": "The input value, with the ID in it when placed in a field."},
     }
     return _Part("enrichOutput", channel, {"sendEnrichedRecords": send}, {"enrichedRecord": record})
@@ -521,7 +529,7 @@ def _enrich_dead_letters() -> _Part:
         "name": "DeadLetter",
         "title": "Dead letter",
         "summary": "The input record's key, value and headers, plus why and where from.",
-        "headers": _headers(why | {SOURCE_HEADER: _SOURCE}, required=tuple(why)),
+        "headers": _headers(why | {SOURCE_HEADER: _source()}, required=tuple(why)),
         "payload": {"description": "The input value, unchanged."},
     }
     return _Part("enrichDeadLetters", channel, {"sendDeadLetters": send}, {"deadLetter": letter})
@@ -650,6 +658,8 @@ def to_yaml(document: dict[str, Any] | list[Any]) -> str:
         return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
 
     Dumper.add_representer(str, represent_str)
+    # No anchors and aliases (&id001, *id001) where a value appears twice: a reader sees each in place.
+    Dumper.ignore_aliases = lambda self, data: True  # type: ignore[method-assign]
     return yaml.dump(
         document, Dumper=Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100
     )

@@ -94,6 +94,7 @@ def test_document_is_what_the_code_generates() -> None:
     Compared as data, not as text: another PyYAML release may lay the same document out differently.
     """
     assert _document() == json.loads(json.dumps(asyncapi_document()))
+    assert "&id0" not in DOCUMENT.read_text(encoding="utf-8"), "a value repeated is written out, not aliased"
 
 
 def test_schemas_check_reports_a_stale_asyncapi_document(tmp_path: Path) -> None:
