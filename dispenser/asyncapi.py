@@ -11,14 +11,14 @@ The document describes the dispenser's side: it *receives* ID requests and *send
 and enriched records. Addresses are those of the default configuration (prefix ``leaf``); the settings
 that change them are named in each channel's description.
 
-YAML is written by :func:`to_yaml` (a small emitter for JSON-like data), so that the command needs no YAML
-library at run time.
+The document is put together from one small piece per channel (the channel, the operations on it and
+the messages it brings in); :func:`to_yaml` writes it with PyYAML.
 """
 
 from __future__ import annotations
 
-import math
-import re
+import json
+from dataclasses import dataclass, field
 from typing import Any, Final, get_args
 
 import msgspec
@@ -39,7 +39,7 @@ from dispenser.adapters.kafka.enrich import (
 from dispenser.adapters.kafka.requests import ERROR_CODE_HEADER as KAFKA_ERROR_CODE_HEADER
 from dispenser.adapters.nats.micro import ERROR_CODE_HEADER, ERROR_HEADER
 from dispenser.adapters.nats.service import CONTENT_TYPE as NATS_CONTENT_TYPE
-from dispenser.config import Config
+from dispenser.config import Config, KafkaConfig, NatsConfig
 from dispenser.messages import (
     DECODE_TAG,
     MSGPACK,
@@ -50,7 +50,7 @@ from dispenser.messages import (
 )
 from dispenser.service.enrichment import Placement, RejectionCode
 
-__all__ = ["ASYNCAPI_VERSION", "asyncapi_document", "draft7", "to_yaml"]
+__all__ = ["ASYNCAPI_VERSION", "asyncapi_document", "draft7", "is_current", "to_yaml"]
 
 ASYNCAPI_VERSION: Final = "3.0.0"
 """The AsyncAPI version the document follows (its schema is vendored in ``tests/data/``)."""
@@ -99,442 +99,534 @@ def _payload_schemas() -> dict[str, Any]:
     return {name: draft7(schema) for name, schema in sorted(components.items())}
 
 
-def asyncapi_document(config: Config | None = None) -> dict[str, Any]:
-    """The AsyncAPI 3.0 document for `config` (default: the default configuration, as in the docs)."""
-    config = config or Config()
-    nats, kafka = config.nats, config.kafka
+@dataclass(frozen=True)
+class _Part:
+    """One channel of the document, the operations on it and the component messages it brings in."""
+
+    name: str
+    channel: dict[str, Any]
+    operations: dict[str, Any] = field(default_factory=dict)
+    messages: dict[str, Any] = field(default_factory=dict)
+
+
+def _channel(
+    address: str | None,
+    title: str,
+    description: str,
+    *,
+    server: str,
+    messages: tuple[str, ...],
+    parameters: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A channel on ``server`` (``nats`` or ``kafka``) carrying the component ``messages`` of those names."""
+    channel: dict[str, Any] = {"address": address, "title": title, "description": description}
+    if parameters:
+        channel["parameters"] = {name: {"description": text} for name, text in parameters.items()}
+    channel["servers"] = [_ref("servers", server)]
+    channel["messages"] = {name: _ref("components/messages", name) for name in messages}
+    return channel
+
+
+def _operation(action: str, channel: str, summary: str, **more: Any) -> dict[str, Any]:
+    return {"action": action, "channel": _ref("channels", channel), "summary": summary, **more}
+
+
+def _nats_reply(*messages: str) -> dict[str, Any]:
+    """An operation's reply, sent to the requester's inbox (the ``natsReplies`` channel)."""
+    return {
+        "channel": _ref("channels", "natsReplies"),
+        "messages": [_ref("channels/natsReplies/messages", name) for name in messages],
+    }
+
+
+_TAG = "The business tag (`leaf_alloc.biz_tag`); it may contain dots."
+
+
+def _tag_key() -> dict[str, Any]:
+    """The Kafka binding of a message keyed by tag."""
+    return {"kafka": {"key": _string("The tag."), "bindingVersion": "0.5.0"}}
+
+
+def _nats_content_type() -> dict[str, Any]:
+    return _string(f"`{MSGPACK}`: the body is msgpack, and so is the reply (JSON otherwise).", enum=[MSGPACK])
+
+
+def _queue(nats: NatsConfig) -> dict[str, Any]:
+    return {"nats": {"queue": nats.queue_group, "bindingVersion": "0.1.0"}}
+
+
+# -- NATS ------------------------------------------------------------------------------------------------
+
+
+def _segment_ids(nats: NatsConfig) -> _Part:
+    channel = _channel(
+        id_subject(nats.subject_prefix, "segment", "{tag}"),
+        "Segment IDs",
+        "IDs of a tag from PostgreSQL segments (Leaf-segment). The workers share the subjects in a queue "
+        "group. Prefix: `nats.subject_prefix`; queue group: `nats.queue_group`.",
+        server="nats",
+        messages=("idRequest",),
+        parameters={"tag": _TAG},
+    )
+    serve = _operation(
+        "receive",
+        "segmentIds",
+        "Answer with IDs, ranges or an error; never silence.",
+        bindings=_queue(nats),
+        reply=_nats_reply("reply"),
+    )
+    id_request = {
+        "name": "IdRequest",
+        "title": "ID request",
+        "summary": 'Empty, or {"count": n, "format": "ids"|"ranges", "request_id": "…"}; an empty body is one ID.',
+        "contentType": _JSON,
+        "headers": _headers({NATS_CONTENT_TYPE: _nats_content_type()}),
+        "payload": _ref("components/schemas", "IdRequest"),
+        "examples": [
+            {"name": "ids", "payload": {"count": 3}},
+            {"name": "retryable", "payload": {"count": 1000, "format": "ranges", "request_id": "9b1f2c"}},
+        ],
+    }
+    return _Part("segmentIds", channel, {"serveSegmentIds": serve}, {"idRequest": id_request})
+
+
+def _snowflake_ids(nats: NatsConfig) -> _Part:
+    channel = _channel(
+        id_subject(nats.subject_prefix, "snowflake", "{tag}"),
+        "Snowflake IDs",
+        "Snowflake IDs (any tag; the tag names the demand in rate events and metrics).",
+        server="nats",
+        messages=("idRequest",),
+        parameters={"tag": _TAG},
+    )
+    serve = _operation(
+        "receive",
+        "snowflakeIds",
+        "Answer with snowflake IDs, ranges or an error.",
+        bindings=_queue(nats),
+        reply=_nats_reply("reply"),
+    )
+    return _Part("snowflakeIds", channel, {"serveSnowflakeIds": serve})
+
+
+def _snowflake_decode(nats: NatsConfig) -> _Part:
+    channel = _channel(
+        id_subject(nats.subject_prefix, "snowflake", DECODE_TAG),
+        "Decode a snowflake ID",
+        f"Takes a snowflake ID apart with the worker's layout and epoch (so `{DECODE_TAG}` is no tag of "
+        "its own).",
+        server="nats",
+        messages=("decodeRequest",),
+    )
+    decode = _operation(
+        "receive",
+        "snowflakeDecode",
+        "Answer with the ID's time, worker and sequence.",
+        bindings=_queue(nats),
+        reply=_nats_reply("decodeReply"),
+    )
+    decode_request = {
+        "name": "DecodeRequest",
+        "title": "Decode request",
+        "contentType": _JSON,
+        "payload": _ref("components/schemas", "DecodeRequest"),
+        "examples": [{"payload": {"id": 1852331557490475008}}],
+    }
+    return _Part(
+        "snowflakeDecode", channel, {"decodeSnowflakeIds": decode}, {"decodeRequest": decode_request}
+    )
+
+
+def _nats_replies() -> _Part:
+    channel = _channel(
+        None,
+        "NATS replies",
+        "The requester's reply subject (its inbox), as NATS request/reply sets it.",
+        server="nats",
+        messages=("reply", "decodeReply", "clockReading"),
+    )
+    error = {"code": "unknown_tag", "message": "unknown tag 'order'", "retryable": False}
+    reply = {
+        "name": "Reply",
+        "title": "ID reply",
+        "summary": "Exactly one of ids, ranges (inclusive, increasing) or error.",
+        "contentType": _JSON,
+        "headers": _headers(
+            {
+                ERROR_HEADER: _string("Error replies only: the error's message (NATS services, ADR-32)."),
+                ERROR_CODE_HEADER: _string(
+                    "Error replies only: an HTTP-like status (400, 404, 413, 503, 507, …).",
+                    pattern="^[0-9]{3}$",
+                ),
+                NATS_CONTENT_TYPE: _nats_content_type(),
+            }
+        ),
+        "payload": _ref("components/schemas", "Reply"),
+        "examples": [
+            {"name": "ids", "payload": {"tag": "order", "ids": [1001, 1002, 1003]}},
+            {"name": "ranges", "payload": {"tag": "order", "ranges": [[1001, 1500]], "request_id": "9b1f2c"}},
+            {
+                "name": "error",
+                "headers": {ERROR_HEADER: "unknown tag 'order'", ERROR_CODE_HEADER: "404"},
+                "payload": {"tag": "order", "error": error},
+            },
+        ],
+    }
+    messages = {
+        "reply": reply,
+        "decodeReply": _payload_message("DecodeReply", "Decode reply"),
+        "clockReading": _payload_message("ClockReading", "Clock reading"),
+    }
+    return _Part("natsReplies", channel, messages=messages)
+
+
+def _rate_events(nats: NatsConfig) -> _Part:
     prefix = nats.subject_prefix
-    enrich = EnrichSettings(
-        input_topic="{input}", output_topic="{output}", tag="", placement=Placement("field", ("id",))
+    channel = _channel(
+        rate_subject(prefix, "{tag}"),
+        "Consumption-rate events",
+        "Every `rate.interval` seconds each worker publishes one event per tag it serves; peers size "
+        "their segments from them, `dispenser watch` shows them (it subscribes to "
+        f"`{rate_subject(prefix, '>')}`).",
+        server="nats",
+        messages=("rateEvent",),
+        parameters={"tag": _TAG},
     )
-    tag_parameter = {"description": "The business tag (`leaf_alloc.biz_tag`); it may contain dots."}
-    nats_server = [_ref("servers", "nats")]
-    kafka_server = [_ref("servers", "kafka")]
-    queue = {"nats": {"queue": nats.queue_group, "bindingVersion": "0.1.0"}}
-    tag_key = {"kafka": {"key": _string("The tag."), "bindingVersion": "0.5.0"}}
-    nats_content_type = _string(
-        f"`{MSGPACK}`: the body is msgpack, and so is the reply (JSON otherwise).", enum=[MSGPACK]
-    )
-
-    channels: dict[str, Any] = {
-        "segmentIds": {
-            "address": id_subject(prefix, "segment", "{tag}"),
-            "title": "Segment IDs",
-            "description": "IDs of a tag from PostgreSQL segments (Leaf-segment). The workers share the "
-            "subjects in a queue group. Prefix: `nats.subject_prefix`; queue group: `nats.queue_group`.",
-            "parameters": {"tag": tag_parameter},
-            "servers": nats_server,
-            "messages": {"idRequest": _ref("components/messages", "idRequest")},
-        },
-        "snowflakeIds": {
-            "address": id_subject(prefix, "snowflake", "{tag}"),
-            "title": "Snowflake IDs",
-            "description": "Snowflake IDs (any tag; the tag names the demand in rate events and metrics).",
-            "parameters": {"tag": tag_parameter},
-            "servers": nats_server,
-            "messages": {"idRequest": _ref("components/messages", "idRequest")},
-        },
-        "snowflakeDecode": {
-            "address": id_subject(prefix, "snowflake", DECODE_TAG),
-            "title": "Decode a snowflake ID",
-            "description": "Takes a snowflake ID apart with the worker's layout and epoch (so `"
-            f"{DECODE_TAG}` is no tag of its own).",
-            "servers": nats_server,
-            "messages": {"decodeRequest": _ref("components/messages", "decodeRequest")},
-        },
-        "natsReplies": {
-            "address": None,
-            "title": "NATS replies",
-            "description": "The requester's reply subject (its inbox), as NATS request/reply sets it.",
-            "servers": nats_server,
-            "messages": {
-                "reply": _ref("components/messages", "reply"),
-                "decodeReply": _ref("components/messages", "decodeReply"),
-                "clockReading": _ref("components/messages", "clockReading"),
-            },
-        },
-        "rateEvents": {
-            "address": rate_subject(prefix, "{tag}"),
-            "title": "Consumption-rate events",
-            "description": "Every `rate.interval` seconds each worker publishes one event per tag it "
-            f"serves; peers size their segments from them, `dispenser watch` shows them (it subscribes "
-            f"to `{rate_subject(prefix, '>')}`).",
-            "parameters": {"tag": tag_parameter},
-            "servers": nats_server,
-            "messages": {"rateEvent": _ref("components/messages", "rateEvent")},
-        },
-        "snowflakeClock": {
-            "address": clock_subject(prefix),
-            "title": "Snowflake clock check",
-            "description": "A starting snowflake worker asks every live one for its clock (no queue "
-            "group: all answer) and refuses to start when its own is too far from their mean "
-            "(`snowflake.peer_threshold_ms`).",
-            "servers": nats_server,
-            "messages": {"clockCheck": _ref("components/messages", "clockCheck")},
-        },
-        "kafkaRequests": {
-            "address": kafka.request_topic,
-            "title": "Kafka ID requests",
-            "description": "ID requests, keyed by tag (`kafka.request_topic`); the workers share its "
-            f"partitions as the consumer group `kafka.group_id` (`{kafka.group_id}`).",
-            "servers": kafka_server,
-            "messages": {"kafkaIdRequest": _ref("components/messages", "kafkaIdRequest")},
-        },
-        "kafkaReplies": {
-            "address": kafka.reply_topic,
-            "title": "Kafka replies",
-            "description": f"Where a reply goes: the request's `{REPLY_TOPIC}` header, else "
-            "`kafka.reply_topic` (this address).",
-            "servers": kafka_server,
-            "messages": {"kafkaReply": _ref("components/messages", "kafkaReply")},
-        },
-        "kafkaRateEvents": {
-            "address": config.rate.kafka_topic,
-            "title": "Consumption-rate events on Kafka",
-            "description": "The rate events again, keyed by tag, when `kafka.enabled` "
-            "(`rate.kafka_topic`); a worker without NATS listens to its peers here.",
-            "servers": kafka_server,
-            "messages": {"kafkaRateEvent": _ref("components/messages", "kafkaRateEvent")},
-        },
-        "enrichInput": {
-            "address": enrich.input_topic,
-            "title": "Records to enrich",
-            "description": "`dispenser enrich --in`: any records.",
-            "parameters": {"input": {"description": "The input topic (`--in`)."}},
-            "servers": kafka_server,
-            "messages": {"inputRecord": _ref("components/messages", "inputRecord")},
-        },
-        "enrichOutput": {
-            "address": enrich.output_topic,
-            "title": "Enriched records",
-            "description": "`dispenser enrich --out`: every input record that took an ID, exactly once "
-            "(Kafka transactions: read it with `isolation.level=read_committed`).",
-            "parameters": {"output": {"description": "The output topic (`--out`)."}},
-            "servers": kafka_server,
-            "messages": {"enrichedRecord": _ref("components/messages", "enrichedRecord")},
-        },
-        "enrichDeadLetters": {
-            "address": enrich.dlq,
-            "title": "Dead letters",
-            "description": "`dispenser enrich --dlq` (default shown): records that cannot take an ID, "
-            "unchanged, with headers saying why and where they came from; in the same transactions.",
-            "parameters": {"input": {"description": "The input topic (`--in`)."}},
-            "servers": kafka_server,
-            "messages": {"deadLetter": _ref("components/messages", "deadLetter")},
-        },
+    operations = {
+        "publishRates": _operation(
+            "send", "rateEvents", "This worker's rate of each tag, every `rate.interval` seconds."
+        ),
+        "followRates": _operation(
+            "receive", "rateEvents", "The peers' rates (every worker listens; so does `dispenser watch`)."
+        ),
     }
+    return _Part(
+        "rateEvents", channel, operations, {"rateEvent": _payload_message("RateEvent", "Rate event")}
+    )
 
-    def reply_to(*messages: str) -> dict[str, Any]:
-        return {
-            "channel": _ref("channels", "natsReplies"),
-            "messages": [_ref("channels/natsReplies/messages", name) for name in messages],
-        }
 
-    operations: dict[str, Any] = {
-        "serveSegmentIds": {
-            "action": "receive",
-            "channel": _ref("channels", "segmentIds"),
-            "summary": "Answer with IDs, ranges or an error; never silence.",
-            "bindings": queue,
-            "reply": reply_to("reply"),
-        },
-        "serveSnowflakeIds": {
-            "action": "receive",
-            "channel": _ref("channels", "snowflakeIds"),
-            "summary": "Answer with snowflake IDs, ranges or an error.",
-            "bindings": queue,
-            "reply": reply_to("reply"),
-        },
-        "decodeSnowflakeIds": {
-            "action": "receive",
-            "channel": _ref("channels", "snowflakeDecode"),
-            "summary": "Answer with the ID's time, worker and sequence.",
-            "bindings": queue,
-            "reply": reply_to("decodeReply"),
-        },
-        "publishRates": {
-            "action": "send",
-            "channel": _ref("channels", "rateEvents"),
-            "summary": "This worker's rate of each tag, every `rate.interval` seconds.",
-        },
-        "followRates": {
-            "action": "receive",
-            "channel": _ref("channels", "rateEvents"),
-            "summary": "The peers' rates (every worker listens; so does `dispenser watch`).",
-        },
-        "answerClockChecks": {
-            "action": "receive",
-            "channel": _ref("channels", "snowflakeClock"),
-            "summary": "Every snowflake worker answers with its clock and worker ID.",
-            "reply": reply_to("clockReading"),
-        },
-        "checkPeerClocks": {
-            "action": "send",
-            "channel": _ref("channels", "snowflakeClock"),
-            "summary": "At start-up, ask the live snowflake workers for their clocks "
+def _snowflake_clock(nats: NatsConfig) -> _Part:
+    channel = _channel(
+        clock_subject(nats.subject_prefix),
+        "Snowflake clock check",
+        "A starting snowflake worker asks every live one for its clock (no queue group: all answer) and "
+        "refuses to start when its own is too far from their mean (`snowflake.peer_threshold_ms`).",
+        server="nats",
+        messages=("clockCheck",),
+    )
+    operations = {
+        "answerClockChecks": _operation(
+            "receive",
+            "snowflakeClock",
+            "Every snowflake worker answers with its clock and worker ID.",
+            reply=_nats_reply("clockReading"),
+        ),
+        "checkPeerClocks": _operation(
+            "send",
+            "snowflakeClock",
+            "At start-up, ask the live snowflake workers for their clocks "
             "(`snowflake.peer_check_timeout` to answer).",
-            "reply": reply_to("clockReading"),
-        },
-        "serveKafkaRequests": {
-            "action": "receive",
-            "channel": _ref("channels", "kafkaRequests"),
-            "summary": "Answer each request on its reply topic, as Spring's ReplyingKafkaTemplate expects.",
-            "bindings": {
-                "kafka": {"groupId": {"type": "string", "enum": [kafka.group_id]}, "bindingVersion": "0.5.0"}
-            },
-            "reply": {
-                "address": {
-                    "location": f"$message.header#/{REPLY_TOPIC}",
-                    "description": "The request's reply topic; without the header, `kafka.reply_topic`.",
-                },
-                "channel": _ref("channels", "kafkaReplies"),
-            },
-        },
-        "publishKafkaRates": {
-            "action": "send",
-            "channel": _ref("channels", "kafkaRateEvents"),
-            "summary": "The rate events, on Kafka too.",
-        },
-        "followKafkaRates": {
-            "action": "receive",
-            "channel": _ref("channels", "kafkaRateEvents"),
-            "summary": "The peers' rates, read by a worker with NATS off (from the topic's end).",
-        },
-        "enrichRecords": {
-            "action": "receive",
-            "channel": _ref("channels", "enrichInput"),
-            "summary": "Consume in the group `enrich.group_id` "
-            f"(default `{enrich.group}`), one transaction per input partition and batch.",
-        },
-        "sendEnrichedRecords": {
-            "action": "send",
-            "channel": _ref("channels", "enrichOutput"),
-            "summary": "Each record with its ID in place, in the transaction that commits its input offset.",
-        },
-        "sendDeadLetters": {
-            "action": "send",
-            "channel": _ref("channels", "enrichDeadLetters"),
-            "summary": "Records that cannot take an ID, in the same transaction.",
-        },
+            reply=_nats_reply("clockReading"),
+        ),
     }
+    clock_check = {
+        "name": "ClockCheck",
+        "title": "Clock check",
+        "summary": "An empty message with a reply subject.",
+    }
+    return _Part("snowflakeClock", channel, operations, {"clockCheck": clock_check})
 
-    source = _string(
+
+# -- Kafka -----------------------------------------------------------------------------------------------
+
+
+def _kafka_requests(kafka: KafkaConfig) -> _Part:
+    channel = _channel(
+        kafka.request_topic,
+        "Kafka ID requests",
+        "ID requests, keyed by tag (`kafka.request_topic`); the workers share its partitions as the "
+        f"consumer group `kafka.group_id` (`{kafka.group_id}`).",
+        server="kafka",
+        messages=("kafkaIdRequest",),
+    )
+    group = {"kafka": {"groupId": {"type": "string", "enum": [kafka.group_id]}, "bindingVersion": "0.5.0"}}
+    reply_address = {
+        "location": f"$message.header#/{REPLY_TOPIC}",
+        "description": "The request's reply topic; without the header, `kafka.reply_topic`.",
+    }
+    serve = _operation(
+        "receive",
+        "kafkaRequests",
+        "Answer each request on its reply topic, as Spring's ReplyingKafkaTemplate expects.",
+        bindings=group,
+        reply={"address": reply_address, "channel": _ref("channels", "kafkaReplies")},
+    )
+    request = {
+        "name": "KafkaIdRequest",
+        "title": "Kafka ID request",
+        "summary": "Keyed by tag; the NATS request plus tag and kind, every field optional (an empty value "
+        "is one segment ID of the tag named by the key).",
+        "contentType": _JSON,
+        "headers": _headers(
+            {
+                REPLY_TOPIC: _string("The topic the reply goes to (default `kafka.reply_topic`)."),
+                REPLY_PARTITION: {
+                    "description": "The reply's partition: a 4-byte big-endian int, as Spring writes it "
+                    "(ASCII digits accepted)."
+                },
+                CORRELATION_ID: {"description": "Copied to the reply byte for byte."},
+                CONTENT_TYPE: _string(
+                    f"`{MSGPACK}`: the value is msgpack, and so is the reply.", enum=[MSGPACK]
+                ),
+            }
+        ),
+        "correlationId": _ref("components/correlationIds", "kafkaCorrelationId"),
+        "payload": _ref("components/schemas", "KafkaIdRequest"),
+        "bindings": _tag_key(),
+        "examples": [{"payload": {"tag": "order", "kind": "segment", "count": 100}}],
+    }
+    return _Part("kafkaRequests", channel, {"serveKafkaRequests": serve}, {"kafkaIdRequest": request})
+
+
+def _kafka_replies(kafka: KafkaConfig) -> _Part:
+    channel = _channel(
+        kafka.reply_topic,
+        "Kafka replies",
+        f"Where a reply goes: the request's `{REPLY_TOPIC}` header, else `kafka.reply_topic` (this address).",
+        server="kafka",
+        messages=("kafkaReply",),
+    )
+    reply = {
+        "name": "KafkaReply",
+        "title": "Kafka reply",
+        "summary": "The NATS reply, keyed as the request was; `kind_not_served` when the request names a "
+        "generator the worker does not run.",
+        "contentType": _JSON,
+        "headers": _headers(
+            {
+                CORRELATION_ID: {"description": "The request's, byte for byte."},
+                KAFKA_ERROR_CODE_HEADER: _string("Error replies only: the error's code (as in the body)."),
+                CONTENT_TYPE: _string(f"`{MSGPACK}` when the request was msgpack.", enum=[MSGPACK]),
+            }
+        ),
+        "correlationId": _ref("components/correlationIds", "kafkaCorrelationId"),
+        "payload": _ref("components/schemas", "Reply"),
+        "bindings": _tag_key(),
+    }
+    return _Part("kafkaReplies", channel, messages={"kafkaReply": reply})
+
+
+def _kafka_rate_events(config: Config) -> _Part:
+    channel = _channel(
+        config.rate.kafka_topic,
+        "Consumption-rate events on Kafka",
+        "The rate events again, keyed by tag, when `kafka.enabled` (`rate.kafka_topic`); a worker without "
+        "NATS listens to its peers here.",
+        server="kafka",
+        messages=("kafkaRateEvent",),
+    )
+    operations = {
+        "publishKafkaRates": _operation("send", "kafkaRateEvents", "The rate events, on Kafka too."),
+        "followKafkaRates": _operation(
+            "receive",
+            "kafkaRateEvents",
+            "The peers' rates, read by a worker with NATS off (from the topic's end).",
+        ),
+    }
+    event = _payload_message("RateEvent", "Rate event on Kafka", name="KafkaRateEvent") | {
+        "bindings": _tag_key()
+    }
+    return _Part("kafkaRateEvents", channel, operations, {"kafkaRateEvent": event})
+
+
+# -- dispenser enrich ------------------------------------------------------------------------------------
+
+# The topics are the command's arguments: the document names them by parameter.
+_ENRICH: Final = EnrichSettings(
+    input_topic="{input}", output_topic="{output}", tag="", placement=Placement("field", ("id",))
+)
+_INPUT = "The input topic (`--in`)."
+
+
+def _source() -> dict[str, Any]:
+    return _string(
         "`<topic>/<partition>/<offset>` of the input record (`enrich.source_header`).",
         examples=["orders.raw/0/1234"],
     )
-    messages: dict[str, Any] = {
-        "idRequest": {
-            "name": "IdRequest",
-            "title": "ID request",
-            "summary": 'Empty, or {"count": n, "format": "ids"|"ranges", "request_id": "…"}; an empty body is one ID.',
-            "contentType": _JSON,
-            "headers": _headers({NATS_CONTENT_TYPE: nats_content_type}),
-            "payload": _ref("components/schemas", "IdRequest"),
-            "examples": [
-                {"name": "ids", "payload": {"count": 3}},
-                {"name": "retryable", "payload": {"count": 1000, "format": "ranges", "request_id": "9b1f2c"}},
-            ],
-        },
-        "reply": {
-            "name": "Reply",
-            "title": "ID reply",
-            "summary": "Exactly one of ids, ranges (inclusive, increasing) or error.",
-            "contentType": _JSON,
-            "headers": _headers(
-                {
-                    ERROR_HEADER: _string("Error replies only: the error's message (NATS services, ADR-32)."),
-                    ERROR_CODE_HEADER: _string(
-                        "Error replies only: an HTTP-like status (400, 404, 413, 503, 507, …).",
-                        pattern="^[0-9]{3}$",
-                    ),
-                    NATS_CONTENT_TYPE: nats_content_type,
-                }
-            ),
-            "payload": _ref("components/schemas", "Reply"),
-            "examples": [
-                {"name": "ids", "payload": {"tag": "order", "ids": [1001, 1002, 1003]}},
-                {
-                    "name": "ranges",
-                    "payload": {"tag": "order", "ranges": [[1001, 1500]], "request_id": "9b1f2c"},
-                },
-                {
-                    "name": "error",
-                    "headers": {ERROR_HEADER: "unknown tag 'order'", ERROR_CODE_HEADER: "404"},
-                    "payload": {
-                        "tag": "order",
-                        "error": {
-                            "code": "unknown_tag",
-                            "message": "unknown tag 'order'",
-                            "retryable": False,
-                        },
-                    },
-                },
-            ],
-        },
-        "decodeRequest": {
-            "name": "DecodeRequest",
-            "title": "Decode request",
-            "contentType": _JSON,
-            "payload": _ref("components/schemas", "DecodeRequest"),
-            "examples": [{"payload": {"id": 1852331557490475008}}],
-        },
-        "decodeReply": {
-            "name": "DecodeReply",
-            "title": "Decode reply",
-            "contentType": _JSON,
-            "payload": _ref("components/schemas", "DecodeReply"),
-        },
-        "rateEvent": {
-            "name": "RateEvent",
-            "title": "Rate event",
-            "contentType": _JSON,
-            "payload": _ref("components/schemas", "RateEvent"),
-        },
-        "clockCheck": {
-            "name": "ClockCheck",
-            "title": "Clock check",
-            "summary": "An empty message with a reply subject.",
-        },
-        "clockReading": {
-            "name": "ClockReading",
-            "title": "Clock reading",
-            "contentType": _JSON,
-            "payload": _ref("components/schemas", "ClockReading"),
-        },
-        "kafkaIdRequest": {
-            "name": "KafkaIdRequest",
-            "title": "Kafka ID request",
-            "summary": "Keyed by tag; the NATS request plus tag and kind, every field optional (an empty "
-            "value is one segment ID of the tag named by the key).",
-            "contentType": _JSON,
-            "headers": _headers(
-                {
-                    REPLY_TOPIC: _string("The topic the reply goes to (default `kafka.reply_topic`)."),
-                    REPLY_PARTITION: {
-                        "description": "The reply's partition: a 4-byte big-endian int, as Spring writes "
-                        "it (ASCII digits accepted)."
-                    },
-                    CORRELATION_ID: {"description": "Copied to the reply byte for byte."},
-                    CONTENT_TYPE: _string(
-                        f"`{MSGPACK}`: the value is msgpack, and so is the reply.", enum=[MSGPACK]
-                    ),
-                }
-            ),
-            "correlationId": _ref("components/correlationIds", "kafkaCorrelationId"),
-            "payload": _ref("components/schemas", "KafkaIdRequest"),
-            "bindings": tag_key,
-            "examples": [{"payload": {"tag": "order", "kind": "segment", "count": 100}}],
-        },
-        "kafkaReply": {
-            "name": "KafkaReply",
-            "title": "Kafka reply",
-            "summary": "The NATS reply, keyed as the request was; `kind_not_served` when the request "
-            "names a generator the worker does not run.",
-            "contentType": _JSON,
-            "headers": _headers(
-                {
-                    CORRELATION_ID: {"description": "The request's, byte for byte."},
-                    KAFKA_ERROR_CODE_HEADER: _string(
-                        "Error replies only: the error's code (as in the body)."
-                    ),
-                    CONTENT_TYPE: _string(f"`{MSGPACK}` when the request was msgpack.", enum=[MSGPACK]),
-                }
-            ),
-            "correlationId": _ref("components/correlationIds", "kafkaCorrelationId"),
-            "payload": _ref("components/schemas", "Reply"),
-            "bindings": tag_key,
-        },
-        "kafkaRateEvent": {
-            "name": "KafkaRateEvent",
-            "title": "Rate event on Kafka",
-            "contentType": _JSON,
-            "payload": _ref("components/schemas", "RateEvent"),
-            "bindings": tag_key,
-        },
-        "inputRecord": {
-            "name": "InputRecord",
-            "title": "Record to enrich",
-            "summary": "Any record. With `--field` its value must be a JSON object (with the path's "
-            "parents); with `--header` or `--key` the value is not read.",
-            "payload": {"description": "Any value."},
-        },
-        "enrichedRecord": {
-            "name": "EnrichedRecord",
-            "title": "Enriched record",
-            "summary": "The input record with its ID: in a JSON field (`--field`, the value re-encoded), "
-            "a header (`--header`, ASCII decimal) or the key (`--key`, ASCII decimal); other keys and "
-            "headers unchanged.",
-            "headers": _headers({SOURCE_HEADER: source}),
-            "payload": {"description": "The input value, with the ID in it when placed in a field."},
-        },
-        "deadLetter": {
-            "name": "DeadLetter",
-            "title": "Dead letter",
-            "summary": "The input record's key, value and headers, plus why and where from.",
-            "headers": _headers(
-                {
-                    DEAD_LETTER_CODE_HEADER: _string(
-                        "Why the record took no ID.", enum=list(get_args(RejectionCode))
-                    ),
-                    ERROR_MESSAGE_HEADER: _string("The same, for a person."),
-                    SOURCE_TOPIC_HEADER: _string("The input record's topic."),
-                    SOURCE_PARTITION_HEADER: _string("Its partition, ASCII decimal.", pattern="^[0-9]+$"),
-                    SOURCE_OFFSET_HEADER: _string("Its offset, ASCII decimal.", pattern="^[0-9]+$"),
-                    SOURCE_HEADER: source,
-                },
-                required=(
-                    DEAD_LETTER_CODE_HEADER,
-                    ERROR_MESSAGE_HEADER,
-                    SOURCE_TOPIC_HEADER,
-                    SOURCE_PARTITION_HEADER,
-                    SOURCE_OFFSET_HEADER,
-                ),
-            ),
-            "payload": {"description": "The input value, unchanged."},
+
+
+def _enrich_input() -> _Part:
+    channel = _channel(
+        _ENRICH.input_topic,
+        "Records to enrich",
+        "`dispenser enrich --in`: any records.",
+        server="kafka",
+        messages=("inputRecord",),
+        parameters={"input": _INPUT},
+    )
+    consume = _operation(
+        "receive",
+        "enrichInput",
+        f"Consume in the group `enrich.group_id` (default `{_ENRICH.group}`), one transaction per input "
+        "partition and batch.",
+    )
+    record = {
+        "name": "InputRecord",
+        "title": "Record to enrich",
+        "summary": "Any record. With `--field` its value must be a JSON object (with the path's parents); "
+        "with `--header` or `--key` the value is not read.",
+        "payload": {"description": "Any value."},
+    }
+    return _Part("enrichInput", channel, {"enrichRecords": consume}, {"inputRecord": record})
+
+
+def _enrich_output() -> _Part:
+    channel = _channel(
+        _ENRICH.output_topic,
+        "Enriched records",
+        "`dispenser enrich --out`: every input record that took an ID, exactly once (Kafka transactions: "
+        "read it with `isolation.level=read_committed`).",
+        server="kafka",
+        messages=("enrichedRecord",),
+        parameters={"output": "The output topic (`--out`)."},
+    )
+    send = _operation(
+        "send",
+        "enrichOutput",
+        "Each record with its ID in place, in the transaction that commits its input offset.",
+    )
+    record = {
+        "name": "EnrichedRecord",
+        "title": "Enriched record",
+        "summary": "The input record with its ID: in a JSON field (`--field`, the value re-encoded), a "
+        "header (`--header`, ASCII decimal) or the key (`--key`, ASCII decimal); other keys and headers "
+        "unchanged.",
+        "headers": _headers({SOURCE_HEADER: _source()}),
+        "payload": {"description": "The input value, with the ID in it when placed in a field."},
+    }
+    return _Part("enrichOutput", channel, {"sendEnrichedRecords": send}, {"enrichedRecord": record})
+
+
+def _enrich_dead_letters() -> _Part:
+    channel = _channel(
+        _ENRICH.dlq,
+        "Dead letters",
+        "`dispenser enrich --dlq` (default shown): records that cannot take an ID, unchanged, with headers "
+        "saying why and where they came from; in the same transactions.",
+        server="kafka",
+        messages=("deadLetter",),
+        parameters={"input": _INPUT},
+    )
+    send = _operation("send", "enrichDeadLetters", "Records that cannot take an ID, in the same transaction.")
+    why = {
+        DEAD_LETTER_CODE_HEADER: _string("Why the record took no ID.", enum=list(get_args(RejectionCode))),
+        ERROR_MESSAGE_HEADER: _string("The same, for a person."),
+        SOURCE_TOPIC_HEADER: _string("The input record's topic."),
+        SOURCE_PARTITION_HEADER: _string("Its partition, ASCII decimal.", pattern="^[0-9]+$"),
+        SOURCE_OFFSET_HEADER: _string("Its offset, ASCII decimal.", pattern="^[0-9]+$"),
+    }
+    letter = {
+        "name": "DeadLetter",
+        "title": "Dead letter",
+        "summary": "The input record's key, value and headers, plus why and where from.",
+        "headers": _headers(why | {SOURCE_HEADER: _source()}, required=tuple(why)),
+        "payload": {"description": "The input value, unchanged."},
+    }
+    return _Part("enrichDeadLetters", channel, {"sendDeadLetters": send}, {"deadLetter": letter})
+
+
+def _payload_message(schema: str, title: str, *, name: str | None = None) -> dict[str, Any]:
+    """A JSON message whose payload is the wire Struct ``schema``."""
+    return {
+        "name": name or schema,
+        "title": title,
+        "contentType": _JSON,
+        "payload": _ref("components/schemas", schema),
+    }
+
+
+# -- the document ----------------------------------------------------------------------------------------
+
+
+def _parts(config: Config) -> list[_Part]:
+    """Every channel, in the document's order: NATS, the Kafka requests and rates, ``dispenser enrich``."""
+    nats, kafka = config.nats, config.kafka
+    return [
+        _segment_ids(nats),
+        _snowflake_ids(nats),
+        _snowflake_decode(nats),
+        _nats_replies(),
+        _rate_events(nats),
+        _snowflake_clock(nats),
+        _kafka_requests(kafka),
+        _kafka_replies(kafka),
+        _kafka_rate_events(config),
+        _enrich_input(),
+        _enrich_output(),
+        _enrich_dead_letters(),
+    ]
+
+
+def _info() -> dict[str, Any]:
+    return {
+        "title": "Leaf dispenser",
+        "version": __version__,
+        "description": "Unique 64-bit IDs over NATS and Kafka (Leaf's segment and snowflake generators). "
+        "Generated by `dispenser schemas` from the code: do not edit. The payload schemas are those of "
+        "`schemas/*.schema.json`. NATS services discovery (`$SRV.PING`, `$SRV.INFO`, `$SRV.STATS`) "
+        "follows ADR-32 and is not repeated here.",
+        "license": {"name": "Apache-2.0", "url": "https://www.apache.org/licenses/LICENSE-2.0"},
+        "externalDocs": {
+            "description": "NATS services (ADR-32): discovery subjects and error headers",
+            "url": "https://github.com/nats-io/nats-architecture-and-design/blob/main/adr/ADR-32.md",
         },
     }
 
+
+def _servers(config: Config) -> dict[str, Any]:
+    return {
+        "nats": {
+            "host": _host(config.nats.url),
+            "protocol": "nats",
+            "description": "`nats.url` (default shown); user/password, token, nkey, creds and TLS as "
+            "configured (docs/security.md).",
+        },
+        "kafka": {
+            "host": config.kafka.bootstrap_servers.split(",")[0],
+            "protocol": "kafka",
+            "description": "`kafka.bootstrap_servers` (default shown); SASL and TLS as configured.",
+        },
+    }
+
+
+def asyncapi_document(config: Config | None = None) -> dict[str, Any]:
+    """The AsyncAPI 3.0 document for `config` (default: the default configuration, as in the docs)."""
+    config = config or Config()
+    parts = _parts(config)
+    messages: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    for part in parts:
+        # A name given twice would silently drop a definition: the pieces must not overlap.
+        assert not messages.keys() & part.messages.keys(), part.name
+        assert not operations.keys() & part.operations.keys(), part.name
+        messages |= part.messages
+        operations |= part.operations
+    correlation = {
+        "description": "Spring's correlation header, copied from the request to its reply.",
+        "location": f"$message.header#/{CORRELATION_ID}",
+    }
     return {
         "asyncapi": ASYNCAPI_VERSION,
         "id": "urn:leaf-dispenser",
-        "info": {
-            "title": "Leaf dispenser",
-            "version": __version__,
-            "description": "Unique 64-bit IDs over NATS and Kafka (Leaf's segment and snowflake "
-            "generators). Generated by `dispenser schemas` from the code: do not edit. The payload "
-            "schemas are those of `schemas/*.schema.json`. NATS services discovery (`$SRV.PING`, "
-            "`$SRV.INFO`, `$SRV.STATS`) follows ADR-32 and is not repeated here.",
-            "license": {"name": "Apache-2.0", "url": "https://www.apache.org/licenses/LICENSE-2.0"},
-            "externalDocs": {
-                "description": "NATS services (ADR-32): discovery subjects and error headers",
-                "url": "https://github.com/nats-io/nats-architecture-and-design/blob/main/adr/ADR-32.md",
-            },
-        },
+        "info": _info(),
         "defaultContentType": _JSON,
-        "servers": {
-            "nats": {
-                "host": _host(nats.url),
-                "protocol": "nats",
-                "description": "`nats.url` (default shown); user/password, token, nkey, creds and TLS "
-                "as configured (docs/security.md).",
-            },
-            "kafka": {
-                "host": kafka.bootstrap_servers.split(",")[0],
-                "protocol": "kafka",
-                "description": "`kafka.bootstrap_servers` (default shown); SASL and TLS as configured.",
-            },
-        },
-        "channels": channels,
+        "servers": _servers(config),
+        "channels": {part.name: part.channel for part in parts},
         "operations": operations,
         "components": {
             "schemas": _payload_schemas(),
             "messages": messages,
-            "correlationIds": {
-                "kafkaCorrelationId": {
-                    "description": "Spring's correlation header, copied from the request to its reply.",
-                    "location": f"$message.header#/{CORRELATION_ID}",
-                }
-            },
+            "correlationIds": {"kafkaCorrelationId": correlation},
         },
     }
 
@@ -545,90 +637,39 @@ def _host(url: str) -> str:
     return first.split("://", 1)[-1]
 
 
-# -- YAML ------------------------------------------------------------------------------------------------
-
-_PLAIN = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$./-]*$")
-_RESERVED = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"}
-# What a YAML reader takes as it is inside double quotes (YAML 1.1's printable set, which PyYAML checks).
-_PRINTABLE = re.compile("[\t\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-# Printable, but line breaks to YAML: escaped, or a reader would fold them.
-_ESCAPES |= {"\x85": "\\N", "\u2028": "\\L", "\u2029": "\\P"}
-
-
-def _scalar(value: object) -> str:
-    if value is None:
-        return "null"
-    if value is True or value is False:
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return ".nan"
-        if math.isinf(value):
-            return ".inf" if value > 0 else "-.inf"
-        text = repr(value)
-        # YAML 1.1 reads 1e-05 as a string: its floats have a point (and a signed exponent, as repr's).
-        mantissa, e, exponent = text.partition("e")
-        return f"{mantissa}.0{e}{exponent}" if e and "." not in mantissa else text
-    if isinstance(value, str):
-        if _PLAIN.match(value) and value.lower() not in _RESERVED:
-            return value
-        return '"' + "".join(_escape(char) for char in value) + '"'
-    raise TypeError(f"cannot write {type(value).__name__} as YAML")
-
-
-def _escape(char: str) -> str:
-    if char in _ESCAPES:
-        return _ESCAPES[char]
-    if _PRINTABLE.match(char):
-        return char
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-def _lines(value: object, indent: str) -> list[str]:
-    """The block lines of a mapping or sequence (non-empty), each starting with ``indent``."""
-    lines: list[str] = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"YAML keys here are strings, not {type(key).__name__}")
-            head = f"{indent}{_scalar(key)}:"
-            if isinstance(item, dict | list) and item:
-                lines.append(head)
-                lines += _lines(item, indent + "  ")
-            else:
-                lines.append(f"{head} {_inline(item)}")
-    else:
-        assert isinstance(value, list)
-        for item in value:
-            if isinstance(item, dict | list) and item:
-                nested = _lines(item, indent + "  ")
-                lines.append(f"{indent}- {nested[0].lstrip()}")
-                lines += nested[1:]
-            else:
-                lines.append(f"{indent}- {_inline(item)}")
-    return lines
-
-
-def _inline(value: object) -> str:
-    if isinstance(value, dict):
-        assert not value
-        return "{}"
-    if isinstance(value, list):
-        assert not value
-        return "[]"
-    return _scalar(value)
-
-
 def to_yaml(document: dict[str, Any] | list[Any]) -> str:
     """``document`` (JSON-like: dicts with string keys, lists, strings, numbers, booleans, None) as block YAML.
 
-    Every string that a YAML reader could take for something else (a number, a boolean, null, or text
-    with punctuation) is double-quoted, so that ``yaml.safe_load(to_yaml(d)) == d``.
+    Written by PyYAML's pure-Python safe dumper (its output does not depend on whether libyaml is
+    installed), keys in the document's order, lines folded near 100 characters, so that
+    ``yaml.safe_load(to_yaml(d)) == d``. PyYAML is needed only by ``dispenser schemas``, a developer's
+    command, so it is imported here rather than made a dependency of the product.
     """
-    if not document:
-        return _inline(document) + "\n"
-    return "\n".join(_lines(document, "")) + "\n"
+    import yaml  # noqa: PLC0415 - a developer's dependency (the [test] extra), not the product's
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+        # PyYAML writes NEL, LS and PS raw inside single quotes when allow_unicode is set, and its reader
+        # then folds them like line breaks ({'\x85': None} came back as {' ': None}): double quotes
+        # escape them.
+        style = '"' if _UNICODE_BREAKS.intersection(text) else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+    Dumper.add_representer(str, represent_str)
+    # No anchors and aliases (&id001, *id001) where a value appears twice: a reader sees each in place.
+    Dumper.ignore_aliases = lambda self, data: True  # type: ignore[method-assign]
+    return yaml.dump(
+        document, Dumper=Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100
+    )
+
+
+def is_current(text: str) -> bool:
+    """Whether the YAML ``text`` is the document :func:`asyncapi_document` builds (as data, not as text)."""
+    import yaml  # noqa: PLC0415 - see to_yaml
+
+    return bool(yaml.safe_load(text) == json.loads(json.dumps(asyncapi_document())))
+
+
+_UNICODE_BREAKS: Final = frozenset("\x85\u2028\u2029")

@@ -326,17 +326,28 @@ def _parser() -> argparse.ArgumentParser:
     schemas = add_parser(
         "schemas", help="write (or check) the JSON Schemas of the wire messages and the AsyncAPI document"
     )
+    # Defaults are None: without a path, the command writes into the checkout it runs in, and refuses to
+    # run outside one (an installed wheel has no schemas/ or docs/ of its own to keep up to date).
     schemas.add_argument(
-        "--dir", type=Path, default=Path("schemas"), help="where the JSON Schemas go (default: %(default)s)"
+        "--dir", type=Path, help="where the JSON Schemas go (default: schemas/ of the checkout)"
     )
     schemas.add_argument(
         "--asyncapi",
         type=Path,
-        default=Path("docs/asyncapi.yaml"),
-        help="the AsyncAPI 3.0 document of every subject and topic (default: %(default)s)",
+        help="the AsyncAPI 3.0 document of every subject and topic (default: docs/asyncapi.yaml of the checkout)",
     )
     schemas.add_argument("--check", action="store_true", help="exit 1 if the files differ from the code")
     return parser
+
+
+# The drivers the base install (the client) leaves out, and the extra that brings each (pyproject.toml).
+_EXTRA_OF = {
+    "aiokafka": "server",
+    "asyncpg": "server",
+    "kazoo": "server",
+    "prometheus_client": "server",
+    "uvloop": "server",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -376,6 +387,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handlers[args.command](args, config)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as missing:
+        module = (missing.name or "").split(".")[0]
+        extra = _EXTRA_OF.get(module)
+        if extra is None:
+            raise
+        if args.command == "get" and module == "aiokafka":  # a client over Kafka needs no worker
+            extra = "kafka"
+        # A client-only install (pip install leaf-dispenser) has no worker drivers: say what to install.
+        print(
+            f"dispenser {args.command}: {missing.name} is not installed (it comes with the [{extra}] "
+            f"extra): pip install 'leaf-dispenser[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
     except (DispenserError, OSError) as exc:
         print(f"dispenser: {exc}", file=sys.stderr)
         return 1
@@ -627,21 +652,62 @@ def _decode(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def _checkout(start: Path) -> Path | None:
+    """The leaf-dispenser source checkout holding ``start`` (its pyproject.toml's directory), if any."""
+    for directory in (start, *start.parents):
+        project = directory / "pyproject.toml"
+        if (
+            (directory / "dispenser" / "messages.py").is_file()
+            and project.is_file()
+            and 'name = "leaf-dispenser"' in project.read_text(encoding="utf-8")
+        ):
+            return directory
+    return None
+
+
 def _schemas(args: argparse.Namespace, _config: Config) -> int:
-    from dispenser.asyncapi import asyncapi_document, to_yaml  # noqa: PLC0415
     from dispenser.messages import json_schemas  # noqa: PLC0415
 
-    directory: Path = args.dir
+    try:
+        import yaml  # noqa: F401, PLC0415 - asked for here, so that a missing one is said in one line
+
+        from dispenser.asyncapi import asyncapi_document, is_current, to_yaml  # noqa: PLC0415
+    except ImportError as missing:
+        print(
+            f"dispenser: `dispenser schemas` is a developer's command and needs {missing.name}: "
+            "pip install -e '.[test]' in a checkout",
+            file=sys.stderr,
+        )
+        return 2
+    directory: Path | None = args.dir
+    document: Path | None = args.asyncapi
+    if directory is None or document is None:
+        root = _checkout(Path.cwd())
+        if root is None:
+            print(
+                "dispenser: `dispenser schemas` writes schemas/ and docs/asyncapi.yaml of a leaf-dispenser "
+                "checkout, and this is none (run it inside one, or give both --dir and --asyncapi)",
+                file=sys.stderr,
+            )
+            return 2
+        directory = directory or root / "schemas"
+        document = document or root / "docs" / "asyncapi.yaml"
     files = {
         directory / name: json.dumps(schema, indent=2, sort_keys=True) + "\n"
         for name, schema in json_schemas().items()
     }
     # The defaults, not the running configuration: the document is the one in the repository's docs.
-    files[args.asyncapi] = to_yaml(asyncapi_document())
+    files[document] = to_yaml(asyncapi_document())
     drift = []
     for path, text in files.items():
         if args.check:
-            if not path.exists() or path.read_text() != text:
+            if not path.exists():
+                drift.append(str(path))
+            elif path == document:
+                # Compared as data: another PyYAML release may lay out the same document differently.
+                if not is_current(path.read_text(encoding="utf-8")):
+                    drift.append(str(path))
+            elif path.read_text() != text:
                 drift.append(str(path))
         else:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,8 +36,19 @@ from dispenser.testing.servers._server import ServerProcess
 from tests.secret_scan import Leak, SecretScanHandler, scan_log_files
 from tests.secret_values import SECRETS
 
-settings.register_profile("ci", deadline=None, max_examples=200)
+# Hypothesis, three profiles (docs/development.md, "Property tests"):
+# ci (scripts/test's default): derandomized, so the examples are a function of the test's code; the same
+#   commit draws the same inputs on every machine and run, a red run is a change's doing and reproduces,
+#   never a dice roll (as {'A\n': None} was twice, for the AsyncAPI writer). No database: a fresh clone has
+#   none, and a developer's must not make their run differ from CI's.
+# dev (plain pytest): random, with the local database (.hypothesis/, not in git) replaying what failed.
+# explore: random and long, to look for new failures by hand; each one found becomes an @example on its
+#   test, which every later run, CI's too, then tries first.
+settings.register_profile(
+    "ci", deadline=None, max_examples=200, derandomize=True, database=None, print_blob=True
+)
 settings.register_profile("dev", max_examples=50)
+settings.register_profile("explore", deadline=None, max_examples=5000, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 

@@ -13,10 +13,31 @@ See ``docs/client.md``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from dispenser.client.blocking import BlockingIdClient
 from dispenser.client.buffered import BufferSettings, ClientStats, IdClient, IdTransport
 from dispenser.client.errors import DispenserUnavailable, IdRequestError
-from dispenser.client.kafka import KafkaIdClient, KafkaIdTransport
+
+if TYPE_CHECKING:
+    from dispenser.client.kafka import KafkaIdClient, KafkaIdTransport
+
+_KAFKA = frozenset({"KafkaIdClient", "KafkaIdTransport"})
+
+
+def __getattr__(name: str) -> Any:
+    """The Kafka clients, imported when first asked for: aiokafka is the ``[kafka]`` extra (docs/client.md)."""
+    if name in _KAFKA:
+        try:
+            from dispenser.client import kafka  # noqa: PLC0415
+        except ModuleNotFoundError as missing:
+            raise ModuleNotFoundError(
+                f"dispenser.client.{name} needs {missing.name}: pip install 'leaf-dispenser[kafka]'",
+                name=missing.name,
+            ) from missing
+        return getattr(kafka, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BlockingIdClient",

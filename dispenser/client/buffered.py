@@ -43,7 +43,6 @@ from typing import Literal, Protocol, Self, overload
 
 from dispenser.adapters.nats.client import NatsIdTransport
 from dispenser.client.errors import DispenserUnavailable, IdRequestError
-from dispenser.client.kafka import KafkaIdTransport
 from dispenser.config import KafkaConfig, NatsConfig
 from dispenser.core.ids import Range
 from dispenser.core.rate import RateMeter
@@ -263,6 +262,9 @@ class IdClient:
             settings: buffer sizes and timeouts.
             reply_topic: where replies should come (default: ``config.reply_topic``).
         """
+        # Imported here: aiokafka is the [kafka] extra, and a NATS-only client needs none of it.
+        from dispenser.client.kafka import KafkaIdTransport  # noqa: PLC0415
+
         return cls(KafkaIdTransport(config, reply_topic=reply_topic), settings)
 
     async def start(self) -> None:

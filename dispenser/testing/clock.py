@@ -73,7 +73,38 @@ class ManualClock:
         return self._now - started
 
 
-async def settle(turns: int = 20) -> None:
-    """Let the event loop run what is ready (woken sleepers, the tasks they start) for ``turns`` turns."""
-    for _ in range(turns):
+async def settle(limit: int = 10_000) -> None:
+    """Let the event loop run what is ready until it is idle: every other task waits on something undone.
+
+    Idle means each other task is done or parked on a future that is not done yet (a lock, an event, a
+    :class:`ManualClock` sleep, a socket); a task that was just woken, or that yields with
+    ``asyncio.sleep(0)``, is not. That is the state a test means by "whatever was set off has run", so
+    nothing here is a guessed number of turns.
+
+    Raises:
+        AssertionError: still busy after ``limit`` loop turns (a task spinning on ``sleep(0)``).
+    """
+    me = asyncio.current_task()
+    quiet = 0
+    for _ in range(limit):
         await asyncio.sleep(0)
+        if all(_parked(task) for task in asyncio.all_tasks() if task is not me):
+            # Twice in a row: a plain callback (call_soon) that was ready beside the tasks has run, and
+            # woken no one.
+            quiet += 1
+            if quiet == 2:
+                return
+        else:
+            quiet = 0
+    busy = [task for task in asyncio.all_tasks() if task is not me and not _parked(task)]
+    raise AssertionError(f"the event loop is still busy after {limit} turns: {busy}")
+
+
+def _parked(task: asyncio.Task[object]) -> bool:
+    """Done, or waiting on a future that is not done (so no step of it is scheduled)."""
+    if task.done():
+        return True
+    # The future a task waits on: asyncio's own attribute, on the C and the Python Task alike (uvloop
+    # runs asyncio's Task). None while a step of the task is scheduled.
+    waiter = getattr(task, "_fut_waiter", None)
+    return waiter is not None and not waiter.done()

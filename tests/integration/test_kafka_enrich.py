@@ -40,7 +40,7 @@ from .kafka_support import (
     send_all,
     unique,
 )
-from .segment_support import prepare
+from .segment_support import prepare, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres]
 
@@ -321,7 +321,10 @@ async def test_an_enricher_killed_during_a_rebalance(
                     await asyncio.sleep(0.02)
                 first.kill()
                 killed_at = len(feed.where)
-                await asyncio.sleep(1.0)  # input keeps coming after the kill, for the survivor alone
+                # Input keeps coming after the kill, for the survivor alone: a second's worth of it.
+                await wait_until(
+                    lambda: len(feed.where) >= killed_at + 2000, what="2,000 records after the kill"
+                )
             where = feed.where
             assert len(where) > killed_at, "no input after the kill"
             bad = sum(1 for i in where.values() if i % bad_every == bad_every - 1)

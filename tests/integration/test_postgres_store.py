@@ -19,6 +19,8 @@ from dispenser.core.errors import StoreUnavailable
 from dispenser.core.segment import Segment
 from dispenser.testing.servers import PostgresServer
 
+from .segment_support import wait_until
+
 pytestmark = pytest.mark.postgres
 
 # Leaf's MySQL table as a Leaf user would have carried it to PostgreSQL: timestamp without time zone,
@@ -242,7 +244,11 @@ async def test_restart_between_calls_is_invisible(private_postgres: PostgresServ
         await store.add_tag("order", step=10)
         await store.next_segment("order")
         private_postgres.stop()
-        await asyncio.sleep(0.2)  # the event loop sees the server close the idle connections
+        # The event loop sees the server close the idle connections (the pool's own count, as asyncpg
+        # has it: the store shows no pool of its own).
+        pool = store._pool
+        assert pool is not None
+        await wait_until(lambda: pool.get_size() == 0, what="the pool's connections seen closed")
         private_postgres.start()
         segments = await asyncio.gather(*(store.next_segment("order") for _ in range(4)))
         assert sorted(a.segment.first for a in segments) == [11, 21, 31, 41]
@@ -360,7 +366,12 @@ async def test_messages_never_show_the_password(
         with pytest.raises(StoreUnavailable) as migrating:
             await migrate(dsn, command_timeout=2.0)
         errors.append(migrating.value)
-        await asyncio.sleep(1.5)  # let the pool's background reconnects fail and log
+
+        def reconnects_failed() -> int:
+            return sum("restore the pool connection floor" in r.getMessage() for r in caplog.records)
+
+        # The pool's background reconnects fail and log (twice: a retry's record too), with the DSN at hand.
+        await wait_until(lambda: reconnects_failed() >= 2, what="two failed reconnects logged")
         private_postgres.start()
         await store.next_segment("order")
     finally:

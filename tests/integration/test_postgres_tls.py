@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import os
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from dispenser.config import redact
 from dispenser.core.errors import CoordinatorUnavailable, StoreUnavailable
 from dispenser.testing.servers import NatsServer, PostgresServer
 from tests.conftest import _running
-from tests.integration.segment_support import ask, client, ids_of, running_worker
+from tests.integration.segment_support import ask, client, ids_of, running_worker, wait_until
 from tests.integration.snowflake_support import snowflake_config, worker_id_of
 from tests.integration.tls_support import Pki, make_pki
 from tests.secret_values import SECRETS
@@ -26,6 +27,23 @@ from tests.secret_values import SECRETS
 pytestmark = [pytest.mark.postgres]
 
 PASSWORD = SECRETS["postgres_password"]
+
+
+def sockets_to(port: int) -> list[str]:
+    """This process's TCP sockets to ``port`` on 127.0.0.1, any state (Linux: /proc/net/tcp by inode)."""
+    own = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):  # an fd closed meanwhile
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                own.add(link[8:-1])
+    found = []
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = row.split()
+        remote, inode = fields[2], fields[9]
+        if inode in own and int(remote.split(":")[1], 16) == port:
+            found.append(row)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +167,10 @@ async def test_wrong_password_is_refused_without_echo(tls_postgres: PostgresServ
     dsn = verify_full(tls_postgres, pki.ca).replace(urllib.parse.quote(PASSWORD, safe=""), wrong)
     with pytest.raises(StoreUnavailable) as caught:
         await PostgresSegmentStore.connect(dsn, connect_timeout=5)
-    # asyncpg closes the refused TLS connection in the background: let it, before this test's event loop
-    # closes (uvloop refuses to close a loop with a live handle, EBUSY; seen once on a loaded machine).
-    await asyncio.sleep(0.3)
+    # asyncpg closes the refused TLS connection in the background: wait until this process holds no
+    # socket to the server any more, before this test's event loop closes (uvloop refuses to close a loop
+    # with a live handle, EBUSY; seen once on a loaded machine).
+    await wait_until(lambda: not sockets_to(tls_postgres.port), what="the refused connection closed")
     assert "password authentication failed" in caught.value.message
     assert wrong not in caught.value.message
     assert_clean(caught.value.message)

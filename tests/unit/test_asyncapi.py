@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
@@ -89,9 +89,12 @@ def test_vendored_schema_is_the_one_noted() -> None:
 
 
 def test_document_is_what_the_code_generates() -> None:
-    """docs/asyncapi.yaml is exactly `dispenser schemas`' output (run it after changing a message or a name)."""
-    assert DOCUMENT.read_text(encoding="utf-8") == to_yaml(asyncapi_document())
-    assert _document() == asyncapi_document()
+    """docs/asyncapi.yaml says what the code generates (run `dispenser schemas` after changing a message or a name).
+
+    Compared as data, not as text: another PyYAML release may lay the same document out differently.
+    """
+    assert _document() == json.loads(json.dumps(asyncapi_document()))
+    assert "&id0" not in DOCUMENT.read_text(encoding="utf-8"), "a value repeated is written out, not aliased"
 
 
 def test_schemas_check_reports_a_stale_asyncapi_document(tmp_path: Path) -> None:
@@ -180,14 +183,14 @@ def test_examples_match_their_payload_schemas() -> None:
     registry: Registry[Any] = Registry().with_resource("urn:asyncapi", root)
     seen = 0
     for name, message in document["components"]["messages"].items():
-        for example in message.get("examples", []):
+        for sample in message.get("examples", []):
             payload = message["payload"]
             validator = jsonschema.Draft7Validator(
                 {"$ref": "urn:asyncapi" + payload["$ref"]} if "$ref" in payload else payload,
                 registry=registry,
             )
-            errors = [error.message for error in validator.iter_errors(example["payload"])]
-            assert errors == [], f"{name}: {example.get('name', '')}"
+            errors = [error.message for error in validator.iter_errors(sample["payload"])]
+            assert errors == [], f"{name}: {sample.get('name', '')}"
             seen += 1
     assert seen >= 5
 
@@ -247,7 +250,7 @@ def test_the_docs_point_to_the_document(doc: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the emitter
+# the writer (PyYAML, with NEL, LS and PS double-quoted)
 
 _scalars = (
     st.none()
@@ -264,6 +267,11 @@ _json = st.recursive(
 )
 
 
+# Found by Hypothesis: a key with a line break (the hand-written emitter before PyYAML), NEL, LS and PS
+# (PyYAML writes them raw in single quotes and reads them back as spaces).
+@example({"A\n": None})
+@example({"\x85": None})
+@example({"a": "x\u2028y", "b": ["\u2029"]})
 @given(st.dictionaries(st.text(), _json, max_size=5) | st.lists(_json, max_size=5))
 def test_yaml_round_trips(value: dict[str, Any] | list[Any]) -> None:
     """to_yaml writes any JSON-like value so that a YAML reader gets exactly it back."""

@@ -11,6 +11,7 @@ import pytest
 from dispenser.client import BlockingIdClient, BufferSettings, DispenserUnavailable, IdClient, IdRequestError
 from dispenser.client.buffered import next_run
 from dispenser.messages import ErrorBody, IdRequest, Kind, Reply
+from dispenser.testing import settle
 
 FAST = BufferSettings(retry_initial=0.005, retry_max=0.01, timeout=1.0, request_timeout=0.5)
 
@@ -59,6 +60,13 @@ class MemoryTransport:
             self.lose -= 1
             raise TimeoutError("no reply in time")
         return reply
+
+
+def ids_held(client: IdClient, tag: str = "order") -> int:
+    """The IDs ``client`` holds for ``tag``."""
+    stats = client.stats(tag)
+    assert stats is not None
+    return stats.ids_held
 
 
 async def drain(client: IdClient, tag: str) -> tuple[list[int], DispenserUnavailable]:
@@ -110,7 +118,8 @@ async def test_an_outage_serves_what_is_held_then_raises_and_recovers() -> None:
     settings = BufferSettings(min_buffer=100, max_buffer=100, retry_initial=0.005, retry_max=0.01)
     async with IdClient(transport, settings) as client:
         first = await client.next_id("order")
-        await asyncio.sleep(0.01)  # the second range lands
+        await settle()  # the refill set off by the first call has run: the second range is held
+        assert ids_held(client) == 199
         transport.down = True
         held, error = await drain(client, "order")
         served = [first, *held]
@@ -212,7 +221,8 @@ async def test_a_counter_gone_back_is_skipped_with_a_pause_not_a_spin() -> None:
     settings = BufferSettings(min_buffer=100, max_buffer=100, retry_initial=0.005, retry_max=0.01)
     async with IdClient(transport, settings) as client:
         seen = [await client.next_id("order")]
-        await asyncio.sleep(0.01)  # the second range lands: 1..200 held
+        await settle()  # the refill set off by the first call has run: 2..200 held
+        assert ids_held(client) == 199
         transport.positions[0] = 1  # someone reset the counter
         seen += [await client.next_id("order") for _ in range(200)]
         stats = client.stats("order")

@@ -8,6 +8,7 @@ import pytest
 
 from dispenser.core.errors import InvalidRequest, StoreUnavailable
 from dispenser.service.dedup import ReplayCache
+from dispenser.testing import settle
 
 
 class Ticker:
@@ -48,7 +49,8 @@ async def test_replay_cache_shares_a_computation_in_flight() -> None:
 
     first = asyncio.ensure_future(cache.get_or_compute(("t", "a"), (1, "ids"), compute))
     second = asyncio.ensure_future(cache.get_or_compute(("t", "a"), (1, "ids"), compute))
-    await asyncio.sleep(0)
+    await settle()  # both callers are in: the first computing, the second waiting on it
+    assert calls == 1
     gate.set()
     assert list(await asyncio.gather(first, second)) == [7, 7]
     assert calls == 1

@@ -39,3 +39,21 @@ def test_the_repository_is_up_to_date() -> None:
         )
         == 0
     )
+
+
+def test_the_checkout_is_found_from_a_subdirectory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without paths, `dispenser schemas` works on the checkout it runs in, from any of its directories."""
+    monkeypatch.chdir(SCHEMAS.parent / "docs")
+    assert main(["schemas", "--check"]) == 0
+
+
+def test_schemas_refuses_to_write_outside_a_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Outside a checkout (an installed wheel's user), nothing is written unless both paths are given."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["schemas"]) == 2
+    assert "this is none" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["schemas", "--dir", "s"]) == 2
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,142 @@
+"""The wheel as a user gets it: built from the checkout, installed alone into a clean venv, the client used.
+
+The base install is the client (nats-py, msgspec): no worker driver comes with it, ``dispenser serve`` says
+in one line which extra to install, and the client from that venv takes IDs from a worker running here.
+The client's dependencies come from a wheelhouse in ``~/.cache/leaf-dispenser/wheelhouse`` (filled from
+the package index on the first run, offline afterwards), so the test takes seconds, not a resolution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from dispenser.testing.servers import NatsServer
+
+from .segment_support import prepare, running_worker, worker_config
+
+# Builds and installs a wheel: ~7 s on an idle machine, ~15 s at a load of 8.
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEELHOUSE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "leaf-dispenser" / "wheelhouse"
+DRIVERS = ("asyncpg", "kazoo", "aiokafka", "prometheus_client", "uvloop")
+
+CLIENT = """
+import asyncio, importlib.util, json, sys
+from dispenser.client import BlockingIdClient, IdClient
+
+async def main(url):
+    async with IdClient.over_nats(url) as ids:
+        return [await ids.next_id("demo") for _ in range(5)] + await ids.take("demo", 100)
+
+url = sys.argv[1]
+taken = asyncio.run(main(url))
+with BlockingIdClient.over_nats(url) as client:
+    taken += client.take("demo", 10)
+drivers = [name for name in sys.argv[2:] if importlib.util.find_spec(name) is not None]
+print(json.dumps({"ids": taken, "drivers": drivers}))
+"""
+
+
+def _run(*command: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # check=False: the callers assert on the status, with the output in the message.
+    return subprocess.run(
+        [str(c) for c in command], check=False, capture_output=True, text=True, timeout=240, env=env
+    )
+
+
+def _pip(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return _run(sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args)
+
+
+def _clean_venv(where: Path) -> Path:
+    """A venv under ``where`` holding only the wheel (in ``where/dist``) and its base install; its ``bin``."""
+    # Built from a copy of what the wheel is made of: an in-tree build would leave build/ in the checkout,
+    # and a stale build/lib could ship modules the checkout no longer has.
+    source = where / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(ROOT / "dispenser", source / "dispenser", ignore=shutil.ignore_patterns("__pycache__"))
+    # No build isolation: the test extra brings a setuptools that builds wheels, so no index is needed.
+    built = _pip("wheel", "--no-deps", "--no-build-isolation", "-w", where / "dist", source)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (where / "dist").glob("leaf_dispenser-*.whl")
+    venv = where / "venv"
+    made = _run(sys.executable, "-m", "venv", "--without-pip", venv)
+    assert made.returncode == 0, made.stderr
+    python = venv / "bin" / "python"
+    offline = ("--no-index", "--find-links", WHEELHOUSE)
+    installed = _pip("--python", python, "install", "-q", *offline, wheel)
+    if installed.returncode != 0:  # first run, or the requirements moved: fill the wheelhouse, once
+        # `pip wheel`, not `pip download`: a requirement published as an sdist only (nkeys) is built once
+        # here, so that the offline install needs no build backend from the index.
+        fetched = _pip("wheel", "-q", "--wheel-dir", WHEELHOUSE, wheel)
+        assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+        for copy in WHEELHOUSE.glob("leaf_dispenser-*"):  # the wheel under test is never taken from here
+            copy.unlink()
+        installed = _pip("--python", python, "install", "-q", *offline, wheel)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    return venv / "bin"
+
+
+async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
+    tmp_path: Path, nats_server: NatsServer, pg_dsn: str
+) -> None:
+    """Typed, licensed, no driver; serve names the extra, schemas refuses; the client takes IDs from a worker.
+
+    `dispenser serve` fails in one line naming the extra; IdClient, BlockingIdClient and `dispenser get` run
+    from the venv against a worker in this process. One test, so that the wheel is built and installed once (a fixture would be built again by each xdist
+    worker that runs one of several tests).
+    """
+    bin_dir = await asyncio.to_thread(_clean_venv, tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("leaf_dispenser-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        assert "dispenser/py.typed" in names
+        licence = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+        assert b"Apache License" in archive.read(licence)
+
+    (site,) = (bin_dir.parent / "lib").glob("python*/site-packages")
+    assert [driver for driver in DRIVERS if (site / driver).exists()] == []
+    served = await asyncio.to_thread(
+        _run, bin_dir / "dispenser", "serve", env={**os.environ, "DISPENSER_NATS_URL": "nats://127.0.0.1:9"}
+    )
+    assert served.returncode == 2
+    assert served.stdout == ""
+    assert served.stderr.count("\n") == 1, served.stderr
+    assert "pip install 'leaf-dispenser[server]'" in served.stderr
+    schemas = await asyncio.to_thread(_run, bin_dir / "dispenser", "schemas")
+    assert schemas.returncode == 2
+    assert "Traceback" not in schemas.stderr
+
+    await prepare(pg_dsn, [("demo", 1000)])
+    async with running_worker(worker_config(nats_server.url, pg_dsn)):
+        used = await asyncio.to_thread(_run, bin_dir / "python", "-c", CLIENT, nats_server.url, *DRIVERS)
+        assert used.returncode == 0, used.stderr
+        result = json.loads(used.stdout)
+        got = await asyncio.to_thread(
+            _run,
+            bin_dir / "dispenser",
+            "get",
+            "demo",
+            "3",
+            env={**os.environ, "DISPENSER_NATS_URL": nats_server.url},
+        )
+        assert got.returncode == 0, got.stderr
+    ids = result["ids"]
+    assert len(ids) == 115
+    assert ids == sorted(set(ids))
+    assert result["drivers"] == []
+    later = [int(line) for line in got.stdout.split()]
+    assert len(later) == 3
+    assert min(later) > max(ids)
