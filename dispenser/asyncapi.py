@@ -168,7 +168,9 @@ def asyncapi_document(config: Config | None = None) -> dict[str, Any]:
             "title": "Snowflake clock check",
             "description": "A starting snowflake worker asks every live one for its clock (no queue "
             "group: all answer) and refuses to start when its own is too far from their mean "
-            "(`snowflake.peer_threshold_ms`).",
+            "(`snowflake.peer_threshold_ms`). The check and the answers carry each worker's claim on its "
+            "(datacenter, worker) ID: a worker that hears a live peer claim its own issues no snowflake ID "
+            "(`worker_id_in_use`); serving workers check again every `snowflake.peer_recheck_interval`.",
             "servers": nats_server,
             "messages": {"clockCheck": _ref("components/messages", "clockCheck")},
         },
@@ -271,8 +273,8 @@ def asyncapi_document(config: Config | None = None) -> dict[str, Any]:
         "checkPeerClocks": {
             "action": "send",
             "channel": _ref("channels", "snowflakeClock"),
-            "summary": "At start-up, ask the live snowflake workers for their clocks "
-            "(`snowflake.peer_check_timeout` to answer).",
+            "summary": "At start-up and every `snowflake.peer_recheck_interval`, ask the live snowflake "
+            "workers for their clocks and claims (`snowflake.peer_check_timeout` to answer).",
             "reply": reply_to("clockReading"),
         },
         "serveKafkaRequests": {
@@ -393,7 +395,8 @@ def asyncapi_document(config: Config | None = None) -> dict[str, Any]:
         "clockCheck": {
             "name": "ClockCheck",
             "title": "Clock check",
-            "summary": "An empty message with a reply subject.",
+            "summary": "The checking worker's claim (a clock reading; empty from an observer such as "
+            "`dispenser check`), with a reply subject.",
         },
         "clockReading": {
             "name": "ClockReading",

@@ -105,12 +105,16 @@ async def _check_snowflake(config: Config) -> CheckResult:
     except DispenserError as exc:
         return CheckResult("snowflake layout", False, str(exc))
     end = layout.end_datetime().isoformat(timespec="seconds")
-    return CheckResult(
-        "snowflake layout",
-        True,
-        f"{sf.timestamp_bits}+{sf.worker_bits}+{sf.sequence_bits} bits, {layout.max_worker_id + 1} worker IDs, "
-        f"IDs valid until {end}",
-    )
+    if layout.datacenter_bits:
+        bits = f"{sf.timestamp_bits}+{sf.datacenter_bits}+{sf.worker_bits}+{sf.sequence_bits} bits"
+        room = (
+            f"datacenter {sf.datacenter_id} of {layout.max_datacenter_id + 1}, "
+            f"{layout.max_worker_id + 1} worker IDs each"
+        )
+    else:
+        bits = f"{sf.timestamp_bits}+{sf.worker_bits}+{sf.sequence_bits} bits"
+        room = f"{layout.max_worker_id + 1} worker IDs"
+    return CheckResult("snowflake layout", True, f"{bits}, {room}, IDs valid until {end}")
 
 
 async def _check_zookeeper(config: Config) -> CheckResult:

@@ -88,8 +88,11 @@ class SnowflakeGenerator:
         *,
         settings: SnowflakeSettings | None = None,
         persist_clean_stop: PersistCleanStop | None = None,
+        datacenter_id: int = 0,
     ) -> None:
         self.layout = layout
+        self.datacenter_id = datacenter_id
+        """The datacenter folded into every ID (the layout's datacenter field)."""
         self._persist_clean_stop = persist_clean_stop
         self.settings = settings or SnowflakeSettings()
         self._registry = registry
@@ -111,6 +114,7 @@ class SnowflakeGenerator:
         self._tasks: list[asyncio.Task[None]] = []
         self._relocating: asyncio.Task[None] | None = None
         self._paused = False  # True from a lost lease until the new registration is in place
+        self._refused: DispenserError | None = None  # set for good: see refuse()
         self._reserving: asyncio.Task[None] | None = None
 
     def _new_state(self, lease: WorkerLease) -> SnowflakeState:
@@ -123,6 +127,7 @@ class SnowflakeGenerator:
             random_start=s.random_start,
             max_backward_ms=s.max_backward_ms,
             max_startup_wait_ms=s.max_startup_wait_ms,
+            datacenter_id=self.datacenter_id,
         )
 
     @property
@@ -137,7 +142,7 @@ class SnowflakeGenerator:
         False from a lost lease (``zookeeper-lease`` mode: the ephemeral claim may have gone) until the new
         registration is in place; requests meanwhile get ``lease_lost``.
         """
-        return not self._paused and self._registry.can_issue()
+        return not self._paused and self._refused is None and self._registry.can_issue()
 
     # -- start and stop ----------------------------------------------------------------------------
 
@@ -183,6 +188,7 @@ class SnowflakeGenerator:
 
         Raises:
             LeaseLost: the registry can no longer prove this worker holds its ID.
+            WorkerIdInUse: a live peer holds this worker's ID (see :meth:`refuse`).
         """
         if self._lock.locked() or self._wait_until_ms is not None:
             return None
@@ -252,7 +258,18 @@ class SnowflakeGenerator:
             raise Unavailable(f"snowflake IDs would need a wait of {ms} ms, past the request's deadline")
         await self._clock.sleep(ms / 1000)
 
+    def refuse(self, error: DispenserError) -> None:
+        """Issue nothing from now on: every take raises ``error`` (a live peer holds this worker's ID)."""
+        self._refused = error
+
+    @property
+    def refusal(self) -> DispenserError | None:
+        """Why this generator issues nothing (None: it issues)."""
+        return self._refused
+
     def _check_lease(self) -> None:
+        if self._refused is not None:
+            raise self._refused.with_traceback(None)  # the same error each time; its old frames dropped
         if self._paused or not self._registry.can_issue():
             self.relocate()  # a no-op while a registration is under way
             raise LeaseLost(self._state.worker_id, "its lease can no longer be proved; re-registering")

@@ -105,6 +105,7 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
         clock: Clock = _SYSTEM_CLOCK,
         auth: str | None = None,
         world_read: bool = True,
+        datacenter: int | None = None,
     ) -> None:
         if not 0 < safe_fraction < 1:
             raise ValueError(f"safe_fraction must be between 0 and 1 (exclusive), got {safe_fraction}")
@@ -120,6 +121,7 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
             clock=clock,
             auth=auth,
             world_read=world_read,
+            datacenter=datacenter,
         )
         self.safe_fraction = safe_fraction
         self.lease_path = f"{self.base_path}/lease"
