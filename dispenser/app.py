@@ -378,7 +378,7 @@ class Worker:
             elif heard.answered:
                 log.info("no live snowflake peers answered the clock check: this worker is the first")
         else:
-            log.warning("NATS is off: the snowflake clock is not checked against live peers")
+            log.warning("NATS is off: the snowflake clock and worker ID are not checked against live peers")
         settings = SnowflakeSettings(
             random_start=sf.random_start,
             max_backward_ms=sf.max_backward_ms,
