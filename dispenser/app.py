@@ -383,6 +383,7 @@ class Worker:
             random_start=sf.random_start,
             max_backward_ms=sf.max_backward_ms,
             report_interval=sf.report_interval,
+            registry_outage=registration.registry_outage,
         )
         generator = SnowflakeGenerator(
             registration.layout,

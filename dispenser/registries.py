@@ -152,6 +152,15 @@ class SnowflakeRegistration:
         """
         return self._on_cached_id or self.registry.can_issue()
 
+    @property
+    def registry_outage(self) -> float:
+        """Seconds of registry outage the reservation must cover (see ``SnowflakeSettings.registry_outage``).
+
+        The lease's issue window in ``zookeeper-lease`` mode (its mark must be in ZooKeeper before IDs go
+        out); 0 in the other modes, where the local cache alone holds a reservation up.
+        """
+        return float(getattr(self.registry, "issue_window", 0.0)) if self.mode == "zookeeper-lease" else 0.0
+
     async def persist(self, worker_id: int, high_water_ms: int) -> None:
         """Record the mark in the local cache, then in the registry.
 

@@ -55,11 +55,20 @@ class SnowflakeSettings:
     max_backward_ms: int = 5
     report_interval: float = 3.0
     """Seconds between renewals of the reserved high-water mark (Leaf reports every 3 s)."""
+    registry_outage: float = 0.0
+    """Seconds of registry outage a renewal must be able to sit out without holding up a request. In
+    ``zookeeper-lease`` mode, where the mark must be in ZooKeeper before IDs under it go out, this is the
+    lease's issue window (the worker stops issuing after it anyway): a ZooKeeper leader election then
+    never stalls the hot path."""
 
     @property
     def reserve_ahead_ms(self) -> int:
-        """How far ahead of the clock the mark is reserved: two report intervals, so renewals never block."""
-        return int(self.report_interval * 2000)
+        """How far ahead of the clock the mark is reserved.
+
+        Two report intervals, so that renewals never block, and at least a report interval plus
+        ``registry_outage``.
+        """
+        return int(max(self.report_interval * 2, self.report_interval + self.registry_outage) * 1000)
 
     @property
     def max_startup_wait_ms(self) -> int:

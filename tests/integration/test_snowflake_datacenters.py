@@ -27,9 +27,13 @@ from dispenser.health import check_all
 from dispenser.messages import Reply
 from dispenser.testing.servers import NatsGateways, ZooKeeperServer
 from tests.conftest import _running
+from tests.ha.cluster_support import _running as running_group
 
 from .segment_support import client, request
 from .snowflake_support import assert_unique, ranges_of, snowflake_config
+
+# Fixtures are what pytest passes; there is no call site to keep short.
+# ruff: noqa: PLR0917
 
 pytestmark = [pytest.mark.nats, pytest.mark.zookeeper]
 
@@ -40,7 +44,7 @@ _prefixes = itertools.count(1)
 @pytest.fixture(scope="module")
 def datacenters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsGateways]:
     """``dc-a`` and ``dc-b``, a NATS server each, joined by gateways (tests keep apart by subject prefix)."""
-    yield from _running(NatsGateways(tmp_path_factory.mktemp("gateways"), ("dc-a", "dc-b")))
+    yield from running_group(NatsGateways(tmp_path_factory.mktemp("gateways"), ("dc-a", "dc-b")))
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +54,23 @@ def zookeeper_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperS
 
 
 def config(
-    nats_url: str, zk_hosts: str, state_dir: Path, name: str, prefix: str, **snowflake: object
+    nats_url: str, zk_hosts: str, state_dir: Path, name: str, prefix: str, datacenter_id: int | None = None
 ) -> Config:
-    """A ``zookeeper``-mode snowflake worker."""
+    """A ``zookeeper``-mode snowflake worker; with ``datacenter_id``, in Twitter's 5 + 5 layout."""
+    if datacenter_id is None:
+        return snowflake_config(
+            nats_url, state_dir, name=name, mode="zookeeper", prefix=prefix, zookeeper_hosts=zk_hosts
+        )
     return snowflake_config(
-        nats_url, state_dir, name=name, mode="zookeeper", prefix=prefix, zookeeper_hosts=zk_hosts, **snowflake
+        nats_url,
+        state_dir,
+        name=name,
+        mode="zookeeper",
+        prefix=prefix,
+        zookeeper_hosts=zk_hosts,
+        datacenter_id=datacenter_id,
+        datacenter_bits=TWITTER["datacenter_bits"],
+        worker_bits=TWITTER["worker_bits"],
     )
 
 
@@ -101,7 +117,6 @@ async def test_four_workers_in_two_datacenters_never_issue_one_id_twice(
             zk_namespace,
             prefix,
             datacenter_id=dc_id,
-            **TWITTER,
         )
         for dc, dc_id, zk in (("dc-a", 0, zookeeper_server.hosts), ("dc-b", 1, zk_b))
         for n in (1, 2)
@@ -150,9 +165,11 @@ async def test_leaf_187_a_zookeeper_each_and_no_datacenter_field_is_refused_not_
     zk_namespace: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Leaf's layout, a ZooKeeper per datacenter: both hand out 0 and 1. dc-b's workers, started second,
-    hear dc-a's claim the same IDs and refuse (worker_id_in_use, one log line, `check` fails); dc-a's
-    keep serving, and no ID is issued twice."""
+    """Leaf's layout, a ZooKeeper per datacenter: both hand out worker IDs 0 and 1.
+
+    dc-b's workers, started second, hear dc-a's claim the same IDs and refuse (worker_id_in_use, one log
+    line, `check` fails); dc-a's keep serving, and no ID is issued twice.
+    """
     prefix = f"dc{next(_prefixes)}"
 
     def configs(dc: str, zk: str) -> list[Config]:
@@ -200,8 +217,10 @@ async def test_two_workers_starting_at_once_on_one_id_never_both_serve(
     tmp_path: Path,
     zk_namespace: str,
 ) -> None:
-    """The same (datacenter, worker) ID in both datacenters, started together: at most one serves (here
-    both usually refuse, each hearing the other's check while it is still starting)."""
+    """The same (datacenter, worker) ID in both datacenters, started together: at most one serves.
+
+    (Here both usually refuse, each hearing the other's check while it is still starting.)
+    """
     prefix = f"dc{next(_prefixes)}"
     async with workers(
         config(datacenters.url_of("dc-a"), zookeeper_server.hosts, tmp_path / "a", zk_namespace, prefix),

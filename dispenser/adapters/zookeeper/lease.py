@@ -138,6 +138,11 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
         """The negotiated session timeout ``T`` of the current lease, in seconds."""
         return self._timeout
 
+    @property
+    def issue_window(self) -> float:
+        """Seconds after a confirmation during which the holder may issue: ``safe_fraction * T`` (granted T)."""
+        return self.safe_fraction * self._timeout
+
     def issue_deadline(self) -> float:
         """The monotonic time at which :meth:`can_issue` turns false unless a confirmation arrives first."""
         return self._confirmed_at + self.safe_fraction * self._timeout
