@@ -154,6 +154,14 @@ async def _check_snowflake_peers(config: Config) -> CheckResult:
             f"live workers claim one snowflake ID ({detail}); a worker that finds its ID claimed issues no "
             "snowflake IDs (worker_id_in_use): give each datacenter its own snowflake.datacenter_id",
         )
+    if not heard.answered:
+        return CheckResult(
+            name,
+            True,
+            "no answer on the clock subject, not even 'no responders'",
+            warning="the live snowflake workers' IDs are not checked: no permission to publish there "
+            "(or to receive on _INBOX.>), or the server is slow",
+        )
     return CheckResult(name, True, f"{len(claims)} live snowflake worker(s), each on an ID of its own")
 
 
