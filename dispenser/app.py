@@ -37,6 +37,7 @@ from dispenser.redaction import redact
 from dispenser.registries import SnowflakeRegistration, open_registration
 from dispenser.service.decode import decode_handler
 from dispenser.service.dispatch import Dispatcher, Limits
+from dispenser.service.identity import IdentityGuard
 from dispenser.service.rates import EventSink, RateBook, RatePublisher, RateSettings
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
@@ -98,6 +99,8 @@ class Worker:
         self.service: NatsIdService | None = None
         self.snowflake: SnowflakeGenerator | None = None
         self.registration: SnowflakeRegistration | None = None
+        self.identity_guard: IdentityGuard | None = None
+        """The guard against a live peer on this worker's snowflake ID (with NATS)."""
         self._stack = contextlib.AsyncExitStack()
 
     @property
@@ -344,8 +347,21 @@ class Worker:
         stack.push_async_callback(registration.close)
         lease = registration.lease
         clock_check = clock_subject(config.nats.subject_prefix)
+        guard = IdentityGuard(
+            sf.datacenter_id,
+            lambda: self.snowflake.worker_id if self.snowflake is not None else lease.worker_id,
+            registration.address,
+        )
         if self.nc is not None:
-            heard = await collect_peer_clocks(self.nc, clock_check, self.clock.wall_ms, sf.peer_check_timeout)
+            self.identity_guard = guard
+            # Answer (and hear the peers' claims) before asking: of two workers starting at once, at least
+            # one then hears the other (docs/snowflake.md, "Two workers on one ID").
+            await serve_clock(self.nc, clock_check, self.clock.wall_ms, guard.claim, guard.hear)
+            heard = await collect_peer_clocks(
+                self.nc, clock_check, self.clock.wall_ms, sf.peer_check_timeout, claim=guard.claim()
+            )
+            guard.heard(heard.claims)
+            guard.started()
             readings = heard.readings
             if not heard.answered:
                 detail = (
@@ -362,11 +378,12 @@ class Worker:
             elif heard.answered:
                 log.info("no live snowflake peers answered the clock check: this worker is the first")
         else:
-            log.warning("NATS is off: the snowflake clock is not checked against live peers")
+            log.warning("NATS is off: the snowflake clock and worker ID are not checked against live peers")
         settings = SnowflakeSettings(
             random_start=sf.random_start,
             max_backward_ms=sf.max_backward_ms,
             report_interval=sf.report_interval,
+            registry_outage=registration.registry_outage,
         )
         generator = SnowflakeGenerator(
             registration.layout,
@@ -376,21 +393,42 @@ class Worker:
             registration.persist,
             settings=settings,
             persist_clean_stop=registration.persist_clean_stop,
+            datacenter_id=sf.datacenter_id,
         )
+        guard.on_refuse = generator.refuse
+        if guard.refusal is not None:
+            generator.refuse(guard.refusal)
         await generator.start()
         stack.push_async_callback(generator.stop)
         generator.on_issue = self._snowflake_meter
         if registration.from_cache:
             generator.relocate(pause=False)  # keep trying the registry; the cached ID stays ours
         if self.nc is not None:
-            await serve_clock(self.nc, clock_check, self.clock.wall_ms, lambda: generator.worker_id)
+            _background(stack, self._recheck_peers(guard, clock_check), "snowflake-peers")
+        where = f"datacenter {sf.datacenter_id}, " if registration.layout.datacenter_bits else ""
         log.info(
-            "snowflake worker ID %d (%s mode); layout valid until %s",
+            "snowflake worker ID %d (%s%s mode); layout valid until %s",
             generator.worker_id,
+            where,
             sf.mode,
             registration.layout.end_datetime().isoformat(),
         )
         return generator
+
+    async def _recheck_peers(self, guard: IdentityGuard, subject: str) -> None:
+        """Ask the live peers again now and then: two workers that started unheard by each other meet here."""
+        sf = self.config.snowflake
+        assert self.nc is not None
+        while guard.refusal is None:
+            await asyncio.sleep(sf.peer_recheck_interval)
+            try:
+                heard = await collect_peer_clocks(
+                    self.nc, subject, self.clock.wall_ms, sf.peer_check_timeout, claim=guard.claim()
+                )
+            except Exception as exc:  # NATS down or slow: the next round tries again
+                log.debug("could not check the snowflake peers (will retry): %r", exc)
+                continue
+            guard.heard(heard.claims)
 
     def _snowflake_meter(self, tag: str, count: int) -> None:
         # Snowflake serves any tag name: meter the first few hundred, so that a client inventing tag

@@ -310,7 +310,10 @@ def _snowflake_clock(nats: NatsConfig) -> _Part:
         clock_subject(nats.subject_prefix),
         "Snowflake clock check",
         "A starting snowflake worker asks every live one for its clock (no queue group: all answer) and "
-        "refuses to start when its own is too far from their mean (`snowflake.peer_threshold_ms`).",
+        "refuses to start when its own is too far from their mean (`snowflake.peer_threshold_ms`). The "
+        "check and the answers carry each worker's claim on its (datacenter, worker) ID: a worker that hears "
+        "a live peer claim its own issues no snowflake ID (`worker_id_in_use`); serving workers check again "
+        "every `snowflake.peer_recheck_interval`.",
         server="nats",
         messages=("clockCheck",),
     )
@@ -324,15 +327,16 @@ def _snowflake_clock(nats: NatsConfig) -> _Part:
         "checkPeerClocks": _operation(
             "send",
             "snowflakeClock",
-            "At start-up, ask the live snowflake workers for their clocks "
-            "(`snowflake.peer_check_timeout` to answer).",
+            "At start-up and every `snowflake.peer_recheck_interval`, ask the live snowflake workers for "
+            "their clocks and claims (`snowflake.peer_check_timeout` to answer).",
             reply=_nats_reply("clockReading"),
         ),
     }
     clock_check = {
         "name": "ClockCheck",
         "title": "Clock check",
-        "summary": "An empty message with a reply subject.",
+        "summary": "The checking worker's claim (a clock reading; empty from an observer such as "
+        "`dispenser check`), with a reply subject.",
     }
     return _Part("snowflakeClock", channel, operations, {"clockCheck": clock_check})
 

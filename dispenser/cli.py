@@ -319,7 +319,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
 
     decode = add_parser(
-        "decode", help="take a snowflake ID apart (time, worker, sequence) with the configured layout"
+        "decode",
+        help="take a snowflake ID apart (time, datacenter, worker, sequence) with the configured layout",
     )
     decode.add_argument("id", type=int, help="a snowflake ID, in decimal")
 
@@ -647,6 +648,8 @@ def _decode(args: argparse.Namespace, config: Config) -> int:
     reply = decode_id(layout_of(config.snowflake), args.id)
     print(f"id:        {reply.id}")
     print(f"time:      {reply.time}  ({reply.timestamp_ms} ms since 1970)")
+    if reply.datacenter_id is not None:
+        print(f"datacenter: {reply.datacenter_id}")
     print(f"worker:    {reply.worker_id}")
     print(f"sequence:  {reply.sequence}")
     return 0

@@ -122,6 +122,12 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Where the local cache (worker ID, high-water mark) lives; default ``~/.local/state/leaf-dispenser``.
     Never a temporary directory: a reboot must not erase the high-water mark."""
     timestamp_bits: int = 41
+    datacenter_bits: int = 0
+    """Width of the datacenter field, between the timestamp and the worker ID (Twitter's 5 + 5: set 5 here
+    and ``worker_bits = 5``). 0: no such field, Leaf's layout, IDs bit for bit as before."""
+    datacenter_id: int = 0
+    """This worker's datacenter, ``0 … 2**datacenter_bits - 1``: every datacenter its own (see
+    docs/datacenters.md)."""
     worker_bits: int = 10
     sequence_bits: int = 12
     epoch_ms: int = 1288834974657
@@ -138,6 +144,9 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Seconds to collect the live peers' clock readings at start-up."""
     peer_check_failure: Literal["warn", "refuse"] = "warn"
     """When the clock query goes unheard (no permission, no answer): start with a warning, or refuse."""
+    peer_recheck_interval: Positive = 10.0
+    """Seconds between a serving worker's checks that no live peer claims its (datacenter, worker) ID (two
+    workers that started at the same moment, unheard by each other, are found by the next one)."""
     wait_deadline: Positive = 2.0
     """Seconds a request may wait (the next millisecond, a small clock rollback, a recorded mark)."""
 

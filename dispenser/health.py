@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 from dispenser.config import Config
@@ -105,12 +106,63 @@ async def _check_snowflake(config: Config) -> CheckResult:
     except DispenserError as exc:
         return CheckResult("snowflake layout", False, str(exc))
     end = layout.end_datetime().isoformat(timespec="seconds")
-    return CheckResult(
-        "snowflake layout",
-        True,
-        f"{sf.timestamp_bits}+{sf.worker_bits}+{sf.sequence_bits} bits, {layout.max_worker_id + 1} worker IDs, "
-        f"IDs valid until {end}",
-    )
+    if layout.datacenter_bits:
+        bits = f"{sf.timestamp_bits}+{sf.datacenter_bits}+{sf.worker_bits}+{sf.sequence_bits} bits"
+        room = (
+            f"datacenter {sf.datacenter_id} of {layout.max_datacenter_id + 1}, "
+            f"{layout.max_worker_id + 1} worker IDs each"
+        )
+    else:
+        bits = f"{sf.timestamp_bits}+{sf.worker_bits}+{sf.sequence_bits} bits"
+        room = f"{layout.max_worker_id + 1} worker IDs"
+    return CheckResult("snowflake layout", True, f"{bits}, {room}, IDs valid until {end}")
+
+
+async def _check_snowflake_peers(config: Config) -> CheckResult:
+    """Ask the live snowflake workers for their claims: no two may issue under one (datacenter, worker) ID."""
+    from dispenser.adapters.nats.connection import connect  # noqa: PLC0415
+    from dispenser.adapters.nats.peers import collect_peer_clocks  # noqa: PLC0415
+    from dispenser.messages import clock_subject  # noqa: PLC0415
+
+    name = "snowflake peers"
+    try:
+        nc = await asyncio.wait_for(connect(config.nats, name="dispenser-check"), config.nats.connect_timeout)
+    except (OSError, TimeoutError) as exc:
+        return CheckResult(name, False, str(exc) or f"no answer from {redact(config.nats.url)}")
+    try:
+        window = max(config.snowflake.peer_check_timeout, 0.5)
+        heard = await collect_peer_clocks(
+            nc, clock_subject(config.nats.subject_prefix), lambda: int(time.time() * 1000), window
+        )
+    finally:
+        await nc.close()
+    claims = heard.claims
+    by_node: dict[tuple[int, int], list[str]] = {}
+    for claim in claims:
+        by_node.setdefault(claim.node, []).append(claim.describe())
+    problems = [
+        f"datacenter {dc}, worker {worker}: {', '.join(sorted(holders))}"
+        for (dc, worker), holders in sorted(by_node.items())
+        if len(holders) > 1
+    ]
+    refusing = [c for c in claims if c.state == "refused"]
+    if problems or refusing:
+        detail = "; ".join(problems) if problems else ", ".join(c.describe() for c in refusing)
+        return CheckResult(
+            name,
+            False,
+            f"live workers claim one snowflake ID ({detail}); a worker that finds its ID claimed issues no "
+            "snowflake IDs (worker_id_in_use): give each datacenter its own snowflake.datacenter_id",
+        )
+    if not heard.answered:
+        return CheckResult(
+            name,
+            True,
+            "no answer on the clock subject, not even 'no responders'",
+            warning="the live snowflake workers' IDs are not checked: no permission to publish there "
+            "(or to receive on _INBOX.>), or the server is slow",
+        )
+    return CheckResult(name, True, f"{len(claims)} live snowflake worker(s), each on an ID of its own")
 
 
 async def _check_zookeeper(config: Config) -> CheckResult:
@@ -171,6 +223,8 @@ async def check_all(config: Config) -> list[CheckResult]:
         checks.append(_check_postgres(config))
     if config.snowflake.enabled:
         checks.append(_check_snowflake(config))
+        if config.nats.enabled:
+            checks.append(_check_snowflake_peers(config))
         if config.snowflake.mode.startswith("zookeeper"):
             checks.append(_check_zookeeper(config))
     return list(await asyncio.gather(*checks))

@@ -140,6 +140,8 @@ class DecodeReply(Struct, omit_defaults=True):
     worker_id: int | None = None
     sequence: int | None = None
     error: ErrorBody | None = None
+    datacenter_id: int | None = None
+    """The datacenter field (only when the layout has datacenter bits)."""
 
 
 class RateEvent(Struct, kw_only=True):
@@ -180,12 +182,26 @@ class RateEvent(Struct, kw_only=True):
 
 
 class ClockReading(Struct):
-    """A snowflake worker's answer to a peer's clock check (an empty message on ``<prefix>.snowflake-clock``)."""
+    """A snowflake worker's answer to a peer's check on ``<prefix>.snowflake-clock``, and its own check's body.
+
+    An empty check body is an observer's, such as ``dispenser check``'s.
+
+    ``datacenter_id``, ``worker_id``, ``nonce`` and ``state`` are the worker's claim on its ID: a worker
+    that hears a live peer claim its own (datacenter, worker) pair refuses to issue (docs/snowflake.md).
+    """
 
     wall_ms: int
     """The worker's wall clock, Unix milliseconds, when it answered."""
     worker_id: int
     """The worker ID it issues under."""
+    datacenter_id: int = 0
+    """The datacenter ID folded into its IDs (0 without datacenter bits)."""
+    nonce: str = ""
+    """Random per run of the worker, so that a worker tells its own claim from another's ("": an older worker)."""
+    state: str = ""
+    """``starting`` (checking its peers), ``serving``, or ``refused`` (found its ID held by a live peer)."""
+    address: str = ""
+    """The worker's registry address, for the messages."""
 
 
 WIRE_TYPES: Final[dict[str, type[Struct]]] = {

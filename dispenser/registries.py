@@ -34,13 +34,17 @@ def layout_of(config: SnowflakeConfig) -> SnowflakeLayout:
 
     Raises:
         InvalidLayout: the bits overflow 63 or the layout cannot be used.
+        WorkerIdOutOfRange: ``datacenter_id`` does not fit ``datacenter_bits``.
     """
-    return SnowflakeLayout(
+    layout = SnowflakeLayout(
         timestamp_bits=config.timestamp_bits,
         worker_bits=config.worker_bits,
         sequence_bits=config.sequence_bits,
         epoch_ms=config.epoch_ms,
+        datacenter_bits=config.datacenter_bits,
     )
+    layout.node_part(config.datacenter_id, 0)  # the datacenter ID must fit its field
+    return layout
 
 
 def default_address() -> str:
@@ -76,6 +80,8 @@ def open_registry(
             clock=clock,
             auth=config.zookeeper_auth,
             world_read=config.zookeeper_world_read,
+            # Each datacenter numbers its workers in its own namespace (one ensemble spanning them).
+            datacenter=config.datacenter_id if layout.datacenter_bits else None,
         )
     if config.mode == "postgres":
         from dispenser.adapters.postgres.workers import PostgresWorkerRegistry  # noqa: PLC0415
@@ -104,6 +110,8 @@ class SnowflakeRegistration:
     registry_wait: float = 0.5
     """Seconds :meth:`persist` waits for the registry outside ``zookeeper-lease`` mode before leaving the
     report to finish in the background (the local cache already holds the mark)."""
+    address: str = ""
+    """The address this worker registered under (named when a peer claims the same ID)."""
     _reporting: asyncio.Task[None] | None = dataclasses.field(default=None, init=False, repr=False)
     _to_report: int = dataclasses.field(default=0, init=False, repr=False)
     _on_cached_id: bool = dataclasses.field(default=False, init=False, repr=False)
@@ -143,6 +151,15 @@ class SnowflakeRegistration:
         says no until then, since it is not registered.
         """
         return self._on_cached_id or self.registry.can_issue()
+
+    @property
+    def registry_outage(self) -> float:
+        """Seconds of registry outage the reservation must cover (see ``SnowflakeSettings.registry_outage``).
+
+        The lease's issue window in ``zookeeper-lease`` mode (its mark must be in ZooKeeper before IDs go
+        out); 0 in the other modes, where the local cache alone holds a reservation up.
+        """
+        return float(getattr(self.registry, "issue_window", 0.0)) if self.mode == "zookeeper-lease" else 0.0
 
     async def persist(self, worker_id: int, high_water_ms: int) -> None:
         """Record the mark in the local cache, then in the registry.
@@ -321,6 +338,7 @@ async def _register(
         from_cache,
         identity=identity,
         registry_wait=min(0.5, config.report_interval / 2),
+        address=address,
     )
 
 

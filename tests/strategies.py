@@ -33,6 +33,22 @@ def snowflake_layouts(draw: st.DrawFn) -> SnowflakeLayout:
     )
 
 
+@st.composite
+def datacenter_layouts(draw: st.DrawFn) -> SnowflakeLayout:
+    """Any valid layout with datacenter bits (at least 1): the four widths sum to at most 63 bits."""
+    timestamp_bits = draw(st.integers(1, min(MAX_TIMESTAMP_BITS, 62)))
+    datacenter_bits = draw(st.integers(1, 63 - timestamp_bits))
+    worker_bits = draw(st.integers(0, 63 - timestamp_bits - datacenter_bits))
+    sequence_bits = draw(st.integers(0, 63 - timestamp_bits - datacenter_bits - worker_bits))
+    return SnowflakeLayout(
+        timestamp_bits=timestamp_bits,
+        datacenter_bits=datacenter_bits,
+        worker_bits=worker_bits,
+        sequence_bits=sequence_bits,
+        epoch_ms=draw(st.integers(0, DATETIME_MAX_MS - (1 << timestamp_bits) + 1)),
+    )
+
+
 def layout_fields(layout: SnowflakeLayout) -> st.SearchStrategy[tuple[int, int, int]]:
     """``(timestamp_ms, worker_id, sequence)`` triples that fit ``layout``."""
     return st.tuples(

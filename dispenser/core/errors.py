@@ -187,14 +187,13 @@ class InvalidLayout(DispenserError, ValueError):
 
 
 class WorkerIdOutOfRange(DispenserError, ValueError):
-    """A worker id (configured, or handed out by the registry) does not fit the layout's worker field."""
+    """A worker id (configured, or handed out by the registry) or datacenter id does not fit its field."""
 
     code = "worker_id_out_of_range"
 
-    def __init__(self, worker_id: int, max_worker_id: int) -> None:
+    def __init__(self, worker_id: int, max_worker_id: int, what: str = "worker id") -> None:
         super().__init__(
-            f"worker id {worker_id} does not fit the snowflake layout: "
-            f"it must be between 0 and {max_worker_id}"
+            f"{what} {worker_id} does not fit the snowflake layout: it must be between 0 and {max_worker_id}"
         )
         self.worker_id = worker_id
         self.max_worker_id = max_worker_id
@@ -278,6 +277,27 @@ class LeaseLost(DispenserError):
 
     def __init__(self, worker_id: int, detail: str) -> None:
         super().__init__(f"worker ID {worker_id} is no longer held by this worker: {detail}")
+        self.worker_id = worker_id
+
+
+class WorkerIdInUse(DispenserError):
+    """A live peer claims this worker's (datacenter, worker) ID: this worker issues no snowflake ID.
+
+    Two workers on one ID would hand out the same IDs (Leaf #187: a ZooKeeper per datacenter and no
+    datacenter field). Retryable: another worker may serve the request.
+    """
+
+    code = "worker_id_in_use"
+    status = 503
+    retryable = True
+
+    def __init__(self, datacenter_id: int, worker_id: int, holder: str) -> None:
+        super().__init__(
+            f"snowflake worker ID {worker_id} of datacenter {datacenter_id} is also claimed by the live worker "
+            f"{holder}: this worker issues no snowflake IDs until restarted; give each datacenter its own "
+            "snowflake.datacenter_id (with datacenter_bits) or its own worker IDs"
+        )
+        self.datacenter_id = datacenter_id
         self.worker_id = worker_id
 
 

@@ -1,12 +1,52 @@
-"""The start-up check of the local clock against the live peers' clocks (Meituan's blog has it; Leaf's code lacks it)."""
+"""What the snowflake workers learn from each other on the clock subject.
+
+The start-up check of the local clock against the live peers' clocks (Meituan's blog has it; Leaf's code
+lacks it), and the claims on (datacenter, worker) IDs that no two live workers may share (Leaf #187).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from dispenser.core.errors import ClockDisagreesWithPeers
 
-__all__ = ["PeerReading", "check_peer_clocks"]
+__all__ = ["Claim", "ClaimState", "PeerReading", "check_peer_clocks", "rival_claims"]
+
+ClaimState = Literal["starting", "serving", "refused", ""]
+"""A worker's phase: checking its peers, issuing, or refusing to issue ("": an older worker, taken as serving)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A worker's claim on a snowflake ID: its (datacenter, worker) pair, its run, and its phase."""
+
+    datacenter_id: int
+    worker_id: int
+    nonce: str
+    state: ClaimState
+    address: str = ""
+
+    @property
+    def node(self) -> tuple[int, int]:
+        """The (datacenter, worker) pair the claim is on."""
+        return (self.datacenter_id, self.worker_id)
+
+    @property
+    def issuing(self) -> bool:
+        """Whether the claimant issues (or may issue) IDs: serving, or an older worker that does not say."""
+        return self.state in ("serving", "")
+
+    def describe(self) -> str:
+        """The claimant in a log line."""
+        who = self.address or f"run {self.nonce or '?'}"
+        return f"{who} ({self.state or 'serving'})"
+
+
+def rival_claims(own: Claim, others: Iterable[Claim]) -> list[Claim]:
+    """The live peers' claims on ``own``'s (datacenter, worker) pair (ours and refused ones left out)."""
+    return [c for c in others if c.node == own.node and c.nonce != own.nonce and c.state != "refused"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +58,8 @@ class PeerReading:
     received_ms: int
     worker_id: int = -1
     """The peer's snowflake worker ID (-1: not said)."""
+    claim: Claim | None = None
+    """The peer's claim on its ID (None: an older worker, which says only its worker ID)."""
 
     @property
     def round_trip_ms(self) -> int:

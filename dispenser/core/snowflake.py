@@ -1,7 +1,9 @@
 """Snowflake IDs: the bit layout as data, and one worker's generator state, deciding without reading a clock.
 
-An ID is ``0 | timestamp | worker | sequence``: the sign bit is always 0, so IDs are never negative. The
-timestamp field counts milliseconds since the layout's epoch (Twitter's and Leaf's 2010-11-04 by default).
+An ID is ``0 | timestamp | datacenter | worker | sequence``: the sign bit is always 0, so IDs are never
+negative. The timestamp field counts milliseconds since the layout's epoch (Twitter's and Leaf's 2010-11-04
+by default). The datacenter field is Twitter's (5 + 5 bits); Leaf folded it into the worker field, and its
+default width of 0 keeps Leaf's layout, bit for bit.
 
 :class:`SnowflakeState` is Leaf's ``SnowflakeIDGenImpl.get`` turned inside out: the caller passes the
 wall-clock reading ``now_ms`` to :meth:`SnowflakeState.take` and gets back either a :class:`Issued` of ID
@@ -75,6 +77,8 @@ class SnowflakeLayout:
 
     Attributes:
         timestamp_bits: Width of the milliseconds-since-epoch field (at least 1).
+        datacenter_bits: Width of the datacenter id field, between the timestamp and the worker id (0: no
+            such field, Leaf's layout).
         worker_bits: Width of the worker id field (0 allows a single worker, id 0).
         sequence_bits: Width of the per-millisecond sequence field (0 allows one ID per ms).
         epoch_ms: Unix milliseconds that timestamp 0 stands for (not before 1970).
@@ -88,25 +92,27 @@ class SnowflakeLayout:
     worker_bits: int = 10
     sequence_bits: int = 12
     epoch_ms: int = LEAF_EPOCH_MS
+    datacenter_bits: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("timestamp_bits", "worker_bits", "sequence_bits", "epoch_ms"):
+        for name in ("timestamp_bits", "datacenter_bits", "worker_bits", "sequence_bits", "epoch_ms"):
             value = getattr(self, name)
             if type(value) is not int:
                 raise InvalidLayout(f"{name} must be an integer, got {value!r}")
         if self.timestamp_bits < 1:
             raise InvalidLayout(f"timestamp_bits must be at least 1, got {self.timestamp_bits}")
-        if self.worker_bits < 0 or self.sequence_bits < 0:
+        if self.datacenter_bits < 0 or self.worker_bits < 0 or self.sequence_bits < 0:
             raise InvalidLayout(
-                f"worker_bits and sequence_bits must not be negative, got {self.worker_bits} "
-                f"and {self.sequence_bits}"
+                f"datacenter_bits, worker_bits and sequence_bits must not be negative, got "
+                f"{self.datacenter_bits}, {self.worker_bits} and {self.sequence_bits}"
             )
-        total = self.timestamp_bits + self.worker_bits + self.sequence_bits
+        total = self.timestamp_bits + self.datacenter_bits + self.worker_bits + self.sequence_bits
         if total > _ID_BITS:
             # Leaf issue #106: a 64th bit is the sign bit, and IDs would turn negative.
+            dc = f"datacenter_bits {self.datacenter_bits} + " if self.datacenter_bits else ""
             raise InvalidLayout(
-                f"timestamp_bits + worker_bits + sequence_bits = "
-                f"{self.timestamp_bits} + {self.worker_bits} + {self.sequence_bits} = {total}, "
+                f"timestamp_bits {self.timestamp_bits} + {dc}worker_bits {self.worker_bits} + "
+                f"sequence_bits {self.sequence_bits} = {total}, "
                 f"over the {_ID_BITS} bits a non-negative 64-bit ID has"
             )
         if self.epoch_ms < 0:
@@ -116,6 +122,11 @@ class SnowflakeLayout:
                 f"a {self.timestamp_bits}-bit timestamp from epoch {self.epoch_ms} runs past the year 9999; "
                 "use fewer timestamp bits"
             )
+
+    @property
+    def max_datacenter_id(self) -> int:
+        """The largest datacenter id the layout can hold (0 without datacenter bits)."""
+        return (1 << self.datacenter_bits) - 1
 
     @property
     def max_worker_id(self) -> int:
@@ -135,34 +146,46 @@ class SnowflakeLayout:
     @property
     def max_id(self) -> int:
         """The largest ID the layout can produce (all fields at their maximum)."""
-        return (1 << (self.timestamp_bits + self.worker_bits + self.sequence_bits)) - 1
+        return (1 << (self.timestamp_bits + self.datacenter_bits + self.worker_bits + self.sequence_bits)) - 1
+
+    def node_part(self, datacenter_id: int, worker_id: int) -> int:
+        """The datacenter and worker fields of an ID, in place (the bits a worker ORs into all its IDs).
+
+        Raises:
+            WorkerIdOutOfRange: ``datacenter_id`` or ``worker_id`` does not fit its field.
+        """
+        if not 0 <= datacenter_id <= self.max_datacenter_id:
+            raise WorkerIdOutOfRange(datacenter_id, self.max_datacenter_id, "datacenter ID")
+        if not 0 <= worker_id <= self.max_worker_id:
+            raise WorkerIdOutOfRange(worker_id, self.max_worker_id)
+        return ((datacenter_id << self.worker_bits) | worker_id) << self.sequence_bits
 
     def end_datetime(self) -> datetime:
         """The layout's last valid millisecond as a UTC datetime: after it, no ID can be issued."""
         return _ms_to_datetime(self.max_timestamp_ms)
 
-    def compose(self, timestamp_ms: int, worker_id: int, sequence: int) -> int:
-        """Build the ID for a unix-millisecond timestamp, worker id and sequence number.
+    @property
+    def timestamp_shift(self) -> int:
+        """Where the timestamp field starts: the datacenter, worker and sequence bits below it."""
+        return self.datacenter_bits + self.worker_bits + self.sequence_bits
+
+    def compose(self, timestamp_ms: int, worker_id: int, sequence: int, datacenter_id: int = 0) -> int:
+        """Build the ID for a unix-millisecond timestamp, worker id, sequence number and datacenter id.
 
         Raises:
             ClockOutOfRange: ``timestamp_ms`` is before the epoch or after :attr:`max_timestamp_ms`.
-            WorkerIdOutOfRange: ``worker_id`` does not fit the worker field.
+            WorkerIdOutOfRange: ``worker_id`` or ``datacenter_id`` does not fit its field.
             ValueError: ``sequence`` does not fit the sequence field.
         """
         if not self.epoch_ms <= timestamp_ms <= self.max_timestamp_ms:
             raise ClockOutOfRange(timestamp_ms, self.epoch_ms, self.max_timestamp_ms)
-        if not 0 <= worker_id <= self.max_worker_id:
-            raise WorkerIdOutOfRange(worker_id, self.max_worker_id)
+        node = self.node_part(datacenter_id, worker_id)
         if not 0 <= sequence <= self.max_sequence:
             raise ValueError(f"sequence {sequence} does not fit the layout (0 to {self.max_sequence})")
-        return (
-            ((timestamp_ms - self.epoch_ms) << (self.worker_bits + self.sequence_bits))
-            | (worker_id << self.sequence_bits)
-            | sequence
-        )
+        return ((timestamp_ms - self.epoch_ms) << self.timestamp_shift) | node | sequence
 
     def decompose(self, snowflake_id: int) -> Decoded:
-        """Split an ID into its unix-millisecond timestamp (using this layout's epoch), worker and sequence.
+        """Split an ID into its unix-millisecond timestamp (this layout's epoch), datacenter, worker, sequence.
 
         Raises:
             InvalidId: the number is negative or wider than the layout.
@@ -170,9 +193,10 @@ class SnowflakeLayout:
         if not 0 <= snowflake_id <= self.max_id:
             raise InvalidId(snowflake_id, self.max_id)
         return Decoded(
-            timestamp_ms=(snowflake_id >> (self.worker_bits + self.sequence_bits)) + self.epoch_ms,
+            timestamp_ms=(snowflake_id >> self.timestamp_shift) + self.epoch_ms,
             worker_id=(snowflake_id >> self.sequence_bits) & self.max_worker_id,
             sequence=snowflake_id & self.max_sequence,
+            datacenter_id=(snowflake_id >> (self.worker_bits + self.sequence_bits)) & self.max_datacenter_id,
         )
 
 
@@ -183,6 +207,7 @@ class Decoded:
     timestamp_ms: int
     worker_id: int
     sequence: int
+    datacenter_id: int = 0
 
     @property
     def datetime(self) -> datetime:
@@ -255,6 +280,7 @@ class SnowflakeState:
     Args:
         layout: The bit layout.
         worker_id: This worker's id, ``0 <= worker_id <= layout.max_worker_id``.
+        datacenter_id: This worker's datacenter, ``0 <= datacenter_id <= layout.max_datacenter_id``.
         high_water_ms: No ID is ever issued in this millisecond or earlier. The shell passes the high-water
             mark an earlier run recorded (registry or cache file), so that a restart after a clock rollback
             shorter than the report interval cannot reissue IDs (Leaf issue #216). ``0`` means none.
@@ -272,7 +298,7 @@ class SnowflakeState:
         rng: Source of the random starts; pass a seeded ``random.Random`` for reproducible tests.
 
     Raises:
-        WorkerIdOutOfRange: ``worker_id`` does not fit the layout.
+        WorkerIdOutOfRange: ``worker_id`` or ``datacenter_id`` does not fit the layout.
         ValueError: a negative ``random_start``, ``max_backward_ms`` or ``max_startup_wait_ms``.
     """
 
@@ -291,6 +317,7 @@ class SnowflakeState:
         "_start_bound",
         "_timestamp_shift",
         "_worker_part",
+        "datacenter_id",
         "layout",
         "worker_id",
     )
@@ -305,9 +332,9 @@ class SnowflakeState:
         max_backward_ms: int = 5,
         max_startup_wait_ms: int = 5_000,
         rng: random.Random | None = None,
+        datacenter_id: int = 0,
     ) -> None:
-        if not 0 <= worker_id <= layout.max_worker_id:
-            raise WorkerIdOutOfRange(worker_id, layout.max_worker_id)
+        node_part = layout.node_part(datacenter_id, worker_id)
         for name, value in (
             ("random_start", random_start),
             ("max_backward_ms", max_backward_ms),
@@ -317,11 +344,12 @@ class SnowflakeState:
                 raise ValueError(f"{name} must not be negative, got {value}")
         self.layout = layout
         self.worker_id = worker_id
+        self.datacenter_id = datacenter_id
         self._epoch_ms = layout.epoch_ms
         self._max_ms = layout.max_timestamp_ms
         self._max_sequence = layout.max_sequence
-        self._timestamp_shift = layout.worker_bits + layout.sequence_bits
-        self._worker_part = worker_id << layout.sequence_bits
+        self._timestamp_shift = layout.timestamp_shift
+        self._worker_part = node_part
         self._start_bound = min(random_start, layout.max_sequence + 1)
         self._randrange = (rng if rng is not None else random.Random()).randrange
         self._max_backward_ms = max_backward_ms

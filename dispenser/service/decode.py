@@ -30,6 +30,8 @@ def decode_id(layout: SnowflakeLayout, snowflake_id: int) -> DecodeReply:
         time=fields.datetime.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         worker_id=fields.worker_id,
         sequence=fields.sequence,
+        # Only a layout with datacenter bits has the field (Leaf's layout decodes as before).
+        datacenter_id=fields.datacenter_id if layout.datacenter_bits else None,
     )
 
 

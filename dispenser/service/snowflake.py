@@ -55,11 +55,20 @@ class SnowflakeSettings:
     max_backward_ms: int = 5
     report_interval: float = 3.0
     """Seconds between renewals of the reserved high-water mark (Leaf reports every 3 s)."""
+    registry_outage: float = 0.0
+    """Seconds of registry outage a renewal must be able to sit out without holding up a request. In
+    ``zookeeper-lease`` mode, where the mark must be in ZooKeeper before IDs under it go out, this is the
+    lease's issue window (the worker stops issuing after it anyway): a ZooKeeper leader election then
+    never stalls the hot path."""
 
     @property
     def reserve_ahead_ms(self) -> int:
-        """How far ahead of the clock the mark is reserved: two report intervals, so renewals never block."""
-        return int(self.report_interval * 2000)
+        """How far ahead of the clock the mark is reserved.
+
+        Two report intervals, so that renewals never block, and at least a report interval plus
+        ``registry_outage``.
+        """
+        return int(max(self.report_interval * 2, self.report_interval + self.registry_outage) * 1000)
 
     @property
     def max_startup_wait_ms(self) -> int:
@@ -88,8 +97,11 @@ class SnowflakeGenerator:
         *,
         settings: SnowflakeSettings | None = None,
         persist_clean_stop: PersistCleanStop | None = None,
+        datacenter_id: int = 0,
     ) -> None:
         self.layout = layout
+        self.datacenter_id = datacenter_id
+        """The datacenter folded into every ID (the layout's datacenter field)."""
         self._persist_clean_stop = persist_clean_stop
         self.settings = settings or SnowflakeSettings()
         self._registry = registry
@@ -111,6 +123,7 @@ class SnowflakeGenerator:
         self._tasks: list[asyncio.Task[None]] = []
         self._relocating: asyncio.Task[None] | None = None
         self._paused = False  # True from a lost lease until the new registration is in place
+        self._refused: DispenserError | None = None  # set for good: see refuse()
         self._reserving: asyncio.Task[None] | None = None
 
     def _new_state(self, lease: WorkerLease) -> SnowflakeState:
@@ -123,6 +136,7 @@ class SnowflakeGenerator:
             random_start=s.random_start,
             max_backward_ms=s.max_backward_ms,
             max_startup_wait_ms=s.max_startup_wait_ms,
+            datacenter_id=self.datacenter_id,
         )
 
     @property
@@ -137,7 +151,7 @@ class SnowflakeGenerator:
         False from a lost lease (``zookeeper-lease`` mode: the ephemeral claim may have gone) until the new
         registration is in place; requests meanwhile get ``lease_lost``.
         """
-        return not self._paused and self._registry.can_issue()
+        return not self._paused and self._refused is None and self._registry.can_issue()
 
     # -- start and stop ----------------------------------------------------------------------------
 
@@ -183,6 +197,7 @@ class SnowflakeGenerator:
 
         Raises:
             LeaseLost: the registry can no longer prove this worker holds its ID.
+            WorkerIdInUse: a live peer holds this worker's ID (see :meth:`refuse`).
         """
         if self._lock.locked() or self._wait_until_ms is not None:
             return None
@@ -252,7 +267,18 @@ class SnowflakeGenerator:
             raise Unavailable(f"snowflake IDs would need a wait of {ms} ms, past the request's deadline")
         await self._clock.sleep(ms / 1000)
 
+    def refuse(self, error: DispenserError) -> None:
+        """Issue nothing from now on: every take raises ``error`` (a live peer holds this worker's ID)."""
+        self._refused = error
+
+    @property
+    def refusal(self) -> DispenserError | None:
+        """Why this generator issues nothing (None: it issues)."""
+        return self._refused
+
     def _check_lease(self) -> None:
+        if self._refused is not None:
+            raise self._refused.with_traceback(None)  # the same error each time; its old frames dropped
         if self._paused or not self._registry.can_issue():
             self.relocate()  # a no-op while a registration is under way
             raise LeaseLost(self._state.worker_id, "its lease can no longer be proved; re-registering")

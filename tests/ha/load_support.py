@@ -150,7 +150,12 @@ async def _requester(
 
 @contextlib.asynccontextmanager
 async def load(
-    servers: Sequence[Sequence[str]], subjects: Sequence[str], *, count: int = 10, timeout: float = 1.0
+    servers: Sequence[Sequence[str]],
+    subjects: Sequence[str],
+    *,
+    count: int = 10,
+    timeout: float = 1.0,
+    one_subject_each: bool = False,
 ) -> AsyncIterator[LoadResult]:
     """Run one requester per entry of ``servers`` (its URL list, tried in that order) until the block ends.
 
@@ -160,6 +165,9 @@ async def load(
         subjects: Asked in turn by every requester.
         count: IDs per request.
         timeout: Seconds a request waits for its reply before it is asked again.
+        one_subject_each: Requester ``n`` asks only ``subjects[n % len(subjects)]``, so that a request
+            that waits out its timeout on one subject holds up no other subject's answers (asked in
+            turn, one slow worker shows as a gap on every subject).
     """
     result = LoadResult()
     stop = asyncio.Event()
@@ -175,7 +183,14 @@ async def load(
     ]
     tasks = [
         asyncio.create_task(
-            _requester(nc, subjects, count=count, timeout=timeout, result=result, stop=stop),
+            _requester(
+                nc,
+                [subjects[n % len(subjects)]] if one_subject_each else subjects,
+                count=count,
+                timeout=timeout,
+                result=result,
+                stop=stop,
+            ),
             name=f"requester-{n}",
         )
         for n, nc in enumerate(clients)

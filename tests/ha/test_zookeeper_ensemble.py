@@ -99,7 +99,8 @@ async def test_leader_kill_and_own_server_kill_keep_every_worker_issuing(
     subjects = [f"{prefix}.snowflake.{TAG}" for prefix in workers]
     figures: list[str] = []
     with restored(zk_ensemble):
-        async with load([[nats_server.url]] * 4, subjects) as seen:
+        # A requester per worker: a request stuck on one worker shows as that worker's gap only.
+        async with load([[nats_server.url]] * 4, subjects, one_subject_each=True) as seen:
             await until(
                 lambda: all(subject_gaps(seen, s, 0) < 1 for s in subjects), 10, "every worker answers"
             )
@@ -126,7 +127,9 @@ async def test_leader_kill_and_own_server_kill_keep_every_worker_issuing(
                     f"z1's session now on {moved.hosts if moved else None}; longest gap per worker "
                     + ", ".join(f"{p} {g:.3f} s" for p, g in gaps.items())
                 )
-                assert max(gaps.values()) < 3, gaps
+                # Under the 1 s request timeout: no worker waits for ZooKeeper (issue 22: the lease mode's
+                # reservation was 0.4 s ahead, less than an election, and requests waited for it).
+                assert max(gaps.values()) < 1, gaps
                 assert moved is not None, "worker z1's session is on no server after the kill"
                 assert moved is not victim
                 await asyncio.to_thread(zk_ensemble.start)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from dispenser.adapters.local.static_registry import StaticRegistry
-from dispenser.core.errors import LeaseLost
+from dispenser.core.errors import LeaseLost, WorkerIdInUse
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.ports import WorkerLease
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
@@ -148,3 +148,60 @@ async def test_a_clean_stop_records_the_last_millisecond_and_the_reservation() -
     issued_ms = LAYOUT.decompose(batch.ranges[0][0]).timestamp_ms
     await generator.stop()
     assert recorded == [(5, issued_ms, clock.wall_ms() + 6_000)]
+
+
+def test_the_reservation_covers_a_registry_outage_the_lease_survives() -> None:
+    """Two report intervals ahead, and at least a report interval plus the registry outage to sit out."""
+    assert SnowflakeSettings(report_interval=3.0).reserve_ahead_ms == 6_000  # Leaf's interval: as before
+    assert SnowflakeSettings(report_interval=0.2).reserve_ahead_ms == 400
+    assert SnowflakeSettings(report_interval=0.2, registry_outage=4.0).reserve_ahead_ms == 4_200
+    assert SnowflakeSettings(report_interval=3.0, registry_outage=1.0).reserve_ahead_ms == 6_000
+
+
+@pytest.mark.parametrize(("outage", "served"), [(0.0, False), (1.0, True)])
+async def test_a_registry_that_hangs_for_an_election_holds_up_no_request(outage: float, served: bool) -> None:
+    """A renewal stuck for 0.9 s (a ZooKeeper leader election): IDs keep coming if the reservation covers it.
+
+    Issue 22: the lease mode reserved 0.4 s ahead (the tests' 0.2 s report interval), and requests waited
+    for ZooKeeper.
+    """
+    clock = ManualClock()
+    registry_back = asyncio.Event()
+    registry_back.set()
+
+    async def persist(_worker_id: int, _high_water_ms: int) -> None:
+        await registry_back.wait()
+
+    generator = SnowflakeGenerator(
+        LAYOUT,
+        WorkerLease(5, 0),
+        await fixed_registry(),
+        clock,
+        persist,
+        settings=SnowflakeSettings(report_interval=0.2, registry_outage=outage),
+    )
+    await generator.start()
+    registry_back.clear()  # every renewal from now on hangs
+    issued = []
+    for _ in range(9):
+        await clock.advance(0.1)
+        issued.append(generator.try_take("t", 1) is not None)
+    assert all(issued) is served
+    registry_back.set()
+    await settle()
+    await generator.stop()
+
+
+async def test_a_refusing_generator_issues_nothing() -> None:
+    """refuse(): every take raises the error (a live peer holds the ID), for good."""
+    clock = ManualClock()
+    generator = SnowflakeGenerator(LAYOUT, WorkerLease(5, 0), await fixed_registry(), clock, no_persist)
+    await generator.start()
+    assert generator.try_take("t", 1) is not None
+    generator.refuse(WorkerIdInUse(0, 5, "10.0.0.2:7 (serving)"))
+    assert not generator.holds_lease
+    with pytest.raises(WorkerIdInUse, match="worker ID 5 of datacenter 0"):
+        generator.try_take("t", 1)
+    with pytest.raises(WorkerIdInUse):
+        await generator.take("t", 1, clock.monotonic() + 1)
+    await generator.stop()

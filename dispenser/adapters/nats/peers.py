@@ -1,4 +1,8 @@
-"""The snowflake start-up clock check over NATS: every worker answers ``<prefix>.snowflake-clock``; a starting one asks."""
+"""The snowflake peer checks over NATS: every worker answers ``<prefix>.snowflake-clock``; a checking one asks.
+
+An answer carries the worker's clock and its claim on its ID; a worker's own check carries its claim too
+(an empty body: an observer, such as ``dispenser check``), so the answering workers hear it as well.
+"""
 
 from __future__ import annotations
 
@@ -11,30 +15,58 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from dispenser.core.peers import PeerReading
+from dispenser.core.peers import Claim, ClaimState, PeerReading
 from dispenser.messages import ClockReading
 
-__all__ = ["PeerClocks", "collect_peer_clocks", "serve_clock"]
+__all__ = ["PeerClocks", "claim_of", "collect_peer_clocks", "reading_of", "serve_clock"]
 
 log = logging.getLogger(__name__)
 
-_clock_reply = msgspec.json.Encoder()
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(ClockReading)
+_STATES: dict[str, ClaimState] = {"starting": "starting", "serving": "serving", "refused": "refused"}
+
+
+def claim_of(reading: ClockReading) -> Claim:
+    """The claim a peer's message makes (an older worker's: datacenter 0, no nonce, taken as serving)."""
+    state = _STATES.get(reading.state, "")
+    return Claim(reading.datacenter_id, reading.worker_id, reading.nonce, state, reading.address)
+
+
+def reading_of(wall_ms: int, claim: Claim) -> ClockReading:
+    """This worker's message: its clock and its claim."""
+    return ClockReading(
+        wall_ms, claim.worker_id, claim.datacenter_id, claim.nonce, claim.state or "serving", claim.address
+    )
 
 
 async def serve_clock(
-    nc: Client, subject: str, wall_ms: Callable[[], int], worker_id: Callable[[], int]
+    nc: Client,
+    subject: str,
+    wall_ms: Callable[[], int],
+    claim: Callable[[], Claim],
+    on_claim: Callable[[Claim], None] | None = None,
 ) -> Subscription:
-    """Answer peers' start-up clock checks on ``subject`` (every worker answers: no queue group)."""
+    """Answer peers' checks on ``subject`` with our clock and claim (every worker answers: no queue group).
+
+    ``on_claim`` hears the claim a checking peer sends along (not an observer's empty check), before the
+    answer goes out.
+    """
 
     async def answer(msg: Msg) -> None:
+        if msg.data and on_claim is not None:
+            try:
+                on_claim(claim_of(_decoder.decode(msg.data)))
+            except msgspec.DecodeError:
+                log.warning("ignoring a malformed peer check on %s", subject)
         if msg.reply:
-            await msg.respond(_clock_reply.encode(ClockReading(wall_ms(), worker_id())))
+            await msg.respond(_encoder.encode(reading_of(wall_ms(), claim())))
 
     return await nc.subscribe(subject, cb=answer)
 
 
 class PeerClocks(msgspec.Struct):
-    """What the start-up clock query heard."""
+    """What the clock query heard."""
 
     readings: list[PeerReading]
     answered: bool
@@ -42,9 +74,20 @@ class PeerClocks(msgspec.Struct):
     peer is running). False means the query went unheard: no permission to publish on the clock subject
     (or to receive on the inbox), or the server did not answer in time; the clock is then unverified."""
 
+    @property
+    def claims(self) -> list[Claim]:
+        """The claims the answers made."""
+        return [r.claim for r in self.readings if r.claim is not None]
+
 
 async def collect_peer_clocks(
-    nc: Client, subject: str, wall_ms: Callable[[], int], window: float, enough: int | None = None
+    nc: Client,
+    subject: str,
+    wall_ms: Callable[[], int],
+    window: float,
+    enough: int | None = None,
+    *,
+    claim: Claim | None = None,
 ) -> PeerClocks:
     """Ask every live peer for its clock and collect the answers that arrive within ``window`` seconds.
 
@@ -54,6 +97,7 @@ async def collect_peer_clocks(
         wall_ms: our clock.
         window: seconds to listen for answers.
         enough: stop listening once this many peers have answered (``None``: the whole window).
+        claim: ours, sent along so that the peers hear it (None: ask as an observer).
     """
     inbox = nc.new_inbox()
     readings: list[PeerReading] = []
@@ -61,7 +105,8 @@ async def collect_peer_clocks(
     subscription = await nc.subscribe(inbox)
     try:
         sent = wall_ms()
-        await nc.publish(subject, b"", reply=inbox)
+        body = b"" if claim is None else _encoder.encode(reading_of(sent, claim))
+        await nc.publish(subject, body, reply=inbox)
         loop = asyncio.get_running_loop()
         end = loop.time() + window
         while (left := end - loop.time()) > 0:
@@ -73,11 +118,15 @@ async def collect_peer_clocks(
             if not msg.data:
                 continue  # the server's "no responders" status: nobody else is running
             try:
-                reading = msgspec.json.decode(msg.data, type=ClockReading)
+                reading = _decoder.decode(msg.data)
             except msgspec.DecodeError:
                 log.warning("ignoring a malformed clock reading on %s", subject)
                 continue
-            readings.append(PeerReading(reading.wall_ms, sent, wall_ms(), reading.worker_id))
+            if claim is not None and reading.nonce == claim.nonce:
+                continue  # our own answer (the worker answers its own subject too)
+            readings.append(
+                PeerReading(reading.wall_ms, sent, wall_ms(), reading.worker_id, claim_of(reading))
+            )
             if enough is not None and len(readings) >= enough:
                 break
     finally:

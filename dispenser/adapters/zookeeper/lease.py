@@ -105,6 +105,7 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
         clock: Clock = _SYSTEM_CLOCK,
         auth: str | None = None,
         world_read: bool = True,
+        datacenter: int | None = None,
     ) -> None:
         if not 0 < safe_fraction < 1:
             raise ValueError(f"safe_fraction must be between 0 and 1 (exclusive), got {safe_fraction}")
@@ -120,6 +121,7 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
             clock=clock,
             auth=auth,
             world_read=world_read,
+            datacenter=datacenter,
         )
         self.safe_fraction = safe_fraction
         self.lease_path = f"{self.base_path}/lease"
@@ -135,6 +137,11 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
     def session_timeout(self) -> float:
         """The negotiated session timeout ``T`` of the current lease, in seconds."""
         return self._timeout
+
+    @property
+    def issue_window(self) -> float:
+        """Seconds after a confirmation during which the holder may issue: ``safe_fraction * T`` (granted T)."""
+        return self.safe_fraction * self._timeout
 
     def issue_deadline(self) -> float:
         """The monotonic time at which :meth:`can_issue` turns false unless a confirmation arrives first."""

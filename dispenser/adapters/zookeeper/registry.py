@@ -155,6 +155,9 @@ class ZkRegistryBase:
         auth: Digest credentials ``user:password``: the session presents them and the nodes it creates
             are writable by that identity only (see the module docstring). None: open nodes.
         world_read: With ``auth``, let anyone read the registry's nodes.
+        datacenter: The layout's datacenter ID when it has datacenter bits: the namespace is then
+            ``<root>/<name>/dc-<datacenter>``, so that one ensemble spanning datacenters numbers each
+            datacenter's workers on its own. None: ``<root>/<name>`` (Leaf's layout).
     """
 
     mode: ClassVar[str]
@@ -175,6 +178,7 @@ class ZkRegistryBase:
         clock: Clock = _SYSTEM_CLOCK,
         auth: str | None = None,
         world_read: bool = True,
+        datacenter: int | None = None,
     ) -> None:
         if max_worker_id < 0:
             raise ValueError(f"max_worker_id must be at least 0, got {max_worker_id}")
@@ -182,7 +186,8 @@ class ZkRegistryBase:
         self.address = check_address(address)
         self.max_worker_id = max_worker_id
         self.root_path = "/" + "/".join(p for p in root.split("/") if p)
-        self.base_path = "/" + "/".join(p for p in (*root.split("/"), name) if p)
+        place = () if datacenter is None else (f"dc-{datacenter}",)
+        self.base_path = "/" + "/".join(p for p in (*root.split("/"), name, *place) if p)
         self._clock = clock
         self._zk = ZkSession(
             hosts,

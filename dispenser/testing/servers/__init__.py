@@ -1,6 +1,7 @@
 """Real servers for tests and ``dispenser dev``: NATS, PostgreSQL (alone or a Patroni cluster), ZooKeeper and Kafka on 127.0.0.1, as subprocesses.
 
-Clusters too: :class:`NatsCluster` (routed NATS servers), :class:`ZooKeeperEnsemble` and :class:`KafkaCluster`
+Clusters too: :class:`NatsCluster` (routed NATS servers), :class:`NatsGateways` (a NATS server per
+datacenter, joined by gateways), :class:`ZooKeeperEnsemble` and :class:`KafkaCluster`
 (KRaft nodes, replication factor 3), whose members are the single servers, each killable and restartable.
 
 Synchronous on purpose (no event loop needed): pytest fixtures and the CLI start them, wait for readiness,
@@ -17,6 +18,7 @@ from dispenser.testing.servers.kafka import KafkaBroker, fetch_kafka_jars
 from dispenser.testing.servers.kafka_cluster import KafkaCluster
 from dispenser.testing.servers.nats import NatsServer, find_nats_server
 from dispenser.testing.servers.nats_cluster import NatsCluster
+from dispenser.testing.servers.nats_gateways import NatsGateways
 from dispenser.testing.servers.patroni import PatroniCluster, PatroniNode
 from dispenser.testing.servers.postgres import PostgresInstall, PostgresServer, find_postgres_installs
 from dispenser.testing.servers.zookeeper import ZooKeeperServer, fetch_zookeeper_jars
@@ -27,6 +29,7 @@ __all__ = [
     "KafkaBroker",
     "KafkaCluster",
     "NatsCluster",
+    "NatsGateways",
     "NatsServer",
     "PatroniCluster",
     "PatroniNode",

@@ -1,0 +1,102 @@
+"""The guard against two live workers issuing under one (datacenter, worker) ID, whatever the configuration.
+
+Every snowflake worker answers its peers' checks on the clock subject with its claim (datacenter, worker,
+a nonce of its run, its phase), and sends its own claim with its checks: at start, and every
+``snowflake.peer_recheck_interval`` while it serves. The rules, and why they are safe, are in
+docs/snowflake.md ("Two workers on one ID"):
+
+* a **starting** worker that hears any live rival (in an answer, or in a rival's check) refuses;
+* a **serving** worker that hears a rival that is *starting* keeps serving (that rival hears this worker's
+  answer and refuses); one that hears a rival that is *serving* refuses: both do, since neither can prove
+  the ID was its own first, and IDs may already have repeated;
+* a refusal is for the rest of the run: restart the worker once the configuration is fixed.
+
+No broker here: the wiring passes the claims in (:meth:`IdentityGuard.heard`) and sends :meth:`claim`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Iterable
+
+from dispenser.core.errors import WorkerIdInUse
+from dispenser.core.peers import Claim, ClaimState, rival_claims
+
+__all__ = ["IdentityGuard"]
+
+log = logging.getLogger(__name__)
+
+
+class IdentityGuard:
+    """One worker's claim on its snowflake ID, and its verdict on the rivals it hears.
+
+    Args:
+        datacenter_id: The configured datacenter ID.
+        worker_id: Reads the worker ID the worker issues under now (the registry may hand out another).
+        address: The worker's registry address, named in the messages.
+        on_refuse: Called once, with the error, when the worker must stop issuing.
+    """
+
+    def __init__(
+        self,
+        datacenter_id: int,
+        worker_id: Callable[[], int],
+        address: str = "",
+        on_refuse: Callable[[WorkerIdInUse], None] | None = None,
+    ) -> None:
+        self.datacenter_id = datacenter_id
+        self._worker_id = worker_id
+        self.address = address
+        self.nonce = secrets.token_hex(8)
+        """Random per run: tells this run's claim from any other's."""
+        self.state: ClaimState = "starting"
+        self.refusal: WorkerIdInUse | None = None
+        """Why this worker refuses to issue (None: it does not)."""
+        self.turned_away: list[Claim] = []
+        """Starting rivals this serving worker heard (each refused on hearing this worker's answer)."""
+        self.on_refuse = on_refuse
+
+    def claim(self) -> Claim:
+        """This worker's claim now."""
+        return Claim(self.datacenter_id, self._worker_id(), self.nonce, self.state, self.address)
+
+    def heard(self, claims: Iterable[Claim]) -> WorkerIdInUse | None:
+        """Judge the claims heard from live peers (answers to a check, or a peer's own check).
+
+        Returns:
+            The refusal, if this worker refuses (now or before).
+        """
+        if self.refusal is not None:
+            return self.refusal
+        own = self.claim()
+        for rival in rival_claims(own, claims):
+            if self.state == "starting" or rival.issuing:
+                self._refuse(own, rival)
+                return self.refusal
+            if rival.nonce not in {c.nonce for c in self.turned_away}:
+                self.turned_away.append(rival)
+                log.warning(
+                    "a worker starting with this worker's snowflake ID (datacenter %d, worker %d) was "
+                    "turned away: %s; check its snowflake.datacenter_id and registry",
+                    own.datacenter_id,
+                    own.worker_id,
+                    rival.describe(),
+                )
+        return None
+
+    def hear(self, claim: Claim) -> None:
+        """Judge one claim (a checking peer's, heard by this worker's answerer)."""
+        self.heard([claim])
+
+    def started(self) -> None:
+        """The start-up check found no rival: serve (a no-op once refused)."""
+        if self.state == "starting":
+            self.state = "serving"
+
+    def _refuse(self, own: Claim, rival: Claim) -> None:
+        self.state = "refused"
+        self.refusal = WorkerIdInUse(own.datacenter_id, own.worker_id, rival.describe())
+        log.error("%s", self.refusal)
+        if self.on_refuse is not None:
+            self.on_refuse(self.refusal)
