@@ -27,6 +27,9 @@ log = logging.getLogger("dispenser")
 
 T = TypeVar("T")
 
+LEAF_MYSQL_ENV = "LEAF_MYSQL_DSN"
+"""Where ``dispenser import-leaf`` finds Leaf's database when ``--mysql`` is not given."""
+
 EPILOG = """\
 configuration:
   Settings come from defaults, then the TOML file (--config or DISPENSER_CONFIG), then environment
@@ -74,6 +77,16 @@ def _setup_logging(config: Config, verbose: bool) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel("DEBUG" if verbose else config.log.level.upper())
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -304,6 +317,36 @@ def _parser() -> argparse.ArgumentParser:
     remove = tag_sub.add_parser("remove", help="delete a tag", parents=[common])
     remove.add_argument("tag", help="the tag's name")
 
+    leaf = add_parser(
+        "import-leaf",
+        help="copy every tag from a Leaf MySQL database, each starting above anything Leaf can have granted",
+        description=(
+            "Copy Leaf's leaf_alloc tags into the dispenser's PostgreSQL (postgres.dsn), each starting at "
+            "Leaf's max_id plus a margin. Stop every Leaf server first (docs/migrating-from-leaf.md). "
+            "Safe to run again: a tag already at or above its safe start is left alone, none is lowered."
+        ),
+    )
+    leaf.add_argument(
+        "--mysql",
+        metavar="DSN",
+        help=f"Leaf's database, mysql://user:password@host:port/database (default: ${LEAF_MYSQL_ENV})",
+    )
+    leaf.add_argument(
+        "--tags", metavar="A,B", help="only these tags (comma-separated; each must exist in Leaf)"
+    )
+    leaf.add_argument("--dry-run", action="store_true", help="print what would be done, write nothing")
+    leaf.add_argument(
+        "--force",
+        action="store_true",
+        help="raise tags the dispenser already has below their safe start (never lowers a tag)",
+    )
+    leaf.add_argument(
+        "--margin",
+        type=_non_negative_int,
+        metavar="N",
+        help="IDs to start above Leaf's max_id (default: max(step, 1000000), one largest Leaf segment)",
+    )
+
     bench = add_parser(
         "bench", help="benchmark the service (`dispenser bench nats|kafka|snowflake|client --help`)"
     )
@@ -383,6 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench": _bench,
         "decode": _decode,
         "config": _config,
+        "import-leaf": _import_leaf,
     }
     try:
         return handlers[args.command](args, config)
@@ -620,6 +664,51 @@ def _tag(args: argparse.Namespace, config: Config) -> int:
     else:
         _with_store(config, lambda store: store.remove_tag(args.tag))
         print(f"removed tag {args.tag!r}")
+    return 0
+
+
+def _import_leaf(args: argparse.Namespace, config: Config) -> int:
+    from dispenser.leaf_import import import_leaf  # noqa: PLC0415 - imports the MySQL driver
+
+    # The DSN holds a password: from the environment it stays out of `ps` and the shell's history.
+    dsn = args.mysql or os.environ.get(LEAF_MYSQL_ENV)
+    if not dsn:
+        print(
+            f"dispenser import-leaf: give Leaf's database with --mysql DSN or ${LEAF_MYSQL_ENV}",
+            file=sys.stderr,
+        )
+        return 2
+    tags = None if args.tags is None else [t.strip() for t in args.tags.split(",") if t.strip()]
+    if tags is not None and not tags:
+        print("dispenser import-leaf: --tags names no tag", file=sys.stderr)
+        return 2
+    try:
+        report = run_async(
+            import_leaf(
+                dsn,
+                config.postgres.dsn,
+                tags=tags,
+                margin=args.margin,
+                force=args.force,
+                dry_run=args.dry_run,
+            )
+        )
+    except ValueError as exc:
+        print(f"dispenser import-leaf: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # the leaf-import extra is missing
+        print(f"dispenser import-leaf: {exc}", file=sys.stderr)
+        return 1
+    for warning in report.warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
+    print("\n".join(report.lines()))
+    if report.failed:
+        print(
+            f"dispenser import-leaf: {len(report.failed)} tag(s) not imported: "
+            f"{', '.join(p.row.tag for p in report.failed)}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Real servers for tests and ``dispenser dev``: NATS, PostgreSQL (alone or a Patroni cluster), ZooKeeper and Kafka on 127.0.0.1, as subprocesses.
+"""Real servers for tests and ``dispenser dev``: NATS, PostgreSQL (alone or a Patroni cluster), ZooKeeper, Kafka and MariaDB (Leaf's MySQL) on 127.0.0.1, as subprocesses.
 
 Clusters too: :class:`NatsCluster` (routed NATS servers), :class:`NatsGateways` (a NATS server per
 datacenter, joined by gateways), :class:`ZooKeeperEnsemble` and :class:`KafkaCluster`
@@ -16,6 +16,7 @@ from dispenser.testing.servers._process import (
 )
 from dispenser.testing.servers.kafka import KafkaBroker, fetch_kafka_jars
 from dispenser.testing.servers.kafka_cluster import KafkaCluster
+from dispenser.testing.servers.mariadb import MariaDBServer, find_mariadb
 from dispenser.testing.servers.nats import NatsServer, find_nats_server
 from dispenser.testing.servers.nats_cluster import NatsCluster
 from dispenser.testing.servers.nats_gateways import NatsGateways
@@ -28,6 +29,7 @@ __all__ = [
     "DevServerError",
     "KafkaBroker",
     "KafkaCluster",
+    "MariaDBServer",
     "NatsCluster",
     "NatsGateways",
     "NatsServer",
@@ -41,6 +43,7 @@ __all__ = [
     "ZooKeeperServer",
     "fetch_kafka_jars",
     "fetch_zookeeper_jars",
+    "find_mariadb",
     "find_nats_server",
     "find_postgres_installs",
     "free_port",
