@@ -11,6 +11,9 @@ Fixtures:
         their own registry namespace (``zk_namespace``).
     private_zookeeper: a ZooKeeper of the test's own, to stop, kill and restart (same port and data).
     zk_namespace: a registry name no other test uses.
+    mariadb_server: one MariaDB (Leaf's MySQL) for the whole session; don't stop it. Tests keep apart
+        by using a database of their own (``leaf_mysql``).
+    leaf_mysql: a database of the test's own on it, holding Leaf's ``leaf_alloc`` with Leaf's DDL.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from pathlib import Path
 import pytest
 
 from dispenser.testing.servers.kafka import KafkaBroker
+from dispenser.testing.servers.mariadb import MariaDBServer
 from dispenser.testing.servers.zookeeper import ZooKeeperServer
 from tests.conftest import _running
+from tests.integration.leaf_support import LEAF_DDL, LeafMySQL
 
 
 @pytest.fixture(scope="session")
@@ -59,3 +64,23 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
 def private_kafka(tmp_path: Path) -> Iterator[KafkaBroker]:
     """A Kafka broker for this test alone: stop, kill or restart it (same ports and data) as the test needs."""
     yield from _running(KafkaBroker(tmp_path / "kafka"))
+
+
+@pytest.fixture(scope="session")
+def mariadb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
+    """A MariaDB shared by the session (Debian's mariadb-server), on a free port of 127.0.0.1."""
+    yield from _running(MariaDBServer(tmp_path_factory.mktemp("mariadb")))
+
+
+_leaf_databases = itertools.count(1)
+
+
+@pytest.fixture
+def leaf_mysql(mariadb_server: MariaDBServer, request: pytest.FixtureRequest) -> Iterator[LeafMySQL]:
+    """A database of this test's own holding Leaf's ``leaf_alloc`` (Leaf's DDL, no rows); dropped afterwards."""
+    slug = re.sub(r"[^a-z0-9_]+", "_", request.node.name.lower()).strip("_")
+    name = f"leaf{next(_leaf_databases)}_{slug}"[:64]
+    dsn = mariadb_server.create_database(name)
+    mariadb_server.sql(LEAF_DDL, database=name)
+    yield LeafMySQL(mariadb_server, name, dsn)
+    mariadb_server.drop_database(name)
