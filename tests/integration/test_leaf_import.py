@@ -190,7 +190,6 @@ async def test_errors_are_one_line(
         ),
         (["--mysql", "postgresql://x@y/z"], 2, "not a MySQL DSN"),
         (["--mysql", f"mysql://root@127.0.0.1:{server.port}/"], 2, "names no database"),
-        (["--mysql", leaf_mysql.dsn, "--margin", "-1"], 2, "--margin must be 0 or more"),
         (["--mysql", leaf_mysql.dsn, "--tags", ","], 2, "--tags names no tag"),
         ([], 2, "give Leaf's database with --mysql DSN or $LEAF_MYSQL_DSN"),
         # Leaf's side is fine; the dispenser's database was never migrated.
@@ -202,3 +201,8 @@ async def test_errors_are_one_line(
         assert message in err, (args, err)
         assert len(err.strip().splitlines()) == 1, (args, err)  # one line, no traceback
         assert "s3cret-pw" not in err
+    # argparse's own refusal: the usage line, then the reason.
+    with pytest.raises(SystemExit) as exited:
+        main(["import-leaf", "--mysql", leaf_mysql.dsn, "--margin", "-1"])
+    assert exited.value.code == 2
+    assert "argument --margin: must be 0 or more, got -1" in capsys.readouterr().err
