@@ -13,6 +13,7 @@ Fixtures:
     zk_namespace: a registry name no other test uses.
     mariadb_server: one MariaDB (Leaf's MySQL) for the whole session; don't stop it. Tests keep apart
         by using a database of their own (``leaf_mysql``).
+    private_mariadb: a MariaDB of the test's own, to stop, kill and restart (same port and data).
     leaf_mysql: a database of the test's own on it, holding Leaf's ``leaf_alloc`` with Leaf's DDL.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +30,7 @@ import pytest
 from dispenser.testing.servers.kafka import KafkaBroker
 from dispenser.testing.servers.mariadb import MariaDBServer
 from dispenser.testing.servers.zookeeper import ZooKeeperServer
-from tests.conftest import _running
+from tests.conftest import _running, _started
 from tests.integration.leaf_support import LEAF_DDL, LeafMySQL
 
 
@@ -67,9 +69,31 @@ def private_kafka(tmp_path: Path) -> Iterator[KafkaBroker]:
 
 
 @pytest.fixture(scope="session")
-def mariadb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
+def _mariadb_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cleanly stopped, freshly installed data directory that servers copy (~0.1 s) instead of installing one (~5 s)."""
+    base = tmp_path_factory.mktemp("mariadb-template")
+    _started(MariaDBServer(base)).stop()
+    return base / "data"
+
+
+def _mariadb_from(template: Path, base: Path) -> MariaDBServer:
+    # A cold copy of a cleanly stopped server; MariaDBServer gives it to the server's user when it starts.
+    shutil.copytree(template, base / "data", symlinks=True)
+    return MariaDBServer(base)
+
+
+@pytest.fixture(scope="session")
+def mariadb_server(
+    tmp_path_factory: pytest.TempPathFactory, _mariadb_template: Path
+) -> Iterator[MariaDBServer]:
     """A MariaDB shared by the session (Debian's mariadb-server), on a free port of 127.0.0.1."""
-    yield from _running(MariaDBServer(tmp_path_factory.mktemp("mariadb")))
+    yield from _running(_mariadb_from(_mariadb_template, tmp_path_factory.mktemp("mariadb")))
+
+
+@pytest.fixture
+def private_mariadb(tmp_path: Path, _mariadb_template: Path) -> Iterator[MariaDBServer]:
+    """A MariaDB for this test alone: stop, kill or restart it (same port and data) as the test needs."""
+    yield from _running(_mariadb_from(_mariadb_template, tmp_path / "mariadb"))
 
 
 _leaf_databases = itertools.count(1)

@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 
 from dispenser.testing.servers import (
     DevServerError,
+    MariaDBServer,
     NatsServer,
     PostgresServer,
     ServerNotFoundError,
@@ -23,6 +24,7 @@ from dispenser.testing.servers import (
     find_nats_server,
     free_port,
 )
+from dispenser.testing.servers import mariadb as mariadb_module
 from dispenser.testing.servers._process import port_is_free
 
 
@@ -236,3 +238,29 @@ def test_postgres_without_binaries_says_so(tmp_path: Path) -> None:
     """A bin directory without PostgreSQL's programs is reported as ServerNotFoundError, not a crash."""
     with pytest.raises(ServerNotFoundError, match="lacks an executable postgres"):
         PostgresServer(tmp_path / "pgdata", bindir=tmp_path).start()
+
+
+@pytest.mark.mariadb
+def test_mariadb_restarts_on_the_same_port_with_its_data(private_mariadb: MariaDBServer) -> None:
+    """Stopped by its PID (the port freed, the process gone), started again on the same port and data; a kill too."""
+    private_mariadb.create_database("kept")
+    private_mariadb.sql("CREATE TABLE t (i int) ENGINE=InnoDB; INSERT INTO t VALUES (1)", database="kept")
+    port, pid = private_mariadb.port, private_mariadb.pid
+    assert pid is not None
+    private_mariadb.stop()
+    assert private_mariadb.pid is None
+    assert port_is_free(port)
+    assert not Path(f"/proc/{pid}").exists()
+    private_mariadb.start()
+    assert private_mariadb.port == port
+    private_mariadb.sql("INSERT INTO t VALUES (2)", database="kept")
+    private_mariadb.kill()  # a crash: InnoDB recovers what was committed
+    private_mariadb.start()
+    assert private_mariadb.sql("SELECT i FROM t ORDER BY i", database="kept").split() == ["1", "2"]
+
+
+def test_missing_mariadb_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(mariadb_module, "_SEARCH", ())
+    with pytest.raises(ServerNotFoundError, match="apt-get install mariadb-server"):
+        MariaDBServer(tmp_path / "mariadb").start()
