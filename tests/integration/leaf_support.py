@@ -42,8 +42,14 @@ class LeafMySQL:
 
     def add(self, tag: str, step: int, max_id: int = 1, description: str = "") -> None:
         """A row as Leaf's operators add one (Leaf's README: ``insert into leaf_alloc(…)``)."""
+        self.add_row(tag, step, max_id, description)
+
+    def add_row(
+        self, tag: str, step: int, max_id: int, description: str, column: str = "description"
+    ) -> None:
+        """A row, with the description in ``column`` (```desc``` in Leaf's first DDL)."""
         self.sql(
-            "insert into leaf_alloc(biz_tag, max_id, step, description) "
+            f"insert into leaf_alloc(biz_tag, max_id, step, `{column}`) "
             f"values({_quote(tag)}, {max_id}, {step}, {_quote(description)})"
         )
 

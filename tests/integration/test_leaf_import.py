@@ -8,9 +8,12 @@ each tag must lie above every ID those segments hold, by the margin the import p
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 
 import pytest
 
+from dispenser.adapters.mysql.leaf import LeafDatabaseError, read_leaf_alloc
 from dispenser.cli import main
 from dispenser.core.leaf_import import LEAF_MAX_STEP
 from dispenser.testing.servers import free_port
@@ -206,3 +209,23 @@ async def test_errors_are_one_line(
         main(["import-leaf", "--mysql", leaf_mysql.dsn, "--margin", "-1"])
     assert exited.value.code == 2
     assert "argument --margin: must be 0 or more, got -1" in capsys.readouterr().err
+
+
+async def test_leafs_first_ddl_with_desc_is_read_too(
+    leaf_mysql: LeafMySQL, dispenser_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first published DDL named the description column `desc` (Leaf's 2017 article)."""
+    leaf_mysql.sql("ALTER TABLE leaf_alloc CHANGE description `desc` varchar(256) DEFAULT NULL")
+    leaf_mysql.add_row("order", 100, 7, "orders", column="desc")
+    assert await run(["import-leaf", "--mysql", leaf_mysql.dsn, "--margin", "0"]) == 0
+    assert await tag_rows(dispenser_db) == {"order": (7, 100, "orders")}
+
+
+async def test_a_mysql_that_never_answers_times_out() -> None:
+    """A port that accepts connections and says nothing (a hung server, a black-holing proxy)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(LeafDatabaseError, match=f"at 127.0.0.1:{port} did not answer within 0.5 s"):
+            await read_leaf_alloc(f"mysql://root@127.0.0.1:{port}/leaf", timeout=0.5)
+        assert time.monotonic() - started < 5

@@ -95,8 +95,10 @@ def parse_mysql_dsn(dsn: str) -> MySQLTarget:
     )
 
 
-def _describe(exc: BaseException, target: MySQLTarget) -> str:
+def _describe(exc: BaseException, target: MySQLTarget, timeout: float) -> str:
     """One sentence for a driver error (``exc.args`` is ``(errno, message)`` for PyMySQL's errors)."""
+    if isinstance(exc, TimeoutError):
+        return f"Leaf's MySQL at {target.host}:{target.port} did not answer within {timeout:g} s"
     errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
     detail = str(exc.args[1]) if len(exc.args) > 1 else str(exc) or type(exc).__name__
     if errno in (_ACCESS_DENIED, _NO_DATABASE_ACCESS):
@@ -107,20 +109,20 @@ def _describe(exc: BaseException, target: MySQLTarget) -> str:
         return f"no table {LEAF_TABLE} in {target.where}: is this Leaf's database?"
     if errno == _TABLE_ACCESS_DENIED:
         return f"user {target.user!r} may not read {LEAF_TABLE} in {target.where}: {detail}"
-    if errno == _CANNOT_CONNECT or isinstance(exc, OSError | TimeoutError):
+    if errno == _CANNOT_CONNECT or isinstance(exc, OSError):
         return f"cannot reach Leaf's MySQL at {target.host}:{target.port}: {detail.splitlines()[0]}"
     return f"reading {LEAF_TABLE} from {target.where} failed: {detail}"
 
 
 @contextlib.asynccontextmanager
-async def _errors(target: MySQLTarget) -> AsyncIterator[None]:
+async def _errors(target: MySQLTarget, timeout: float) -> AsyncIterator[None]:
     secret = target.password
     try:
         yield
     except LeafDatabaseError:
         raise
     except (aiomysql.Error, OSError, TimeoutError) as exc:
-        message = _describe(exc, target)
+        message = _describe(exc, target, timeout)
         if secret:
             message = message.replace(secret, "***")
         raise LeafDatabaseError(message) from None
@@ -164,7 +166,7 @@ async def read_leaf_alloc(
     target = parse_mysql_dsn(dsn)
     if aiomysql is None:
         raise ImportError("reading Leaf's MySQL needs aiomysql: pip install 'leaf-dispenser[leaf-import]'")
-    async with _errors(target):
+    async with _errors(target, timeout):
         conn = await _connect(target, timeout)
         try:
             async with asyncio.timeout(timeout):
