@@ -30,3 +30,7 @@ SECRETS["check_postgres_password"] = "pg-Check-7c1d0e93b5a2-secret"
 # Kafka SASL/SCRAM over TLS (tests/integration/test_kafka_security.py)
 SECRETS["kafka_scram_password"] = "kafka-Scram-4d71b0e9c2a6-secret"
 SECRETS["kafka_wrong_password"] = "kafka-Wrong-b83f05d2e917-secret"
+
+# Leaf's MySQL (MariaDB) user for `dispenser import-leaf` (tests/integration/test_leaf_import.py)
+SECRETS["leaf_mysql_password"] = "my-Leaf-6a0e93c1d7b4-secret"
+SECRETS["leaf_mysql_wrong_password"] = "my-Wrong-2c8f51e0a9d3-secret"

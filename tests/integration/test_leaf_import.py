@@ -18,6 +18,7 @@ from dispenser.cli import main
 from dispenser.core.leaf_import import LEAF_MAX_STEP
 from dispenser.testing.servers import free_port
 from tests.integration.leaf_support import LEAF_SAMPLE_ROW, LeafMySQL
+from tests.secret_values import SECRETS
 
 pytestmark = [pytest.mark.postgres, pytest.mark.mariadb]
 
@@ -178,6 +179,15 @@ async def test_errors_are_one_line(
     monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
     server = leaf_mysql.server
     closed = free_port()
+    # A reader of Leaf's table as a migration would use: SELECT on it, nothing else.
+    user, password, wrong = "leafreader", SECRETS["leaf_mysql_password"], SECRETS["leaf_mysql_wrong_password"]
+    server.sql(
+        f"CREATE OR REPLACE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}';"
+        f"GRANT SELECT ON `{leaf_mysql.database}`.leaf_alloc TO '{user}'@'127.0.0.1'"
+    )
+    reader = server.dsn_for(leaf_mysql.database, user=user, password=password)
+    assert await run(["import-leaf", "--mysql", reader, "--dry-run"]) == 1  # read fine; PostgreSQL unmigrated
+    assert "run `dispenser migrate` first" in capsys.readouterr().err
     cases = [
         (
             ["--mysql", f"mysql://root@127.0.0.1:{closed}/leaf"],
@@ -187,9 +197,9 @@ async def test_errors_are_one_line(
         (["--mysql", server.dsn_for("nosuchdb")], 1, "has no database 'nosuchdb'"),
         (["--mysql", server.dsn_for("mysql")], 1, f"no table leaf_alloc in 127.0.0.1:{server.port}/mysql"),
         (
-            ["--mysql", server.dsn_for(leaf_mysql.database, user="leaf", password="s3cret-pw")],
+            ["--mysql", server.dsn_for(leaf_mysql.database, user=user, password=wrong)],
             1,
-            "refused user 'leaf'",
+            f"refused user {user!r}",
         ),
         (["--mysql", "postgresql://x@y/z"], 2, "not a MySQL DSN"),
         (["--mysql", f"mysql://root@127.0.0.1:{server.port}/"], 2, "names no database"),
@@ -203,7 +213,7 @@ async def test_errors_are_one_line(
         err = capsys.readouterr().err
         assert message in err, (args, err)
         assert len(err.strip().splitlines()) == 1, (args, err)  # one line, no traceback
-        assert "s3cret-pw" not in err
+        assert wrong not in err
     # argparse's own refusal: the usage line, then the reason.
     with pytest.raises(SystemExit) as exited:
         main(["import-leaf", "--mysql", leaf_mysql.dsn, "--margin", "-1"])
