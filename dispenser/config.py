@@ -102,7 +102,10 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     worker_id: int = 0
     """The worker ID in ``static`` mode."""
     name: str = "leaf"
-    """Registry namespace: ZooKeeper nodes live under ``/leaf/snowflake/<name>/``."""
+    """Registry namespace: ZooKeeper nodes live under ``<zookeeper_root>/<name>/``."""
+    zookeeper_root: Annotated[str, Meta(pattern=r"^(/[^/\s]+)+$")] = "/leaf/snowflake"
+    """Parent of the ZooKeeper registry namespaces. Leaf's is ``/snowflake``: with it, ``zookeeper`` mode
+    shares Leaf's ``/snowflake/<name>/forever`` nodes (see docs/migrating-from-leaf.md)."""
     address: str | None = None
     """This worker's address in the registry (``zookeeper``/``postgres`` modes key the worker ID by it).
     Unset: ``<host name>:<random>``, made on the first start and kept in ``state_dir``, so that a restart

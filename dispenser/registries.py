@@ -20,7 +20,7 @@ from dispenser.adapters.local.statefile import (
     state_file_path,
 )
 from dispenser.config import PostgresConfig, SnowflakeConfig
-from dispenser.core.errors import CoordinatorUnavailable, LeaseLost
+from dispenser.core.errors import CoordinatorUnavailable, InvalidLayout, LeaseLost
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.ports import Clock, WorkerLease, WorkerRegistry
 
@@ -58,10 +58,54 @@ def default_address() -> str:
     return f"{ip}:{os.getpid()}"
 
 
+LEAF_ROOT = "/snowflake"
+"""Leaf's ZooKeeper root (``SnowflakeZookeeperHolder``: ``"/snowflake/" + leaf.name``, not configurable)."""
+
+LEAF_LAYOUT = (41, 10, 12)
+"""Leaf's timestamp, worker and sequence bits (``SnowflakeIDGenImpl``), with no datacenter field."""
+
+
+def check_leaf_sharing(config: SnowflakeConfig, address: str) -> None:
+    """With Leaf's own root, refuse what would let a Leaf server and this worker issue the same IDs, or break Leaf.
+
+    Sharing ``/snowflake/<name>/forever`` keeps worker IDs apart only if both number the same field: Leaf's
+    layout. Only ``zookeeper`` mode takes Leaf's sequence numbers; digest credentials would restrict
+    Leaf's nodes to our identity; and Leaf reads every node name with ``split("-")``, so an address with
+    a ``-`` would make Leaf's start fail (docs/migrating-from-leaf.md).
+
+    Raises:
+        InvalidLayout: the layout, mode, credentials or address cannot share Leaf's registry.
+    """
+    if config.mode not in ("zookeeper", "zookeeper-lease") or config.zookeeper_root != LEAF_ROOT:
+        return
+    why = f"snowflake.zookeeper_root = {LEAF_ROOT!r} shares Leaf's registry, which needs"
+    bits = (config.timestamp_bits, config.worker_bits, config.sequence_bits)
+    if config.mode != "zookeeper":
+        raise InvalidLayout(f"{why} mode 'zookeeper' (Leaf's scheme), not {config.mode!r}")
+    if bits != LEAF_LAYOUT or config.datacenter_bits:
+        raise InvalidLayout(
+            f"{why} Leaf's layout 41 + 10 + 12 bits without a datacenter field (worker IDs keep IDs apart "
+            f"only in the same field), not {config.timestamp_bits} + {config.datacenter_bits} + "
+            f"{config.worker_bits} + {config.sequence_bits}"
+        )
+    if config.zookeeper_auth is not None:
+        raise InvalidLayout(f"{why} open nodes: zookeeper_auth would lock Leaf's servers out of them")
+    if "-" in address:
+        raise InvalidLayout(
+            f"{why} an address without '-' (Leaf splits every node name at '-'), not {address!r}: "
+            'set snowflake.address = "ip:port"'
+        )
+
+
 def open_registry(
     config: SnowflakeConfig, postgres: PostgresConfig, layout: SnowflakeLayout, address: str, clock: Clock
 ) -> WorkerRegistry:
-    """The registry of the configured mode (not yet registered)."""
+    """The registry of the configured mode (not yet registered).
+
+    Raises:
+        InvalidLayout: the configuration cannot share Leaf's registry (see :func:`check_leaf_sharing`).
+    """
+    check_leaf_sharing(config, address)
     max_worker_id = layout.max_worker_id
     if config.mode in ("zookeeper", "zookeeper-lease"):
         # kazoo only when used
@@ -80,6 +124,7 @@ def open_registry(
             clock=clock,
             auth=config.zookeeper_auth,
             world_read=config.zookeeper_world_read,
+            root=config.zookeeper_root,
             # Each datacenter numbers its workers in its own namespace (one ensemble spanning them).
             datacenter=config.datacenter_id if layout.datacenter_bits else None,
         )

@@ -4,8 +4,8 @@ Leaf (Curator) creates, per server address, a persistent sequential node ``/snow
 <ip>:<port>-<10-digit sequence>`` with the JSON of its ``Endpoint`` (``ip``, ``port`` as a string,
 ``timestamp``); the sequence number is the worker ID. At start it reads every child of ``forever`` with
 ``key.split("-")`` and ``Integer.parseInt(nodeKey[1])``. These tests hold the adapter to that layout, with
-its root pointed at Leaf's (``root="/snowflake"``): the dispenser's workers take the next sequence numbers,
-never one a Leaf server holds, and write nodes Leaf's own start-up can read.
+its root pointed at Leaf's (``snowflake.zookeeper_root = "/snowflake"``): the dispenser's workers take the
+next sequence numbers, never one a Leaf server holds, and write nodes Leaf's own start-up can read.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ from contextlib import AsyncExitStack
 import pytest
 
 from dispenser.adapters.zookeeper.registry import ZooKeeperRegistry
+from dispenser.config import PostgresConfig, SnowflakeConfig
+from dispenser.core.errors import InvalidLayout
+from dispenser.ports import SystemClock, WorkerRegistry
+from dispenser.registries import LEAF_ROOT, layout_of, open_registry
 from dispenser.testing.servers.zookeeper import ZooKeeperServer
 from tests.integration.zk_support import off_loop, plain_client
 
 pytestmark = pytest.mark.zookeeper
-
-LEAF_ROOT = "/snowflake"  # SnowflakeZookeeperHolder: prefixZkPath = "/snowflake/" + snowflakeName
 
 
 @pytest.fixture
@@ -32,18 +34,21 @@ async def stack() -> AsyncIterator[AsyncExitStack]:
         yield s
 
 
-def in_leafs_tree(hosts: str, name: str, address: str, stack: AsyncExitStack) -> ZooKeeperRegistry:
-    """The dispenser's `zookeeper` registry with its root at Leaf's (short timeouts: the test server's)."""
-    registry = ZooKeeperRegistry(
-        hosts,
-        name,
-        address,
-        max_worker_id=1023,
-        root=LEAF_ROOT,
-        session_timeout=2.0,
-        connect_timeout=2.0,
-        op_timeout=1.0,
+def in_leafs_tree(hosts: str, name: str, address: str, stack: AsyncExitStack) -> WorkerRegistry:
+    """The registry a worker configured with ``snowflake.zookeeper_root = "/snowflake"`` opens."""
+    config = SnowflakeConfig(
+        enabled=True,
+        mode="zookeeper",
+        name=name,
+        address=address,
+        zookeeper_hosts=hosts,
+        zookeeper_root=LEAF_ROOT,
+        # The test server's sessions: short timeouts keep the test quick.
+        zookeeper_session_timeout=2.0,
+        zookeeper_connect_timeout=2.0,
+        zookeeper_op_timeout=1.0,
     )
+    registry = open_registry(config, PostgresConfig(), layout_of(config), address, SystemClock())
     stack.push_async_callback(registry.close)
     return registry
 
@@ -106,14 +111,27 @@ async def test_dispenser_workers_take_the_next_ids_beside_leafs_and_leaf_can_rea
         assert sorted(ids.values()) == [0, 1, 2, 3]  # four workers, four IDs
 
 
-async def test_an_address_with_a_dash_breaks_leafs_start(
+async def test_an_address_with_a_dash_would_break_leafs_start_so_it_is_refused(
     zookeeper_server: ZooKeeperServer, zk_namespace: str, stack: AsyncExitStack
 ) -> None:
     """Why shared workers need ``snowflake.address = "ip:port"``: an identity like ``web-1:3fa2c0de`` is not Leaf-readable."""
-    registry = in_leafs_tree(zookeeper_server.hosts, zk_namespace, "web-1:3fa2c0de", stack)
+    registry = ZooKeeperRegistry(  # the adapter alone would register it…
+        zookeeper_server.hosts,
+        zk_namespace,
+        "web-1:3fa2c0de",
+        max_worker_id=1023,
+        root=LEAF_ROOT,
+        session_timeout=2.0,
+        connect_timeout=2.0,
+        op_timeout=1.0,
+    )
+    stack.push_async_callback(registry.close)
     await registry.register()
     async with plain_client(zookeeper_server.hosts) as leaf:
         children = await off_loop(leaf.get_children, f"{LEAF_ROOT}/{zk_namespace}/forever")
     assert children == ["web-1:3fa2c0de-0000000000"]
-    with pytest.raises(ValueError, match="not a number: 1:3fa2c0de"):
+    with pytest.raises(ValueError, match="not a number: 1:3fa2c0de"):  # …and Leaf's next start would fail
         leaf_reads_worker_ids(children)
+    # …so a worker configured to share Leaf's registry refuses to start with it.
+    with pytest.raises(InvalidLayout, match="an address without '-'"):
+        in_leafs_tree(zookeeper_server.hosts, zk_namespace, "web-2:77aa00ff", stack)
