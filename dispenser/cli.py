@@ -440,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if args.command == "get" and module == "aiokafka":  # a client over Kafka needs no worker
             extra = "kafka"
+        if args.command == "import-leaf":  # the MySQL driver and PostgreSQL's, in one extra
+            extra = "leaf-import"
         # A client-only install (pip install leaf-dispenser) has no worker drivers: say what to install.
         print(
             f"dispenser {args.command}: {missing.name} is not installed (it comes with the [{extra}] "
