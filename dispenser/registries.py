@@ -138,6 +138,24 @@ def open_registry(
     return StaticRegistry(config.worker_id, max_worker_id=max_worker_id)
 
 
+_DEFAULT_ZOOKEEPER_ROOT = "/leaf/snowflake"
+
+
+def cache_namespace(config: SnowflakeConfig, layout: SnowflakeLayout) -> str:
+    """What a cached worker ID belongs to: the registry's name, root and datacenter.
+
+    A cache written under another root (Leaf's ``/snowflake`` shared, say) or another datacenter holds an
+    ID from another numbering: starting from it while the registry is down could take a live worker's ID.
+    The default root without datacenter bits keeps the bare name, as caches written before both existed.
+    """
+    namespace = config.name
+    if config.mode in ("zookeeper", "zookeeper-lease") and config.zookeeper_root != _DEFAULT_ZOOKEEPER_ROOT:
+        namespace += f"@{config.zookeeper_root}"
+    if layout.datacenter_bits:
+        namespace += f"/dc-{config.datacenter_id}"
+    return namespace
+
+
 @dataclass
 class SnowflakeRegistration:
     """A registered worker: its layout, registry, lease and how to record its high-water mark."""
@@ -148,6 +166,7 @@ class SnowflakeRegistration:
     cache: LocalStateFile
     mode: RegistryMode
     name: str
+    """The namespace the worker ID belongs to (:func:`cache_namespace`), recorded with it in the cache."""
     from_cache: bool
     """True when the registry could not be reached and the worker ID came from the local cache."""
     identity: WorkerIdentity | None = None
@@ -350,7 +369,8 @@ async def _register(
     owner = address if config.address or config.mode != "static" else f"worker-{config.worker_id}"
     cache = LocalStateFile(state_file_path(directory, config.name, owner))
     cached = cache.load()
-    if cached is not None and not cached.matches(config.mode, config.name):
+    namespace = cache_namespace(config, layout)
+    if cached is not None and not cached.matches(config.mode, namespace):
         cached = None
     registry = open_registry(config, postgres, layout, address, clock)
     from_cache = False
@@ -379,7 +399,7 @@ async def _register(
         lease,
         cache,
         config.mode,
-        config.name,
+        namespace,
         from_cache,
         identity=identity,
         registry_wait=min(0.5, config.report_interval / 2),

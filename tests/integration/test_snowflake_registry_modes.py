@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import asyncpg
+import msgspec
 import pytest
 
 from dispenser.config import Config
@@ -153,6 +154,31 @@ async def test_zookeeper_down_at_start_uses_the_local_cache(
             issued += await take(nc, subject("a"), 1000, "ranges")
             assert worker_id_of(worker) == worker_id
     assert_disjoint_increasing(issued)
+
+
+@pytest.mark.zookeeper
+async def test_a_cache_from_another_root_is_no_evidence(
+    private_nats: NatsServer, private_zookeeper: ZooKeeperServer, tmp_path: Path, zk_namespace: str
+) -> None:
+    """ZooKeeper down at start, and the cache holds an ID of another root's numbering: refuse, not reuse it.
+
+    Moving a worker to another registry root (Leaf's ``/snowflake``, shared) while ZooKeeper is down must not
+    start it from the old root's worker ID, which the new root may have given to a live worker.
+    """
+    config = zk_config(
+        private_nats, tmp_path, zk_namespace, private_zookeeper.hosts, address=ADDRESS_A, prefix="a"
+    )
+    async with running_worker(config):
+        pass  # registered under the default root: the cache now holds its worker ID
+    await asyncio.to_thread(private_zookeeper.stop)
+    moved = msgspec.structs.replace(
+        config, snowflake=msgspec.structs.replace(config.snowflake, zookeeper_root="/elsewhere/snowflake")
+    )
+    error = await refused(moved)
+    assert isinstance(error, CoordinatorUnavailable)
+    async with running_worker(config) as worker:  # the same root still starts from its cache
+        assert worker.registration is not None
+        assert worker.registration.from_cache
 
 
 async def test_zookeeper_down_at_start_without_cache_refuses(
