@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from dispenser.adapters.postgres.pool import lend
 from dispenser.core.errors import DispenserError
 
 __all__ = ["HEARTBEAT_INTERVAL", "beat"]
@@ -32,5 +33,5 @@ async def beat(ready: Callable[[], Awaitable[asyncpg.Pool[asyncpg.Record]]], tim
             asyncpg.InternalClientError,
             OSError,
         ):
-            async with (await ready()).acquire(timeout=timeout) as conn:
+            async with lend(await ready(), timeout) as conn:
                 await conn.execute("SELECT 1")

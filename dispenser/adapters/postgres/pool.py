@@ -6,15 +6,17 @@ one line.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import asyncpg
 
 from dispenser.adapters.postgres.errors import invalid_settings, map_store_errors
+from dispenser.adapters.postgres.hosts import connect_to_primary
 
-__all__ = ["Pooled", "open_pool"]
+__all__ = ["Pooled", "lend", "open_pool"]
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -84,6 +86,9 @@ async def open_pool(
                 timeout=connect_timeout,
                 reset=_keep_session,
                 init=init,
+                # Every host of a multi-host DSN at once, so a hung one cannot hide the primary (hosts.py).
+                # (cast: the stubs want every keyword of asyncpg.connect spelled out; they are passed on.)
+                connect=cast(Any, connect_to_primary),
                 server_settings={"application_name": application_name},
             )
             return pool
@@ -91,3 +96,25 @@ async def open_pool(
             if isinstance(exc, OSError):
                 raise  # a TLS failure (e.g. certificate verify failed): unavailable, as at run time
             raise invalid_settings(exc, where, secrets) from None
+
+
+@contextlib.asynccontextmanager
+async def lend(pool: asyncpg.Pool[asyncpg.Record], timeout: float | None) -> AsyncIterator[Pooled]:
+    """A connection of ``pool`` for the block; dropped at once if the server stops answering meanwhile.
+
+    A statement that timed out (``command_timeout``) or lost its socket leaves its connection in doubt: a
+    plain release would wait for the server to acknowledge the cancellation, which a hung server never
+    does. The connection is terminated instead, and the pool's other connections, most likely to the same
+    server, are replaced at their next use, so the next statement opens a connection to whichever host is
+    the primary now rather than hanging on the same host again.
+
+    Raises:
+        TimeoutError: no connection within ``timeout`` (asyncpg's acquire).
+    """
+    async with pool.acquire(timeout=timeout) as conn:
+        try:
+            yield conn
+        except OSError:  # TimeoutError included
+            conn.terminate()
+            await pool.expire_connections()
+            raise

@@ -28,7 +28,7 @@ from dispenser.adapters.postgres import peaks as peak_rows
 from dispenser.adapters.postgres import tags as tag_rows
 from dispenser.adapters.postgres.errors import dsn_secrets, host_count, map_store_errors, misconfigured
 from dispenser.adapters.postgres.heartbeat import beat
-from dispenser.adapters.postgres.pool import open_pool
+from dispenser.adapters.postgres.pool import lend, open_pool
 from dispenser.adapters.postgres.primary import PrimaryWatch
 from dispenser.adapters.postgres.replication import Replication, read_replication
 from dispenser.core.errors import StoreUnavailable, UnknownTag
@@ -223,7 +223,7 @@ class PostgresSegmentStore:
             check_step(step)
         with self._errors(f"fetching the next segment of {tag!r}"):
             try:
-                async with (await self._ready()).acquire(timeout=self._timeout) as conn:
+                async with lend(await self._ready(), self._timeout) as conn:
                     row = await conn.fetchrow(_NEXT_SEGMENT, tag, step)
             except asyncpg.NumericValueOutOfRangeError:
                 raise no_room(tag, step) from None
@@ -240,7 +240,7 @@ class PostgresSegmentStore:
             StoreUnavailable: PostgreSQL could not be reached (or no primary is among the DSN's hosts).
         """
         with self._errors("reading the replication state"):
-            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
+            async with lend(await self._ready(), self._timeout) as conn:
                 return await read_replication(conn)
 
     async def list_tags(self) -> list[TagInfo]:
@@ -250,7 +250,7 @@ class PostgresSegmentStore:
             StoreUnavailable: PostgreSQL could not be reached.
         """
         with self._errors("listing tags"):
-            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
+            async with lend(await self._ready(), self._timeout) as conn:
                 return await tag_rows.list_tags(conn)
 
     async def add_tag(self, tag: str, step: int, start: int = 1, description: str = "") -> TagInfo:
@@ -264,7 +264,7 @@ class PostgresSegmentStore:
         """
         check_new_tag(tag, step, start, description)
         with self._errors(f"adding tag {tag!r}"):
-            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
+            async with lend(await self._ready(), self._timeout) as conn:
                 return await tag_rows.add_tag(conn, tag, step, start, description)
 
     async def set_step(self, tag: str, step: int) -> TagInfo:
@@ -277,7 +277,7 @@ class PostgresSegmentStore:
         """
         check_step(step)
         with self._errors(f"setting the step of {tag!r}"):
-            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
+            async with lend(await self._ready(), self._timeout) as conn:
                 info = await tag_rows.set_step(conn, tag, step)
         if info is None:
             raise UnknownTag(tag)
@@ -291,7 +291,7 @@ class PostgresSegmentStore:
             StoreUnavailable: PostgreSQL could not be reached.
         """
         with self._errors(f"removing tag {tag!r}"):
-            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
+            async with lend(await self._ready(), self._timeout) as conn:
                 removed = await tag_rows.remove_tag(conn, tag)
         if not removed:
             raise UnknownTag(tag)
@@ -308,7 +308,7 @@ class PostgresSegmentStore:
             StoreUnavailable: PostgreSQL could not be reached or did not answer in time.
         """
         with self._errors(action):
-            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
+            async with lend(await self._ready(), self._timeout) as conn:
                 return await conn.fetchrow(query, *args)
 
     async def __aenter__(self) -> PostgresSegmentStore:
@@ -324,7 +324,7 @@ class PostgresSegmentStore:
             StoreUnavailable: PostgreSQL could not be reached.
         """
         with self._errors("saving the rate peaks"):
-            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
+            async with lend(await self._ready(), self._timeout) as conn:
                 await peak_rows.save_peaks(conn, kind, peaks)
 
     async def load_peaks(self, kind: Kind) -> dict[str, tuple[float, float]]:
@@ -334,7 +334,7 @@ class PostgresSegmentStore:
             StoreUnavailable: PostgreSQL could not be reached.
         """
         with self._errors("loading the rate peaks"):
-            async with (await self._ready()).acquire(timeout=self._timeout) as conn:
+            async with lend(await self._ready(), self._timeout) as conn:
                 return await peak_rows.load_peaks(conn, kind)
 
     async def close(self) -> None:

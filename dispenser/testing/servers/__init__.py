@@ -13,6 +13,8 @@ from dispenser.testing.servers._process import (
     ServerNotFoundError,
     ServerStartError,
     free_port,
+    frozen,
+    process_tree,
 )
 from dispenser.testing.servers.kafka import KafkaBroker, fetch_kafka_jars
 from dispenser.testing.servers.kafka_cluster import KafkaCluster
@@ -47,4 +49,6 @@ __all__ = [
     "find_nats_server",
     "find_postgres_installs",
     "free_port",
+    "frozen",
+    "process_tree",
 ]

@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 __all__ = [
@@ -17,6 +17,8 @@ __all__ = [
     "ServerNotFoundError",
     "ServerStartError",
     "free_port",
+    "frozen",
+    "process_tree",
 ]
 
 LOOPBACK = "127.0.0.1"
@@ -300,3 +302,37 @@ def kill_processes(processes: Iterable[ProcessId]) -> None:
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         finally:
             os.close(pidfd)
+
+
+def process_tree(pid: int) -> list[int]:
+    """Return ``pid`` and every process descended from it (Linux ``/proc``), parents first."""
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(node := todo.pop(0))
+        todo += [child for child, _start in children_of(node)]
+    return tree
+
+
+@contextlib.contextmanager
+def frozen(*pids: int) -> Iterator[list[int]]:
+    """Stop each of ``pids`` and all their descendants dead (SIGSTOP) inside the block; SIGCONT afterwards.
+
+    What a hung host looks like to its clients: the kernel still accepts TCP connections (the listen
+    backlog) and acknowledges data, but nothing ever answers. The processes are resumed even when the block
+    raises. Yields the PIDs stopped.
+    """
+    # Each parent is stopped before its children are listed, so that none it forks meanwhile escapes.
+    stopped: list[int] = []
+    try:
+        todo = list(pids)
+        while todo:
+            member = todo.pop(0)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member, signal.SIGSTOP)
+                stopped.append(member)
+                todo += [child for child, _start in children_of(member)]
+        yield stopped
+    finally:
+        for member in reversed(stopped):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member, signal.SIGCONT)

@@ -1,0 +1,161 @@
+"""Finding the primary among a multi-host DSN's hosts: every host tried at once, the first primary wins.
+
+asyncpg tries a DSN's hosts one after the other under one shared timeout, so a host that accepts TCP but
+never answers (a frozen VM, a partition, a stopped postmaster) eats the whole timeout on every connection
+attempt, and a failover to the next host is never seen. Here each host has its own attempt, all started
+together, each under the connect timeout: the first to answer as a primary wins and the others are dropped.
+A host that answers as a standby (or refuses, or is starting up) is asked again every
+:data:`RETRY_INTERVAL` seconds within the same timeout, so a standby promoted meanwhile is found within that
+interval (docs/ha.md, "A hung primary").
+
+Only DSNs that name two or more hosts and ask for a primary (``target_session_attrs=read-write`` or
+``primary``) are handled here; anything else goes to ``asyncpg.connect`` unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import ssl
+import urllib.parse
+from typing import Any
+
+import asyncpg
+
+__all__ = ["RETRY_INTERVAL", "connect_to_primary", "dsn_hosts"]
+
+RETRY_INTERVAL = 0.25
+"""Seconds between two attempts on a host that answered but cannot serve (a standby, refused, starting)."""
+
+_PRIMARY = ("read-write", "primary")
+
+# Worth asking again within the timeout: the host may become the primary (a standby being promoted, a
+# server restarting, a route coming back). A TLS failure (an OSError too) or a wrong password will not fix
+# itself.
+_TRANSIENT = (asyncpg.TargetServerAttributeNotMatched, asyncpg.CannotConnectNowError, OSError)
+
+
+def _transient(error: BaseException | None) -> bool:
+    return isinstance(error, _TRANSIENT) and not isinstance(error, ssl.SSLError)
+
+
+def dsn_hosts(dsn: str) -> list[tuple[str, int | None]]:
+    """The ``(host, port)`` pairs a URI DSN names in its authority, in order (port None: the default).
+
+    Follows asyncpg's parser: hosts separated by commas, IPv6 addresses in brackets, percent-decoded.
+    Hosts given as a ``host=`` query parameter are not listed (asyncpg's own order then applies).
+    """
+    with contextlib.suppress(ValueError):
+        hostlist = urllib.parse.urlsplit(dsn).netloc.rpartition("@")[2]
+        found: list[tuple[str, int | None]] = []
+        for spec in hostlist.split(","):
+            if not spec:
+                continue
+            if spec.startswith("["):
+                host, _, rest = spec[1:].partition("]")
+                port = rest.removeprefix(":")
+            else:
+                host, _, port = spec.partition(":")
+            port = urllib.parse.unquote(port)
+            found.append((urllib.parse.unquote(host), int(port) if port.isdigit() else None))
+        return found
+    return []
+
+
+def _wants_primary(dsn: str) -> bool:
+    with contextlib.suppress(ValueError):
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(dsn).query))
+        wanted = query.get("target_session_attrs") or os.environ.get("PGTARGETSESSIONATTRS", "")
+        return wanted in _PRIMARY
+    return False
+
+
+def _name(host: str, port: int | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port is None else f"{shown}:{port}"
+
+
+async def connect_to_primary(dsn: str, *, timeout: float, **kwargs: Any) -> asyncpg.Connection[Any]:
+    """Connect to the primary among ``dsn``'s hosts, trying every host at once (asyncpg's ``connect``).
+
+    The pool's ``connect`` callback: ``kwargs`` are what the pool passes on to ``asyncpg.connect``.
+
+    Raises:
+        TimeoutError: no host answered within ``timeout``.
+        asyncpg.TargetServerAttributeNotMatched: no host was a primary within ``timeout``; the message
+            says what each host did.
+        Exception: a host's own error (a wrong password, a certificate not trusted) when no host was a
+            primary and that error will not fix itself.
+    """
+    hosts = dsn_hosts(dsn)
+    if len(hosts) < 2 or not _wants_primary(dsn):
+        plain: asyncpg.Connection[Any] = await asyncpg.connect(dsn, timeout=timeout, **kwargs)
+        return plain
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+
+    async def attempt(host: str, port: int | None) -> asyncpg.Connection[Any]:
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            try:
+                conn: asyncpg.Connection[Any] = await asyncpg.connect(
+                    dsn, host=host, port=port, timeout=left, **kwargs
+                )
+            except _TRANSIENT as exc:
+                if not _transient(exc) or deadline - loop.time() <= RETRY_INTERVAL:
+                    raise
+            else:
+                return conn
+            await asyncio.sleep(RETRY_INTERVAL)
+
+    tasks = [
+        asyncio.create_task(attempt(host, port), name=f"connect {_name(host, port)}") for host, port in hosts
+    ]
+    winner: asyncpg.Connection[Any] | None = None
+    try:
+        pending: set[asyncio.Task[asyncpg.Connection[Any]]] = set(tasks)
+        while pending and winner is None:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # In the DSN's order, so that two primaries answering together (a zombie and its successor,
+            # both fenced by strict sync anyway) resolve the way asyncpg would.
+            winner = next((t.result() for t in tasks if t.done() and t.exception() is None), None)
+        if winner is not None:
+            return winner
+        raise _no_primary(hosts, tasks, timeout)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            # A host that won too (the race was lost by a hair): drop its connection, without waiting.
+            if not task.cancelled() and task.exception() is None and task.result() is not winner:
+                task.result().terminate()
+
+
+def _no_primary(
+    hosts: list[tuple[str, int | None]], tasks: list[asyncio.Task[asyncpg.Connection[Any]]], timeout: float
+) -> BaseException:
+    errors = [task.exception() for task in tasks]
+    for error in errors:
+        if error is not None and not _transient(error):
+            return error  # a wrong password or certificate: say so, do not make it look like an outage
+    if all(isinstance(error, TimeoutError) for error in errors):
+        return TimeoutError()
+    said = "; ".join(
+        f"{_name(host, port)}: {_what(error, timeout)}"
+        for (host, port), error in zip(hosts, errors, strict=True)
+    )
+    return asyncpg.TargetServerAttributeNotMatched(said)
+
+
+def _what(error: BaseException | None, timeout: float) -> str:
+    if isinstance(error, asyncpg.TargetServerAttributeNotMatched):
+        return "a standby"
+    if isinstance(error, TimeoutError):
+        return f"no answer within {timeout} s"
+    if isinstance(error, ConnectionRefusedError):
+        return "refused"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
