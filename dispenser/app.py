@@ -229,6 +229,7 @@ class Worker:
                 min_size=pg.pool_min,
                 max_size=pg.pool_max,
                 command_timeout=pg.command_timeout,
+                connect_timeout=pg.connect_timeout,
                 grants=grants,
                 new_primary_grace=pg.new_primary_grace if grants is not None else 0.0,
                 # A serving worker starts without PostgreSQL (no primary yet, a failover, a DSN naming

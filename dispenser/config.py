@@ -71,6 +71,8 @@ class PostgresConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     pool_max: AtLeastOne = 4
     command_timeout: Positive = 2.0
     """Seconds before a segment fetch counts as failed (and is retried)."""
+    connect_timeout: Positive = 5.0
+    """Seconds to open a connection; with several hosts in the DSN, each is tried at once under it (docs/ha.md)."""
     new_primary_grace: Annotated[float, Meta(ge=0)] = 2.0
     """After a failover (a primary on a new timeline), seconds to wait before fetching from it, so that every
     live worker has restored the grants it remembers first (``segment.remember_grants``; docs/ha.md)."""

@@ -54,7 +54,9 @@ async def _check_postgres(config: Config) -> CheckResult:
                 f"{redact(dsn)}: schema version {version}, this release needs {latest}; run `dispenser migrate`",
             )
         async with await PostgresSegmentStore.connect(
-            dsn, command_timeout=config.postgres.command_timeout
+            dsn,
+            command_timeout=config.postgres.command_timeout,
+            connect_timeout=config.postgres.connect_timeout,
         ) as store:
             tags = await store.list_tags()
             replication = await store.replication()

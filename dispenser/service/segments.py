@@ -28,7 +28,7 @@ from dispenser.core.rate import RateMeter
 from dispenser.core.segment import NEED_SEGMENT, BufferStats, SegmentBuffer
 from dispenser.ports import Clock, SegmentStore
 from dispenser.service.retry import Backoff
-from dispenser.service.timing import wait_event
+from dispenser.service.timing import run_within, wait_event
 
 __all__ = ["AllocatorSettings", "SegmentAllocator", "Sizer", "TagAllocator"]
 
@@ -400,9 +400,9 @@ class SegmentAllocator:
                 return allocator
             # Our turn, even if a timer fired a hair early (asyncio allows its clock's resolution): the
             # waiters that woke together share this one query.
-            await self.refresh()
+            await self._refresh_by(deadline)
         elif self._clock.monotonic() - self._last_refresh >= self.settings.unknown_tag_refresh_interval:
-            await self.refresh()
+            await self._refresh_by(deadline)
         allocator = self._tags.get(tag)
         if allocator is not None:
             return allocator
@@ -410,14 +410,35 @@ class SegmentAllocator:
 
     async def refresh(self) -> None:
         """Reload the tag list now (concurrent callers share one query)."""
-        if self._refreshing is None:
-            self._refreshing = asyncio.create_task(self._refresh())
         task = self._refreshing
+        if task is None:
+            task = self._refreshing = asyncio.create_task(self._refresh())
+            task.add_done_callback(self._refreshed)
+        await asyncio.shield(task)
+
+    def _refreshed(self, task: asyncio.Task[None]) -> None:
+        # Cleared when the lookup ends, not when a caller stops waiting (one past its deadline may leave).
+        if self._refreshing is task:
+            self._refreshing = None
+        if not task.cancelled():
+            task.exception()  # retrieved here: a lookup nobody waits for any more is not an unhandled error
+
+    async def _refresh_by(self, deadline: float | None) -> None:
+        """:meth:`refresh`, waiting no later than ``deadline`` (monotonic seconds; None: no limit).
+
+        A store that accepts connections and never answers (a hung host, at start or mid-failover) would
+        otherwise hold the request for the connect timeout. The lookup itself goes on for those that come next.
+
+        Raises:
+            StoreUnavailable: the lookup did not finish by ``deadline``.
+        """
+        if deadline is None:
+            await self.refresh()
+            return
         try:
-            await asyncio.shield(task)
-        finally:
-            if task.done():
-                self._refreshing = None
+            await run_within(self._clock, self.refresh(), deadline - self._clock.monotonic())
+        except TimeoutError:
+            raise StoreUnavailable("the tag list could not be read before the request's deadline") from None
 
     async def _refresh(self) -> None:
         infos = await self._store.list_tags()
