@@ -20,12 +20,10 @@ import asyncio
 import contextlib
 import io
 import json
-import os
-import signal
 import statistics
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import jsonschema
@@ -38,7 +36,7 @@ from dispenser.app import Worker
 from dispenser.config import Config, load_config
 from dispenser.messages import RateEvent, Reply
 from dispenser.testing.clock import ManualClock
-from dispenser.testing.servers import NatsServer, PostgresServer
+from dispenser.testing.servers import NatsServer, PostgresServer, frozen
 from dispenser.watch import run_watch
 
 from .segment_support import client, prepare, request, running_worker, wait_until
@@ -249,36 +247,6 @@ async def test_two_workers_size_to_their_shares(nats_server: NatsServer, pg_dsn:
     assert 0.75 * S * rate <= sum(steps) <= 1.8 * S * rate, steps
 
 
-def _process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants (read from /proc: PostgreSQL's postmaster and its backends)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            # "pid (comm) state ppid ...": comm may hold spaces, so split after its closing parenthesis.
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            parents.setdefault(ppid, []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(node := todo.pop())
-        todo += parents.get(node, [])
-    return tree
-
-
-@contextlib.contextmanager
-def frozen(server: PostgresServer) -> Iterator[None]:
-    """PostgreSQL stopped dead (SIGSTOP to the postmaster and every backend), at once; SIGCONT afterwards."""
-    assert server.pid is not None
-    tree = _process_tree(server.pid)
-    for pid in tree:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in tree:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-
-
 async def test_the_database_gone_at_the_worst_moment_leaves_s_seconds_of_ids(
     private_postgres: PostgresServer, nats_server: NatsServer
 ) -> None:
@@ -324,7 +292,8 @@ async def test_the_database_gone_at_the_worst_moment_leaves_s_seconds_of_ids(
             now = worker.clock.monotonic()
             held = tag.buffer.remaining
             reported = held / max(tag.meter.peak(now), tag.meter.rate(now))
-            with frozen(private_postgres):
+            assert private_postgres.pid is not None
+            with frozen(private_postgres.pid):  # PostgreSQL stopped dead, at once; resumed afterwards
                 frozen_at = time.monotonic()
                 with contextlib.suppress(AssertionError):  # the first error reply ends the load
                     await steady
