@@ -50,6 +50,8 @@ class LoadResult:
     no_responders: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     """Error replies by code."""
+    errors_at: list[tuple[float, str]] = field(default_factory=list)
+    """When each error reply came (monotonic seconds) and its code."""
     not_retryable: list[str] = field(default_factory=list)
     malformed: list[bytes] = field(default_factory=list)
 
@@ -137,6 +139,7 @@ async def _requester(
             continue
         if reply.error is not None:
             result.errors[reply.error.code] += 1
+            result.errors_at.append((time.monotonic(), reply.error.code))
             if not reply.error.retryable:
                 result.not_retryable.append(f"{reply.error.code}: {reply.error.message}")
             await asyncio.sleep(0.01)

@@ -66,6 +66,8 @@ def invalid_settings(exc: ValueError, where: str, secrets: Sequence[str]) -> Val
 
 def _describe(exc: BaseException, timeout: float | None, hosts: int = 1) -> str:
     if isinstance(exc, TimeoutError):
+        if str(exc):
+            return str(exc)
         return f"no answer within {timeout} s" if timeout is not None else "timed out"
     detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     if hosts > 1 and isinstance(exc, (ConnectionRefusedError, asyncpg.TargetServerAttributeNotMatched)):

@@ -114,7 +114,9 @@ async def lend(pool: asyncpg.Pool[asyncpg.Record], timeout: float | None) -> Asy
     async with pool.acquire(timeout=timeout) as conn:
         try:
             yield conn
-        except OSError:  # TimeoutError included
+        except OSError as exc:  # TimeoutError included
             conn.terminate()
             await pool.expire_connections()
+            if isinstance(exc, TimeoutError) and not str(exc):
+                raise TimeoutError("no answer within postgres.command_timeout; connection dropped") from exc
             raise

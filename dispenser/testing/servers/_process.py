@@ -304,12 +304,28 @@ def kill_processes(processes: Iterable[ProcessId]) -> None:
             os.close(pidfd)
 
 
+def _children_map() -> dict[int, list[int]]:
+    """Every process's direct children, from one pass over /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return children
+    for entry in entries:
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
 def process_tree(pid: int) -> list[int]:
     """Return ``pid`` and every process descended from it (Linux ``/proc``), parents first."""
+    children = _children_map()
     tree, todo = [], [pid]
     while todo:
         tree.append(node := todo.pop(0))
-        todo += [child for child, _start in children_of(node)]
+        todo += children.get(node, [])
     return tree
 
 
@@ -321,16 +337,19 @@ def frozen(*pids: int) -> Iterator[list[int]]:
     backlog) and acknowledges data, but nothing ever answers. The processes are resumed even when the block
     raises. Yields the PIDs stopped.
     """
-    # Each parent is stopped before its children are listed, so that none it forks meanwhile escapes.
+    # Roots first; then their descendants, from one read of /proc per round, until a round finds none new:
+    # a stopped process forks no more, so what a round misses was forked by one not yet stopped.
     stopped: list[int] = []
     try:
         todo = list(pids)
         while todo:
-            member = todo.pop(0)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(member, signal.SIGSTOP)
-                stopped.append(member)
-                todo += [child for child, _start in children_of(member)]
+            for member in todo:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(member, signal.SIGSTOP)
+                    stopped.append(member)
+            tree = _children_map()
+            seen = set(stopped)
+            todo = [child for parent in stopped for child in tree.get(parent, ()) if child not in seen]
         yield stopped
     finally:
         for member in reversed(stopped):
