@@ -16,7 +16,7 @@ import asyncpg
 from dispenser.adapters.postgres.errors import invalid_settings, map_store_errors
 from dispenser.adapters.postgres.hosts import connect_to_primary
 
-__all__ = ["Pooled", "lend", "open_pool"]
+__all__ = ["CANCEL_GRACE", "Pooled", "lend", "open_pool"]
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -98,25 +98,41 @@ async def open_pool(
             raise invalid_settings(exc, where, secrets) from None
 
 
+CANCEL_GRACE = 0.25
+"""Seconds a timed-out statement's connection waits for the server to confirm the cancellation."""
+
+
 @contextlib.asynccontextmanager
 async def lend(pool: asyncpg.Pool[asyncpg.Record], timeout: float | None) -> AsyncIterator[Pooled]:
-    """A connection of ``pool`` for the block; dropped at once if the server stops answering meanwhile.
+    """A connection of ``pool`` for the block; dropped soon if the server stops answering meanwhile.
 
-    A statement that timed out (``command_timeout``) or lost its socket leaves its connection in doubt: a
-    plain release would wait for the server to acknowledge the cancellation, which a hung server never
-    does. The connection is terminated instead, and the pool's other connections, most likely to the same
-    server, are replaced at their next use, so the next statement opens a connection to whichever host is
-    the primary now rather than hanging on the same host again.
+    A statement that timed out (``command_timeout``) leaves its connection busy until the server confirms
+    the cancellation asyncpg sends; the release would wait for that up to the acquire ``timeout``, and a
+    hung server never confirms. A live one does within milliseconds (and the statement then had no effect),
+    so the wait is cut to :data:`CANCEL_GRACE`; past it the connection is terminated, and the pool's other
+    connections, most likely to the same server, are replaced at their next use, so the next statement
+    opens a connection to whichever host is the primary now rather than hanging on the same host again. A
+    statement terminated unconfirmed may still complete on the server later: like any failed fetch, its
+    range is never handed out (a gap).
 
     Raises:
-        TimeoutError: no connection within ``timeout`` (asyncpg's acquire).
+        TimeoutError: no connection within ``timeout`` (asyncpg's acquire), or the statement timed out.
     """
     async with pool.acquire(timeout=timeout) as conn:
         try:
             yield conn
-        except OSError as exc:  # TimeoutError included
-            conn.terminate()
+        except TimeoutError:
+            try:
+                await pool.release(conn, timeout=CANCEL_GRACE)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError):
+                # asyncpg terminated the connection when the wait ran out (and released it to the pool).
+                await pool.expire_connections()
+                raise TimeoutError(
+                    "no answer within postgres.command_timeout, nor to the cancellation; connection dropped"
+                ) from None
+            raise
+        except OSError:  # the connection broke: the others may be as bad
+            with contextlib.suppress(asyncpg.InterfaceError):  # already released to the pool
+                conn.terminate()
             await pool.expire_connections()
-            if isinstance(exc, TimeoutError) and not str(exc):
-                raise TimeoutError("no answer within postgres.command_timeout; connection dropped") from exc
             raise
