@@ -18,7 +18,8 @@ import msgspec
 
 from dispenser import __version__
 from dispenser.config import Config, ConfigError, effective, load_config, unknown_variables
-from dispenser.core.errors import DispenserError
+from dispenser.core.errors import DispenserError, TagStartTooLow
+from dispenser.ports import SegmentStore, TagInfo
 from dispenser.runner import run_async
 
 __all__ = ["main"]
@@ -308,7 +309,17 @@ def _parser() -> argparse.ArgumentParser:
     add = tag_sub.add_parser("add", help="create a tag", parents=[common])
     add.add_argument("tag", help="the tag's name (letters, digits, - _ ., at most 128 characters)")
     add.add_argument("--step", type=_positive_int, required=True, help="IDs per segment (at least 1)")
-    add.add_argument("--start", type=_positive_int, default=1, help="first ID (default 1)")
+    add.add_argument(
+        "--start",
+        type=_positive_int,
+        default=1,
+        help="first ID (default 1); refused below the high water of a removed tag of that name",
+    )
+    add.add_argument(
+        "--resume",
+        action="store_true",
+        help="a tag removed before: start where it stopped (its high water), so its IDs never come back",
+    )
     add.add_argument("--description", default="", help="free text")
     tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
     set_ = tag_sub.add_parser("set", help="change a tag's step (from its next segment)", parents=[common])
@@ -657,9 +668,7 @@ def _tag(args: argparse.Namespace, config: Config) -> int:
             print(f"{info.tag:<32} {info.max_id:>20} {info.step:>10}  {info.description}")
         return 0
     if args.tag_command == "add":
-        info = _with_store(
-            config, lambda store: store.add_tag(args.tag, args.step, args.start, args.description)
-        )
+        info = _with_store(config, lambda store: _add_tag(store, args))
         print(f"added tag {info.tag!r}: first ID {info.max_id}, step {info.step}")
     elif args.tag_command == "set":
         info = _with_store(config, lambda store: store.set_step(args.tag, args.step))
@@ -713,6 +722,16 @@ def _import_leaf(args: argparse.Namespace, config: Config) -> int:
         )
         return 1
     return 0
+
+
+async def _add_tag(store: SegmentStore, args: argparse.Namespace) -> TagInfo:
+    """``tag add``: with ``--resume``, a removed tag starts at its high water (or ``--start``, if higher)."""
+    try:
+        return await store.add_tag(args.tag, args.step, args.start, args.description)
+    except TagStartTooLow as exc:
+        if not args.resume:
+            raise
+        return await store.add_tag(args.tag, args.step, exc.high_water, args.description)
 
 
 def _bench(args: argparse.Namespace, _config: Config) -> int:

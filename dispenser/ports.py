@@ -103,6 +103,7 @@ class SegmentStore(Protocol):
 
         Raises:
             TagExists: the tag is already there.
+            TagStartTooLow: the tag was removed, and ``start`` is below the IDs it handed out.
             InvalidTag: the name is not valid.
         """
         ...
@@ -116,7 +117,7 @@ class SegmentStore(Protocol):
         ...
 
     async def remove_tag(self, tag: str) -> None:
-        """Delete a tag. Its IDs are never reissued unless someone adds it again below its old max.
+        """Delete a tag. Its high water is kept: adding it again below that raises ``TagStartTooLow``.
 
         Raises:
             UnknownTag: no such tag.

@@ -177,6 +177,23 @@ class TagExists(DispenserError, ValueError):
         self.tag = tag
 
 
+class TagStartTooLow(DispenserError, ValueError):
+    """``tag add`` asked for a first ID below a removed tag's high water: its IDs would come back."""
+
+    code = "start_below_high_water"
+    status = 409
+
+    def __init__(self, tag: str, start: int, high_water: int) -> None:
+        super().__init__(
+            f"tag {tag!r} was removed after handing out IDs up to {high_water - 1}; adding it again from "
+            f"{start} would hand them out again: add it with --start {high_water} or above (or --resume)"
+        )
+        self.tag = tag
+        self.start = start
+        self.high_water = high_water
+        """The removed tag's ``max_id``: every ID it handed out is below it."""
+
+
 class InvalidLayout(DispenserError, ValueError):
     """The configured snowflake bit layout cannot be used (too many bits, a bad field, an end past 9999)."""
 

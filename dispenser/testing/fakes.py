@@ -7,7 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from dispenser.core.errors import LeaseLost, StoreUnavailable, TagExists, UnknownTag, WorkerIdsExhausted
+from dispenser.core.errors import (
+    LeaseLost,
+    StoreUnavailable,
+    TagExists,
+    TagStartTooLow,
+    UnknownTag,
+    WorkerIdsExhausted,
+)
 from dispenser.core.ids import Kind
 from dispenser.core.segment import Segment
 from dispenser.core.store_rules import MAX_ID, check_new_tag, check_step, no_room
@@ -53,6 +60,8 @@ class MemorySegmentStore:
             now: the clock stamped into ``update_time``.
         """
         self._rows: dict[str, _Row] = {}
+        self._removed: dict[str, int] = {}
+        """Removed tags' high water (max_id), as the tombstone table keeps it."""
         self._now = now
         self._closed = False
         self.calls = 0
@@ -112,6 +121,9 @@ class MemorySegmentStore:
         self._check()
         if tag in self._rows:
             raise TagExists(tag)
+        high_water = self._removed.get(tag)
+        if high_water is not None and start < high_water:
+            raise TagStartTooLow(tag, start, high_water)
         row = self._rows[tag] = _Row(start, step, description, self._now())
         return self._info(tag, row)
 
@@ -131,8 +143,10 @@ class MemorySegmentStore:
         """Delete a tag."""
         await asyncio.sleep(0)
         self._check()
-        if self._rows.pop(tag, None) is None:
+        row = self._rows.pop(tag, None)
+        if row is None:
             raise UnknownTag(tag)
+        self._removed[tag] = max(row.max_id, self._removed.get(tag, 0))
 
     async def close(self) -> None:
         """Refuse further calls, as a closed pool does. Idempotent."""

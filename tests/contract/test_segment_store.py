@@ -17,6 +17,7 @@ from dispenser.core.errors import (
     StoreUnavailable,
     TagExhausted,
     TagExists,
+    TagStartTooLow,
     UnknownTag,
 )
 from dispenser.core.segment import Segment
@@ -102,6 +103,32 @@ async def test_add_existing_tag(store: SegmentStore) -> None:
         await store.add_tag("order", step=5)
     [info] = await store.list_tags()
     assert (info.max_id, info.step, info.description) == (101, 100, "orders")
+
+
+async def test_a_removed_tag_never_comes_back_below_its_high_water(store: SegmentStore) -> None:
+    """Removed after handing out 1-200, the tag is refused again from any start below 201; from 201 on, allowed.
+
+    Before, `tag remove` then `tag add` started it at 1 again, silently: every ID came back.
+    """
+    await store.add_tag("order", step=100)
+    await store.next_segment("order")
+    assert (await store.next_segment("order")).segment == Segment(101, 200)
+    await store.remove_tag("order")
+    for start in (1, 200):
+        with pytest.raises(TagStartTooLow) as info:
+            await store.add_tag("order", step=100, start=start)
+        assert (info.value.tag, info.value.start, info.value.high_water) == ("order", start, 201)
+        assert "--start 201" in str(info.value)
+    assert await store.list_tags() == []
+    await store.add_tag("order", step=50, start=201)
+    assert (await store.next_segment("order")).segment == Segment(201, 250)
+    # Removed again: the higher of the two high waters counts.
+    await store.remove_tag("order")
+    with pytest.raises(TagStartTooLow) as again:
+        await store.add_tag("order", step=50, start=201)
+    assert again.value.high_water == 251
+    # Other tags are not affected.
+    await store.add_tag("user", step=10)
 
 
 async def test_remove_then_next_segment(store: SegmentStore) -> None:

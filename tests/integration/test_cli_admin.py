@@ -40,6 +40,11 @@ async def test_tag_administration(
     assert await run(["tag", "remove", "order"]) == 0
     assert await run(["tag", "remove", "order"]) == 1
     assert "unknown tag" in capsys.readouterr().err
+    # Removed after handing out nothing (max_id 1000): added again below, refused; --resume starts there.
+    assert await run(["tag", "add", "order", "--step", "5"]) == 1
+    assert "add it with --start 1000 or above (or --resume)" in capsys.readouterr().err
+    assert await run(["tag", "add", "order", "--step", "5", "--resume"]) == 0
+    assert "first ID 1000" in capsys.readouterr().out
     assert (
         await run(["tag", "add", "bad tag!", "--step", "5"]) == 2
     )  # refused before connecting, as a usage error

@@ -402,3 +402,29 @@ async def test_malformed_dsn_is_a_value_error_without_password() -> None:
     with pytest.raises(ValueError, match="invalid connection settings") as bad:
         await PostgresSegmentStore.connect("postgresql://leaf:pw-in-port@127.0.0.1:pw-in-port/db")
     assert "pw-in-port" not in _chain(bad.value)
+
+
+async def test_the_removed_tags_high_water_holds_for_every_writer_of_leaf_alloc(pg_dsn: str) -> None:
+    """Leaf's own SQL (its admin tools, psql) keeps working on leaf_alloc; re-adding a removed tag below is refused.
+
+    The tombstone table beside leaf_alloc is kept by triggers, so a DELETE and an INSERT that bypass the
+    dispenser are covered too.
+    """
+    await migrate(pg_dsn)
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        # Leaf's statements, as Leaf runs them.
+        await conn.execute(
+            "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES ('leaf', 1, 1000, '')"
+        )
+        await conn.execute("UPDATE leaf_alloc SET max_id = max_id + step WHERE biz_tag = 'leaf'")
+        assert await conn.fetchval("SELECT max_id FROM leaf_alloc WHERE biz_tag = 'leaf'") == 1001
+        await conn.execute("DELETE FROM leaf_alloc WHERE biz_tag = 'leaf'")
+        assert await conn.fetchval("SELECT max_id FROM dispenser_removed_tag WHERE biz_tag = 'leaf'") == 1001
+        with pytest.raises(asyncpg.CheckViolationError, match="start at 1001 or above"):
+            await conn.execute("INSERT INTO leaf_alloc (biz_tag, max_id, step) VALUES ('leaf', 1, 1000)")
+        await conn.execute("INSERT INTO leaf_alloc (biz_tag, max_id, step) VALUES ('leaf', 1001, 1000)")
+    finally:
+        await conn.close()
+    async with await PostgresSegmentStore.connect(pg_dsn) as store:
+        assert (await store.next_segment("leaf")).segment == Segment(1001, 2000)

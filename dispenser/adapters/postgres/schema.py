@@ -81,6 +81,46 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         CREATE INDEX IF NOT EXISTS dispenser_request_expires_at ON dispenser_request (expires_at)
         """,
     ),
+    Migration(
+        4,
+        "removed tags' high water, so that a tag removed and added again never hands out its IDs twice",
+        # A table beside leaf_alloc (which stays Leaf's, column for column). The triggers cover every writer,
+        # Leaf's own tools and psql included: a DELETE records the row's max_id (the highest kept if the
+        # tag is removed again), and an INSERT below it is refused. `dispenser tag add` checks first, to
+        # say so plainly (TagStartTooLow); the trigger also closes the race with a concurrent remove.
+        """
+        CREATE TABLE IF NOT EXISTS dispenser_removed_tag (
+            biz_tag    varchar(128) PRIMARY KEY,
+            max_id     bigint       NOT NULL,
+            removed_at timestamptz  NOT NULL DEFAULT now()
+        );
+        CREATE OR REPLACE FUNCTION dispenser_remember_removed_tag() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO dispenser_removed_tag AS r (biz_tag, max_id, removed_at)
+            VALUES (OLD.biz_tag, OLD.max_id, now())
+            ON CONFLICT (biz_tag) DO UPDATE SET max_id = GREATEST(r.max_id, EXCLUDED.max_id), removed_at = now();
+            RETURN OLD;
+        END $$;
+        CREATE OR REPLACE FUNCTION dispenser_refuse_reissue() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE
+            high_water bigint;
+        BEGIN
+            SELECT max_id INTO high_water FROM dispenser_removed_tag WHERE biz_tag = NEW.biz_tag;
+            IF high_water IS NOT NULL AND NEW.max_id < high_water THEN
+                RAISE EXCEPTION 'tag % was removed at max_id %: a start below it would hand out its IDs again',
+                    NEW.biz_tag, high_water
+                    USING ERRCODE = 'check_violation', HINT = format('start at %s or above', high_water);
+            END IF;
+            RETURN NEW;
+        END $$;
+        DROP TRIGGER IF EXISTS dispenser_remember_removed_tag ON leaf_alloc;
+        CREATE TRIGGER dispenser_remember_removed_tag AFTER DELETE ON leaf_alloc
+            FOR EACH ROW EXECUTE FUNCTION dispenser_remember_removed_tag();
+        DROP TRIGGER IF EXISTS dispenser_refuse_reissue ON leaf_alloc;
+        CREATE TRIGGER dispenser_refuse_reissue BEFORE INSERT ON leaf_alloc
+            FOR EACH ROW EXECUTE FUNCTION dispenser_refuse_reissue()
+        """,
+    ),
 )
 """Every migration, in version order. Append new versions; never edit a released one."""
 

@@ -258,6 +258,8 @@ class PostgresSegmentStore:
 
         Raises:
             TagExists: the tag is already there.
+            TagStartTooLow: the tag was removed and ``start`` is below its high water (its IDs would
+                come back; see :class:`~dispenser.core.errors.TagStartTooLow`).
             InvalidTag: the name is not valid.
             BadRequest: ``step`` or ``start`` is below 1, or a value does not fit its column.
             StoreUnavailable: PostgreSQL could not be reached.
@@ -284,7 +286,7 @@ class PostgresSegmentStore:
         return info
 
     async def remove_tag(self, tag: str) -> None:
-        """Delete a tag's row.
+        """Delete a tag's row; its ``max_id`` is kept (``dispenser_removed_tag``), so that a re-add below is refused.
 
         Raises:
             UnknownTag: no such tag.

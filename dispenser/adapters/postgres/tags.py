@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
-from dispenser.core.errors import TagExists
+from dispenser.core.errors import TagExists, TagStartTooLow
 from dispenser.ports import TagInfo
 
 if TYPE_CHECKING:
@@ -31,6 +31,9 @@ _SET_STEP = f"UPDATE leaf_alloc SET step = $2, update_time = now() WHERE biz_tag
 
 _REMOVE_TAG = "DELETE FROM leaf_alloc WHERE biz_tag = $1 RETURNING biz_tag"
 
+# Kept by a trigger on leaf_alloc (schema version 4): the highest max_id of each tag that was removed.
+_HIGH_WATER = "SELECT max_id FROM dispenser_removed_tag WHERE biz_tag = $1"
+
 
 async def list_tags(conn: Pooled) -> list[TagInfo]:
     """All tags ordered by name (code point order)."""
@@ -42,11 +45,21 @@ async def add_tag(conn: Pooled, tag: str, step: int, start: int, description: st
 
     Raises:
         TagExists: the tag is already there.
+        TagStartTooLow: the tag was removed, and ``start`` is below the IDs it handed out.
     """
+    try:
+        high_water: int | None = await conn.fetchval(_HIGH_WATER, tag)
+    except asyncpg.UndefinedTableError:  # schema before version 4: no tombstones kept yet
+        high_water = None
+    if high_water is not None and start < high_water:
+        raise TagStartTooLow(tag, start, high_water)
     try:
         row = await conn.fetchrow(_ADD_TAG, tag, start, step, description)
     except asyncpg.UniqueViolationError:
         raise TagExists(tag) from None
+    except asyncpg.CheckViolationError:  # removed meanwhile (the trigger's check): read its high water again
+        high_water = await conn.fetchval(_HIGH_WATER, tag)
+        raise TagStartTooLow(tag, start, high_water or start + 1) from None
     assert row is not None  # INSERT … RETURNING returns the row it inserted
     return _tag_info(row)
 
