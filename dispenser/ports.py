@@ -156,24 +156,25 @@ class GrantMemory(Protocol):
     fetches again (see docs/ha.md).
     """
 
-    def remembered(self, database: str) -> dict[str, int]:
-        """Tag → the highest ``max_id`` granted in ``database``.
+    def remembered(self, cluster: str, timeline: int | None = None) -> dict[str, int]:
+        """Tag → the highest ``max_id`` granted in ``cluster`` (``<system identifier>/<database>``).
 
         Granted to this worker, and to any worker whose memory this one can read (one sharing its state
-        directory).
+        directory). With ``timeline``, only grants made on a primary of that timeline or an earlier one:
+        those a primary on ``timeline`` can have lost in a failover.
         """
         ...
 
-    async def remember(self, database: str, tag: str, max_id: int) -> None:
+    async def remember(self, cluster: str, tag: str, max_id: int) -> None:
         """Record a grant; returns once it is durable (a restarted worker will remember it)."""
         ...
 
-    def server(self, database: str) -> str | None:
-        """The identity of the primary this worker last used for ``database`` (system ID and timeline)."""
+    def server(self, cluster: str) -> str | None:
+        """The identity of the primary this worker last used for ``cluster`` (system ID and timeline)."""
         ...
 
-    async def set_server(self, database: str, identity: str) -> None:
-        """Record the primary now in use for ``database``."""
+    async def set_server(self, cluster: str, identity: str) -> None:
+        """Record the primary now in use for ``cluster``."""
         ...
 
 

@@ -44,24 +44,27 @@ async def test_a_new_primary_gets_the_remembered_grants_back_before_any_fetch(
             granted = [await store.next_segment("order") for _ in range(3)]
             assert granted[-1].segment.last == 300
             assert store.watch is not None
-            database = store.watch.database
-            assert database is not None
-            assert grants.remembered(database) == {"order": 301}
-            this_primary = grants.server(database)
+            cluster = store.watch.cluster
+            assert cluster is not None
+            assert grants.remembered(cluster) == {"order": 301}
+            this_primary = grants.server(cluster)
             assert this_primary is not None
+            system = this_primary.partition("/")[0]
         # The same primary again: nothing to repair, whatever the table says.
         await rewind(pg_dsn, "order", 201)
         async with await PostgresSegmentStore.connect(pg_dsn, grants=grants) as store:
             assert (await store.next_segment("order")).segment.first == 201
-        # A primary this worker has not seen (after a failover): the lost grants come back first.
+        # A successor of the primary it used (same system, an earlier timeline there: so after a
+        # failover): the lost grants come back first.
         await rewind(pg_dsn, "order", 101)
-        await grants.set_server(database, "other-system/7")
+        await grants.set_server(cluster, f"{system}/0")
         async with await PostgresSegmentStore.connect(pg_dsn, grants=grants) as store:
             after = await store.next_segment("order")
             assert after.segment.first == 301  # not 101: [101, 300] was granted before
             assert (await store.next_segment("user")).segment.first == 1  # never granted: untouched
         assert "raised max_id of 'order' to 301" in caplog.text
-        assert grants.server(database) == this_primary
+        assert "granted on its predecessor (same system, timeline 0" in caplog.text
+        assert grants.server(cluster) == this_primary
     finally:
         grants.close()
 
@@ -72,17 +75,54 @@ async def test_a_restarted_worker_remembers_from_its_state_directory(pg_dsn: str
     async with await PostgresSegmentStore.connect(pg_dsn, grants=first) as store:
         await store.add_tag("order", 50)
         await store.next_segment("order")
-        database = store.watch.database if store.watch else None
+        cluster = store.watch.cluster if store.watch else None
     first.close()
-    assert database is not None
+    assert cluster is not None
     await rewind(pg_dsn, "order", 1)
     restarted = GrantFile.open(tmp_path / "state")  # a new process: only the file knows
-    await restarted.set_server(database, "other-system/2")
+    await restarted.set_server(cluster, f"{cluster.partition('/')[0]}/0")
     try:
         async with await PostgresSegmentStore.connect(pg_dsn, grants=restarted) as store:
             assert (await store.next_segment("order")).segment.first == 51
     finally:
         restarted.close()
+
+
+async def test_grants_of_one_cluster_are_never_repaired_into_another(
+    pg_dsn: str, private_postgres: PostgresServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A state directory that served a tag on cluster 1, pointed at a fresh cluster 2 with the same tag: it starts at 1.
+
+    Before, grants were keyed by database name: the worker "repaired" the new cluster from the old one's
+    grants, and its first ID was that cluster's high water, not 1. Two servers initialised apart have
+    different system identifiers, as two clusters do; a failover keeps it.
+    """
+    database = pg_dsn.rpartition("/")[2]
+    other = private_postgres.create_database(database)  # the same database name on another cluster
+    await migrate(pg_dsn)
+    await migrate(other)
+    grants = GrantFile.open(tmp_path / "state")
+    try:
+        async with await PostgresSegmentStore.connect(pg_dsn, grants=grants) as store:
+            await store.add_tag("order", 100)
+            for _ in range(5):
+                await store.next_segment("order")
+            first = store.watch.cluster if store.watch else None
+        async with await PostgresSegmentStore.connect(other) as admin:  # `tag add` on the new cluster
+            await admin.add_tag("order", 100)
+        async with await PostgresSegmentStore.connect(other, grants=grants) as store:
+            assert (await store.next_segment("order")).segment.first == 1
+            second = store.watch.cluster if store.watch else None
+        assert first is not None
+        assert second is not None
+        assert first != second
+        assert first.endswith(f"/{database}")
+        assert second.endswith(f"/{database}")
+        assert grants.remembered(first) == {"order": 501}
+        assert grants.remembered(second) == {"order": 101}
+        assert "raised max_id" not in caplog.text
+    finally:
+        grants.close()
 
 
 async def test_no_primary_among_several_hosts_is_said_plainly() -> None:

@@ -100,3 +100,42 @@ async def test_an_unusable_state_directory_falls_back_to_memory(
     grants.close()
     off = load_config(environ={"DISPENSER_SEGMENT_REMEMBER_GRANTS": "false"})
     assert open_grants(off) is None
+
+
+async def test_grants_are_kept_per_cluster_and_a_later_timeline_is_a_successor(tmp_path: Path) -> None:
+    """Keys are ``<system>/<database>``; with a timeline, only grants made on that timeline or before count."""
+    grants = GrantFile.open(tmp_path)
+    try:
+        await grants.set_server("7000/ids", "7000/3")
+        await grants.remember("7000/ids", "order", 1001)
+        await grants.set_server("8000/ids", "8000/1")  # another cluster with a database of the same name
+        await grants.remember("8000/ids", "order", 51)
+        assert grants.remembered("7000/ids") == {"order": 1001}
+        assert grants.remembered("8000/ids") == {"order": 51}
+        assert grants.remembered("7000/ids", timeline=4) == {"order": 1001}  # a successor (failover)
+        assert grants.remembered("7000/ids", timeline=3) == {"order": 1001}
+        assert grants.remembered("7000/ids", timeline=2) == {}  # older than where they were granted
+        assert grants.remembered("9000/ids", timeline=1) == {}
+    finally:
+        grants.close()
+
+
+async def test_a_file_of_the_first_format_is_placed_in_its_cluster(tmp_path: Path) -> None:
+    """Format 1 kept grants by database name: each entry goes under the system of the primary it last used."""
+    grants = GrantFile.open(tmp_path)
+    assert grants.path is not None
+    grants.close()
+    grants.path.write_text(
+        '{"format": 1, "databases": {"ids": {"server": "7000/3", "max_ids": {"order": 1001}},'
+        ' "never": {"max_ids": {"x": 5}}}}'
+    )
+    again = GrantFile.open(tmp_path)
+    try:
+        assert again.remembered("7000/ids") == {"order": 1001}
+        assert again.server("7000/ids") == "7000/3"
+        assert again.remembered("ids") == {}
+        assert again.remembered("never") == {}  # no primary recorded: no cluster to put it in
+        await again.remember("7000/ids", "order", 2001)
+    finally:
+        again.close()
+    assert '"format":2' in grants.path.read_text()

@@ -1,9 +1,11 @@
 """The segment grants a worker remembers in its state directory (:class:`~dispenser.ports.GrantMemory`).
 
 With asynchronous replication, a promoted replica may lack the last ``max_id`` updates of the old primary,
-and would grant those ranges again. Each worker therefore remembers, per database and tag, the highest
+and would grant those ranges again. Each worker therefore remembers, per cluster and tag, the highest
 ``max_id`` it was granted, and raises the rows of a primary it has not seen before back to it (see
-:mod:`dispenser.adapters.postgres.primary`).
+:mod:`dispenser.adapters.postgres.primary`). A cluster is keyed ``<system identifier>/<database>``: a
+failover keeps PostgreSQL's system identifier, a new cluster (a rebuilt database, another stack) has its
+own, so grants of one are never "repaired" into another.
 
 One file per worker, ``segment-grants-<address>.json``, written atomically and durably before the segment
 is handed out (see :func:`~dispenser.adapters.local.statefile.write_atomically`). The address comes from a
@@ -16,6 +18,7 @@ it is down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from pathlib import Path
@@ -39,8 +42,9 @@ class _Database(msgspec.Struct, kw_only=True):
 
 
 class _File(msgspec.Struct, kw_only=True):
-    format: Literal[1]
+    format: Literal[1, 2]
     databases: dict[str, _Database] = {}
+    """Format 2: by cluster, ``<system identifier>/<database>``; format 1 (read, then rewritten): by database."""
 
 
 _encoder = msgspec.json.Encoder()
@@ -61,7 +65,7 @@ class GrantFile:
             if self.directory is None or identity is None
             else self.directory / f"{_PREFIX}{_safe(identity.address)}.json"
         )
-        self._data = (_load(self.path) if self.path is not None else None) or _File(format=1)
+        self._data = (_load(self.path) if self.path is not None else None) or _File(format=2)
         self._version = 0  # bumped by every change
         self._written = 0  # the version on disk
         self._writer: asyncio.Task[None] | None = None
@@ -85,46 +89,56 @@ class GrantFile:
     def __repr__(self) -> str:
         return f"GrantFile({str(self.path)!r})"
 
-    def _db(self, database: str) -> _Database:
-        found = self._data.databases.get(database)
+    def _db(self, cluster: str) -> _Database:
+        found = self._data.databases.get(cluster)
         if found is None:
-            found = self._data.databases[database] = _Database()
+            found = self._data.databases[cluster] = _Database()
         return found
 
-    def remembered(self, database: str) -> dict[str, int]:
-        """Tag → highest ``max_id``: this worker's, and every other file's in the directory."""
-        merged = dict(self._db(database).max_ids)
-        if self.directory is None:
-            return merged
-        for other in sorted(self.directory.glob(f"{_PREFIX}*.json")):
-            if other == self.path:
+    def remembered(self, cluster: str, timeline: int | None = None) -> dict[str, int]:
+        """Tag → highest ``max_id`` in ``cluster``: this worker's, and every other file's in the directory.
+
+        Args:
+            cluster: ``<system identifier>/<database>``.
+            timeline: only grants made on a primary of this timeline or an earlier one (whose successor
+                it can be); None: all.
+        """
+        found = [self._data]
+        if self.directory is not None:
+            found += [
+                data
+                for other in sorted(self.directory.glob(f"{_PREFIX}*.json"))
+                if other != self.path and (data := _load(other)) is not None
+            ]
+        merged: dict[str, int] = {}
+        for data in found:
+            db = data.databases.get(cluster)
+            if db is None or (timeline is not None and _timeline(db.server) > timeline):
                 continue
-            data = _load(other)
-            if data is None or database not in data.databases:
-                continue
-            for tag, max_id in data.databases[database].max_ids.items():
+            for tag, max_id in db.max_ids.items():
                 merged[tag] = max(merged.get(tag, 0), max_id)
         return merged
 
-    def server(self, database: str) -> str | None:
-        """The primary last used for ``database``."""
-        return self._db(database).server
+    def server(self, cluster: str) -> str | None:
+        """The primary last used for ``cluster`` (``<system identifier>/<timeline>``)."""
+        found = self._data.databases.get(cluster)
+        return None if found is None else found.server
 
-    async def remember(self, database: str, tag: str, max_id: int) -> None:
+    async def remember(self, cluster: str, tag: str, max_id: int) -> None:
         """Record a grant in memory at once and on disk before returning (writes are coalesced).
 
         A disk that refuses the write is logged (once per failing streak) and the grant stays in memory:
         the repair still covers this process, not a restart of it.
         """
-        known = self._db(database).max_ids
+        known = self._db(cluster).max_ids
         if known.get(tag, -1) >= max_id:
             return
         known[tag] = max_id
         await self._flush()
 
-    async def set_server(self, database: str, identity: str) -> None:
+    async def set_server(self, cluster: str, identity: str) -> None:
         """Record the primary now in use (durably, like a grant)."""
-        db = self._db(database)
+        db = self._db(cluster)
         if db.server == identity:
             return
         db.server = identity
@@ -188,9 +202,33 @@ def _load(path: Path) -> _File | None:
         log.warning("cannot read the segment grants in %s: %s", path, exc.strerror or exc)
         return None
     try:
-        return _decoder.decode(raw)
+        data = _decoder.decode(raw)
     except msgspec.DecodeError as exc:
         # Written atomically, so this is not a torn write: someone edited it. Remembering less only means
         # a repair may miss these grants; say so rather than refuse to start.
         log.error("ignoring %s: not a segment grants file (%s)", path, exc)
         return None
+    return _upgraded(data)
+
+
+def _timeline(server: str | None) -> int:
+    """The timeline of a ``<system identifier>/<timeline>`` (0 when unknown)."""
+    with contextlib.suppress(ValueError, AttributeError):
+        return int(str(server).rpartition("/")[2])
+    return 0
+
+
+def _upgraded(data: _File) -> _File:
+    """Format 1 (keyed by database name) as format 2 (by cluster), from the primary each entry last used.
+
+    An entry with no primary recorded cannot be placed in a cluster and is dropped: a grant is only ever
+    made after its primary was recorded, so such an entry holds none.
+    """
+    if data.format == 2:
+        return data
+    databases = {
+        f"{db.server.partition('/')[0]}/{name}": db
+        for name, db in data.databases.items()
+        if db.server is not None
+    }
+    return _File(format=2, databases=databases)

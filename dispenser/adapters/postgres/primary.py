@@ -56,6 +56,8 @@ class PrimaryWatch:
         self._usable_at = 0.0
         self.database: str | None = None
         """The database the DSN names (known once a connection has been made)."""
+        self.cluster: str | None = None
+        """``<system identifier>/<database>``: what the remembered grants are kept under (one cluster's)."""
         self.primary: str | None = None
         """``<system identifier>/<timeline>`` of the primary the last new connection reached."""
 
@@ -75,6 +77,7 @@ class PrimaryWatch:
         database: str = row["database"]
         identity = f"{row['system']}/{int(row['walfile'][:8], 16)}"
         self.database = database
+        self.cluster = cluster = f"{row['system']}/{database}"
         loop = asyncio.get_running_loop()
         if identity != self.primary:
             if self.primary is not None:
@@ -83,42 +86,54 @@ class PrimaryWatch:
                 # connection (within a heartbeat); none of ours fetches before they have had the time.
                 self._usable_at = loop.time() + self.grace
             self.primary = identity
-        await self._repair(conn, database, identity)
+        await self._repair(conn, cluster, identity)
         wait = self._usable_at - loop.time()
         if wait > 0:
             await asyncio.sleep(wait)
 
-    async def _repair(self, conn: asyncpg.Connection[Any], database: str, identity: str) -> None:
+    async def _repair(self, conn: asyncpg.Connection[Any], cluster: str, identity: str) -> None:
+        """Raise the rows a new primary of ``cluster`` lost back to what was granted on its predecessors.
+
+        Only grants remembered for this cluster (same system identifier: a failover keeps it, a rebuilt or
+        other database has its own) made on this timeline or an earlier one count: this primary can be
+        their successor. Grants of another cluster that had a database of the same name are not applied.
+        """
         grants = self.grants
-        if grants is None or grants.server(database) == identity:
+        last = None if grants is None else grants.server(cluster)
+        if grants is None or last == identity:
             return
-        remembered = grants.remembered(database)
+        system, timeline = identity.split("/")
+        remembered = grants.remembered(cluster, int(timeline))
         if remembered:
             tags = sorted(remembered)
             try:
                 raised = await conn.fetch(_REPAIR, tags, [remembered[t] for t in tags])
             except asyncpg.UndefinedTableError:
                 return  # nothing to repair before `dispenser migrate`; try again on the next connection
+            since = f"timeline {last.partition('/')[2]}" if last else "an earlier timeline"
             if raised:
                 shown = ", ".join(f"{r['biz_tag']!r} to {r['max_id']}" for r in raised[:10])
                 more = f" and {len(raised) - 10} more" if len(raised) > 10 else ""
                 log.warning(
-                    "PostgreSQL primary (system %s, timeline %s) is new to this worker and had lost segments "
-                    "it granted (asynchronous replication?): raised max_id of %s%s before fetching",
-                    *identity.split("/"),
+                    "PostgreSQL primary (system %s, timeline %s) had lost segments granted on its predecessor "
+                    "(same system, %s; asynchronous replication?): raised max_id of %s%s before fetching",
+                    system,
+                    timeline,
+                    since,
                     shown,
                     more,
                 )
             else:
                 log.info(
                     "PostgreSQL primary (system %s, timeline %s) is new to this worker and holds every "
-                    "segment it remembers granting (%d tags)",
-                    *identity.split("/"),
+                    "segment it remembers granting in this cluster (%d tags)",
+                    system,
+                    timeline,
                     len(tags),
                 )
-        await grants.set_server(database, identity)
+        await grants.set_server(cluster, identity)
 
     async def granted(self, tag: str, max_id: int) -> None:
         """Remember a grant (durably, when there is a memory) before its IDs are handed out."""
-        if self.grants is not None and self.database is not None:
-            await self.grants.remember(self.database, tag, max_id)
+        if self.grants is not None and self.cluster is not None:
+            await self.grants.remember(self.cluster, tag, max_id)
