@@ -28,7 +28,7 @@ from dispenser.adapters.postgres.replay import PostgresReplayStore
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.adapters.prometheus import MetricsServer
 from dispenser.config import Config
-from dispenser.core.errors import DispenserError, PeerClockUnverified
+from dispenser.core.errors import DispenserError, PeerClockUnverified, StateDirUnusable
 from dispenser.core.peers import check_peer_clocks
 from dispenser.core.step import StepPolicy
 from dispenser.messages import DECODE_TAG, Kind, clock_subject, id_subject
@@ -42,7 +42,7 @@ from dispenser.service.rates import EventSink, RateBook, RatePublisher, RateSett
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 
-__all__ = ["Run", "Worker", "open_grants", "run_enricher", "run_until_signal", "run_worker"]
+__all__ = ["Run", "Worker", "grants_dir", "open_grants", "run_enricher", "run_until_signal", "run_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -494,27 +494,27 @@ async def run_until_signal(start: Callable[[contextlib.AsyncExitStack], Awaitabl
         return 0
 
 
+def grants_dir(config: Config) -> Path:
+    """The directory ``segment.remember_grants`` keeps its files in (``segment.state_dir``, else snowflake's)."""
+    configured = config.segment.state_dir or config.snowflake.state_dir
+    return Path(configured) if configured else default_state_dir()
+
+
 def open_grants(config: Config) -> GrantFile | None:
     """Where this worker remembers its segment grants, or None (``segment.remember_grants`` off).
 
-    A state directory that cannot be written is no reason not to serve: the grants are then remembered by
-    this process only (the repair still covers it, not a restart of it), said in one error line.
+    Raises:
+        StateDirUnusable: the state directory cannot be written (remembering in memory only would leave a
+            restart unable to repair a primary that lost grants, and nobody would know).
     """
     segment = config.segment
     if not (segment.enabled and segment.remember_grants):
         return None
-    configured = segment.state_dir or config.snowflake.state_dir
-    directory = Path(configured) if configured else default_state_dir()
+    directory = grants_dir(config)
     try:
         return GrantFile.open(directory)
     except OSError as exc:
-        log.error(
-            "cannot keep the segment grants in %s (%s): remembering them in memory only, so a restart of this "
-            "worker will not repair a primary that lost them (set segment.state_dir; docs/ha.md)",
-            directory,
-            exc.strerror or exc,
-        )
-        return GrantFile.in_memory()
+        raise StateDirUnusable(str(directory), exc.strerror or str(exc)) from exc
 
 
 async def run_worker(config: Config, on_ready: Callable[[Worker], None] | None = None) -> int:

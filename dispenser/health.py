@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from dispenser.config import Config
 from dispenser.redaction import redact
 
-__all__ = ["CheckResult", "check_all"]
+__all__ = ["CheckResult", "check_all", "check_grants_dir"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +216,31 @@ async def _check_kafka(config: Config) -> CheckResult:
     )
 
 
+async def check_grants_dir(config: Config) -> CheckResult:
+    """``segment.remember_grants`` needs a state directory it can write: ``serve`` refuses to start without."""
+    import tempfile  # noqa: PLC0415
+
+    from dispenser.app import grants_dir  # noqa: PLC0415
+
+    directory = grants_dir(config)
+
+    def probe() -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".check-"):
+            pass
+
+    try:
+        await asyncio.to_thread(probe)
+    except OSError as exc:
+        return CheckResult(
+            "segment grants",
+            False,
+            f"cannot write {directory} ({exc.strerror or exc}): `serve` would refuse to start; set "
+            "segment.state_dir to a writable directory, or segment.remember_grants = false",
+        )
+    return CheckResult("segment grants", True, f"kept in {directory}")
+
+
 async def check_all(config: Config) -> list[CheckResult]:
     """Run every check that applies to the configuration, at once."""
     checks = [_check_nats(config)] if config.nats.enabled else []
@@ -223,6 +248,8 @@ async def check_all(config: Config) -> list[CheckResult]:
         checks.append(_check_kafka(config))
     if config.segment.enabled or config.snowflake.mode == "postgres":
         checks.append(_check_postgres(config))
+    if config.segment.enabled and config.segment.remember_grants:
+        checks.append(check_grants_dir(config))
     if config.snowflake.enabled:
         checks.append(_check_snowflake(config))
         if config.nats.enabled:

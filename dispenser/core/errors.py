@@ -345,6 +345,24 @@ class StateFileCorrupt(DispenserError):
         self.path = path
 
 
+class StateDirUnusable(DispenserError):
+    """The state directory ``segment.remember_grants`` needs cannot be written: the worker does not start.
+
+    Remembering in memory only would leave a restarted worker unable to repair a primary that lost its
+    grants (docs/ha.md), silently; the worker refuses instead, as the snowflake side does.
+    """
+
+    code = "state_dir_unusable"
+
+    def __init__(self, directory: str, detail: str) -> None:
+        super().__init__(
+            f"cannot keep the segment grants in {directory} ({detail}): set segment.state_dir to a writable "
+            "directory that outlives the process, or segment.remember_grants = false to run without the "
+            "repair of a primary that lost grants (docs/ha.md)"
+        )
+        self.directory = directory
+
+
 class PeerClockUnverified(DispenserError):
     """The start-up clock query went unheard (``snowflake.peer_check_failure = "refuse"``): no start."""
 

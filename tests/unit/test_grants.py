@@ -12,6 +12,8 @@ import dispenser.adapters.local.grants as module
 from dispenser.adapters.local.grants import GrantFile
 from dispenser.app import open_grants
 from dispenser.config import load_config
+from dispenser.core.errors import StateDirUnusable
+from dispenser.health import check_grants_dir
 
 
 async def test_a_grant_is_on_disk_when_remember_returns(tmp_path: Path) -> None:
@@ -85,21 +87,22 @@ def test_a_foreign_file_is_ignored_with_an_error(tmp_path: Path, caplog: pytest.
         grants.close()
 
 
-async def test_an_unusable_state_directory_falls_back_to_memory(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_an_unusable_state_directory_refuses_the_start_and_fails_check(tmp_path: Path) -> None:
+    """Not a silent fall-back to memory (a restart would then repair nothing): `serve` refuses, `check` fails."""
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     config = load_config(environ={"DISPENSER_SEGMENT_STATE_DIR": str(not_a_dir / "state")})
-    grants = open_grants(config)
-    assert grants is not None
-    assert grants.path is None
-    await grants.remember("ids", "order", 10)
-    assert grants.remembered("ids") == {"order": 10}
-    assert "remembering them in memory only" in caplog.text
-    grants.close()
+    with pytest.raises(StateDirUnusable, match=r"cannot keep the segment grants in .*/file/state") as refused:
+        open_grants(config)
+    assert "segment.remember_grants = false" in str(refused.value)
+    result = await check_grants_dir(config)
+    assert not result.ok
+    assert "`serve` would refuse to start" in result.detail
     off = load_config(environ={"DISPENSER_SEGMENT_REMEMBER_GRANTS": "false"})
     assert open_grants(off) is None
+    usable = load_config(environ={"DISPENSER_SEGMENT_STATE_DIR": str(tmp_path / "state")})
+    result = await check_grants_dir(usable)
+    assert result.ok, result.detail
 
 
 async def test_grants_are_kept_per_cluster_and_a_later_timeline_is_a_successor(tmp_path: Path) -> None:

@@ -81,11 +81,6 @@ class GrantFile:
         """
         return cls(directory, WorkerIdentity.claim(Path(directory), "segment-grants"))
 
-    @classmethod
-    def in_memory(cls) -> GrantFile:
-        """Grants remembered by this process only (when no state directory can be written)."""
-        return cls(None, None)
-
     def __repr__(self) -> str:
         return f"GrantFile({str(self.path)!r})"
 
