@@ -325,7 +325,11 @@ def _parser() -> argparse.ArgumentParser:
     set_ = tag_sub.add_parser("set", help="change a tag's step (from its next segment)", parents=[common])
     set_.add_argument("tag", help="the tag's name")
     set_.add_argument("--step", type=_positive_int, required=True, help="IDs per segment (at least 1)")
-    remove = tag_sub.add_parser("remove", help="delete a tag", parents=[common])
+    remove = tag_sub.add_parser(
+        "remove",
+        help="delete a tag (its high water is kept: adding it again below is refused)",
+        parents=[common],
+    )
     remove.add_argument("tag", help="the tag's name")
 
     leaf = add_parser(
