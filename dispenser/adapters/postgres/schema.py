@@ -21,6 +21,7 @@ from typing import Any, Final, TypeAlias
 import asyncpg
 
 from dispenser.adapters.postgres.errors import dsn_secrets, invalid_settings, map_store_errors
+from dispenser.adapters.postgres.hosts import connect_to_primary
 from dispenser.redaction import redact
 
 __all__ = ["MIGRATIONS", "Migration", "migrate", "schema_version"]
@@ -143,7 +144,7 @@ async def _connection(target: _Target, command_timeout: float) -> AsyncIterator[
         yield target
         return
     try:
-        conn = await asyncpg.connect(target, timeout=command_timeout, command_timeout=command_timeout)
+        conn = await connect_to_primary(target, timeout=command_timeout, command_timeout=command_timeout)
     except ValueError as exc:
         if isinstance(exc, OSError):
             raise  # a TLS failure (ssl's errors are both): the database is unavailable

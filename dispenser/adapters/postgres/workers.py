@@ -23,6 +23,7 @@ from typing import Any, Final
 import asyncpg
 
 from dispenser.adapters.postgres.errors import dsn_secrets, invalid_settings, map_store_errors
+from dispenser.adapters.postgres.hosts import connect_to_primary
 from dispenser.core.errors import CoordinatorUnavailable, LeaseLost, WorkerIdOutOfRange, WorkerIdsExhausted
 from dispenser.ports import WorkerLease
 from dispenser.redaction import redact
@@ -121,7 +122,7 @@ class PostgresWorkerRegistry:
 
     async def _connect(self) -> asyncpg.Connection[Any]:
         try:
-            return await asyncpg.connect(
+            return await connect_to_primary(
                 self._dsn,
                 timeout=self._connect_timeout,
                 command_timeout=self._command_timeout,
