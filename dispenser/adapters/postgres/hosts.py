@@ -94,55 +94,75 @@ async def connect_to_primary(dsn: str, *, timeout: float, **kwargs: Any) -> asyn
         return plain
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    # What each host's last attempt ended with (None: none ended yet, e.g. a hung host), and whether it
+    # failed. Once every host has failed at once (each refused, is a standby, or will not do), there is no
+    # primary to wait for: give up as asyncpg would, and let the caller retry. While one host has not
+    # answered, the others are asked again, so that a standby promoted meanwhile is found.
+    last: list[BaseException | None] = [None] * len(hosts)
+    failed = [False] * len(hosts)
+    all_failed = asyncio.Event()
+    # The first host to connect as a primary claims the win; a connection made after that, or after the
+    # caller stopped waiting (cancelled, gave up), is dropped at once by the attempt that made it.
+    won: list[asyncpg.Connection[Any]] = []
+    over = False
 
-    async def attempt(host: str, port: int | None) -> asyncpg.Connection[Any]:
+    async def attempt(i: int, host: str, port: int | None) -> None:
         while True:
             left = deadline - loop.time()
             if left <= 0:
-                raise TimeoutError
+                last[i] = TimeoutError()
+                return
+            failed[i] = False
             try:
                 conn: asyncpg.Connection[Any] = await asyncpg.connect(
                     dsn, host=host, port=port, timeout=left, **kwargs
                 )
-            except _TRANSIENT as exc:
-                if not _transient(exc) or deadline - loop.time() <= RETRY_INTERVAL:
-                    raise
+            except Exception as exc:
+                last[i] = exc
+                failed[i] = True
+                if all(failed):
+                    all_failed.set()
+                if not _transient(exc) or all(failed) or deadline - loop.time() <= RETRY_INTERVAL:
+                    return
             else:
-                return conn
+                if won or over:
+                    conn.terminate()
+                else:
+                    won.append(conn)
+                return
             await asyncio.sleep(RETRY_INTERVAL)
 
     tasks = [
-        asyncio.create_task(attempt(host, port), name=f"connect {_name(host, port)}") for host, port in hosts
+        asyncio.create_task(attempt(i, host, port), name=f"connect {_name(host, port)}")
+        for i, (host, port) in enumerate(hosts)
     ]
-    winner: asyncpg.Connection[Any] | None = None
+    gave_up = asyncio.create_task(all_failed.wait())
     try:
-        pending: set[asyncio.Task[asyncpg.Connection[Any]]] = set(tasks)
-        while pending and winner is None:
+        pending: set[asyncio.Future[Any]] = {*tasks, gave_up}
+        while not won and not all_failed.is_set() and pending - {gave_up}:
             _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            # In the DSN's order, so that two primaries answering together (a zombie and its successor,
-            # both fenced by strict sync anyway) resolve the way asyncpg would.
-            winner = next((t.result() for t in tasks if t.done() and t.exception() is None), None)
-        if winner is not None:
-            return winner
-        raise _no_primary(hosts, tasks, timeout)
+        if won:
+            return won[0]
+        raise _no_primary(hosts, last, timeout)
+    except BaseException:
+        if won:  # won, but the caller was cancelled before it could take the connection
+            won[0].terminate()
+        raise
     finally:
+        over = True
+        # Not awaited: a cancelled attempt ends on its own (asyncpg closes what it had opened).
+        gave_up.cancel()
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for task in tasks:
-            # A host that won too (the race was lost by a hair): drop its connection, without waiting.
-            if not task.cancelled() and task.exception() is None and task.result() is not winner:
-                task.result().terminate()
 
 
 def _no_primary(
-    hosts: list[tuple[str, int | None]], tasks: list[asyncio.Task[asyncpg.Connection[Any]]], timeout: float
+    hosts: list[tuple[str, int | None]], errors: list[BaseException | None], timeout: float
 ) -> BaseException:
-    errors = [task.exception() for task in tasks]
     for error in errors:
         if error is not None and not _transient(error):
             return error  # a wrong password or certificate: say so, do not make it look like an outage
-    if all(isinstance(error, TimeoutError) for error in errors):
+    if all(error is None or isinstance(error, TimeoutError) for error in errors):
         return TimeoutError()
     said = "; ".join(
         f"{_name(host, port)}: {_what(error, timeout)}"
@@ -152,6 +172,8 @@ def _no_primary(
 
 
 def _what(error: BaseException | None, timeout: float) -> str:
+    if error is None:
+        return f"no answer within {timeout} s"
     if isinstance(error, asyncpg.TargetServerAttributeNotMatched):
         return "a standby"
     if isinstance(error, TimeoutError):
