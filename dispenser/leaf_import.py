@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from dispenser.adapters.mysql.leaf import read_leaf_alloc
 from dispenser.adapters.postgres.schema import schema_version
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
-from dispenser.core.errors import StoreUnavailable, TagExists
+from dispenser.core.errors import StoreUnavailable, TagExists, TagStartTooLow
 from dispenser.core.leaf_import import Action, LeafRow, Planned, description_of, plan_import
 
 __all__ = ["RECENT_FETCH_SECONDS", "ImportReport", "import_leaf"]
@@ -119,6 +119,11 @@ async def _apply(store: PostgresSegmentStore, plan: Planned) -> Planned:
         except TagExists:
             reason = "created by someone else during the import; run the import again"
             return dataclasses.replace(plan, action=Action.REFUSED, reason=reason)
+        except TagStartTooLow as exc:
+            # Removed from this database after handing out IDs above Leaf's: start above both.
+            await store.add_tag(row.tag, row.step, exc.high_water, description_of(row))
+            reason = f"removed here before, with IDs up to {exc.high_water - 1} handed out: starts above them"
+            return dataclasses.replace(plan, start=exc.high_water, reason=reason)
     elif plan.action is Action.RAISE:
         await store.fetchrow(f"raising tag {row.tag!r}", _RAISE, row.tag, plan.start)
     return plan

@@ -239,3 +239,19 @@ async def test_a_mysql_that_never_answers_times_out() -> None:
         with pytest.raises(LeafDatabaseError, match=f"at 127.0.0.1:{port} did not answer within 0.5 s"):
             await read_leaf_alloc(f"mysql://root@127.0.0.1:{port}/leaf", timeout=0.5)
         assert time.monotonic() - started < 5
+
+
+async def test_a_tag_removed_here_above_leafs_ids_starts_above_both(
+    leaf_mysql: LeafMySQL, dispenser_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tag the dispenser once served and removed (its high water kept) is imported above that, not refused."""
+    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
+
+    leaf_mysql.add("order", 1000)
+    async with await PostgresSegmentStore.connect(dispenser_db) as store:
+        await store.add_tag("order", 100, start=10**9)
+        await store.next_segment("order")
+        await store.remove_tag("order")  # IDs up to 10**9 + 99 were handed out here
+    assert await run(["import-leaf", "--mysql", leaf_mysql.dsn]) == 0
+    assert "first ID 1000000100" in capsys.readouterr().out
+    assert (await first_ids(dispenser_db, ["order"]))["order"][0] == 10**9 + 100
