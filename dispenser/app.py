@@ -20,7 +20,7 @@ from dispenser.adapters.kafka.requests import KafkaRequestService
 from dispenser.adapters.local.grants import GrantFile
 from dispenser.adapters.local.statefile import default_state_dir
 from dispenser.adapters.nats.client import Connection
-from dispenser.adapters.nats.connection import connect
+from dispenser.adapters.nats.connection import connect, drain
 from dispenser.adapters.nats.peers import collect_peer_clocks, serve_clock
 from dispenser.adapters.nats.rates import rate_sink, subscribe_rates
 from dispenser.adapters.nats.service import NatsIdService
@@ -173,7 +173,7 @@ class Worker:
         if config.nats.enabled and (self.serve or config.snowflake.enabled):
             self.phase = f"connecting to NATS at {redact(config.nats.url)}"
             self.nc = nc = await connect(config.nats, on_retry=_first_nats_failure(config))
-            stack.push_async_callback(_drain, nc)
+            stack.push_async_callback(drain, nc)
             log.info("connected to NATS at %s", redact(config.nats.url))
         special = {}
         if config.snowflake.enabled:
@@ -480,12 +480,6 @@ async def _cancel(task: asyncio.Task[None]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-async def _drain(nc: Connection) -> None:
-    """Drain the NATS connection (its subscriptions first): a connection already gone is no failure."""
-    with contextlib.suppress(Exception):
-        await nc.drain()
-
-
 _STOP_BUDGET = 8.0
 """Seconds a command has, from SIGTERM or SIGINT, to wind down (a stop that hangs on a silent dependency is
 cut short there): within the 10 s every process must stop in, Kubernetes' grace period of 30 s included."""
@@ -532,14 +526,15 @@ async def run_until_signal(
         stop_budget: seconds from the signal to the end of the wind-down.
     """
     loop = asyncio.get_running_loop()
-    async with asyncio.timeout(None) as budget:
+    budget = asyncio.timeout(None)
 
-        def signalled() -> None:
-            # The first signal starts the budget; a second one (an impatient Ctrl-C) ends it now.
-            when = loop.time() + stop_budget if budget.when() is None else loop.time()
-            budget.reschedule(when)
+    def signalled() -> None:
+        # The first signal starts the budget; a second one (an impatient Ctrl-C) ends it now.
+        when = loop.time() + stop_budget if budget.when() is None else loop.time()
+        budget.reschedule(when)
 
-        try:
+    try:
+        async with budget:
             with _stop_on_signal(signalled) as stop:
                 async with contextlib.AsyncExitStack() as stack:
                     starting = asyncio.ensure_future(start(stack))
@@ -560,9 +555,9 @@ async def run_until_signal(
                         return 1
                     await run(stop)
                 return 0
-        except TimeoutError:
-            if not budget.expired():
-                raise
+    except TimeoutError:
+        if not budget.expired():
+            raise
     log.error(
         "did not stop within %g s of the signal: gave up waiting for the rest of the clean-up", stop_budget
     )

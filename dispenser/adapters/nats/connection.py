@@ -13,11 +13,11 @@ from nats.aio.client import Client
 
 from dispenser.config import NatsConfig, redact
 
-__all__ = ["connect", "server_version"]
+__all__ = ["connect", "drain", "server_version"]
 
 log = logging.getLogger(__name__)
 
-_DRAIN_TIMEOUT = 5
+_DRAIN_TIMEOUT = 3
 """Seconds a drain (at stop) waits for the server: nats-py's default of 30 would outlast a SIGTERM's grace."""
 
 
@@ -72,10 +72,10 @@ async def connect(
             return
         # One line per outage, not one per reconnect attempt (two a second): the rest at debug.
         if outage_logged:
-            log.debug("NATS error: %s", exc)
+            log.debug("NATS error: %s", _describe(exc))
         else:
             outage_logged = True
-            log.warning("NATS error: %s", exc)
+            log.warning("NATS error: %s", _describe(exc))
 
     async def on_disconnect() -> None:
         if not (nc.is_closed or nc.is_draining):  # a disconnect we asked for is not news
@@ -131,6 +131,24 @@ async def connect(
             await asyncio.gather(connecting, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await nc.close()
+
+
+async def drain(nc: Client) -> None:
+    """Drain the connection (its subscriptions, then what is left to publish) and close it, in bounded time.
+
+    nats-py's own drain can take its ``drain_timeout`` and then a flush of up to 10 s more against a server
+    that went silent; past :data:`_DRAIN_TIMEOUT` + 1 s the connection is closed without waiting. A
+    connection already closed or reconnecting is no failure.
+    """
+    try:
+        await asyncio.wait_for(nc.drain(), _DRAIN_TIMEOUT + 1)
+    except TimeoutError:
+        log.warning("NATS did not acknowledge the drain within %g s: closing without it", _DRAIN_TIMEOUT + 1)
+    except Exception as exc:  # closed, or reconnecting: nothing left to drain
+        log.debug("NATS drain: %s", exc or type(exc).__name__)
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.close()
 
 
 def _refused(exc: Exception) -> bool:
