@@ -14,6 +14,7 @@ clock — into tasks of their own, so one slow tag never holds up the others.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -210,7 +211,11 @@ class NatsIdService:
             )
             for task in list(pending):
                 task.cancel()
-        if not silent:
+        if silent:
+            # Draining the connection next (the worker's last step) would wait on the same silence.
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+        else:
             try:
                 await asyncio.wait_for(service.stop(), _SILENT_SERVER)
             except TimeoutError:
