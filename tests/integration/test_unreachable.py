@@ -22,11 +22,13 @@ import msgspec
 import nats
 import pytest
 
+from dispenser.adapters.nats.connection import connect
 from dispenser.client import BlockingIdClient, BufferSettings, DispenserUnavailable, IdClient, IdRequestError
 from dispenser.config import NatsConfig
 from dispenser.testing.faultproxy import FaultProxy
 from dispenser.testing.servers import NatsServer, free_port
 from tests.integration.segment_support import ask, ids_of, prepare, running_worker, wait_until, worker_config
+from tests.secret_values import SECRETS
 
 pytestmark = [pytest.mark.nats]
 
@@ -338,3 +340,20 @@ async def test_a_silent_nats_connection_is_left_for_another_server(
                 took = answered_at - silenced
     print(f"\nsilent NATS connection: serving through the other server {took:.2f} s after the silence")
     assert took < 20
+
+
+async def test_a_refused_credential_ends_the_start_at_once(tmp_path: Path) -> None:
+    """A wrong token is not an outage: the start ends at the server's refusal, not at its 30 s deadline."""
+    with NatsServer(
+        tmp_path / "nats",
+        config="authorization { token: $LEAF_TOKEN }",
+        env={"LEAF_TOKEN": SECRETS["nats_token"]},
+    ) as server:
+        config = NatsConfig(url=server.url, token=SECRETS["nats_token"][::-1], start_deadline=30.0)
+        started = time.monotonic()
+        with pytest.raises(OSError, match="Authorization Violation") as caught:
+            await connect(config, name="wrong-token")
+        took = time.monotonic() - started
+    assert took < 5, took
+    assert "within" not in str(caught.value)  # refused, not timed out
+    assert SECRETS["nats_token"][::-1] not in str(caught.value)
