@@ -92,8 +92,10 @@ async def test_the_signal_handlers_are_removed_afterwards() -> None:
 
 
 async def test_a_signal_during_a_start_that_hangs_stops_it(caplog: pytest.LogCaptureFixture) -> None:
-    """SIGTERM while the start waits for a dependency that never answers: the start is cancelled, what it
-    opened is released, the exit status is 1 (issue 22: ``serve`` ignored SIGTERM while connecting)."""
+    """SIGTERM while the start waits for a dependency that never answers: cancelled, released, status 1.
+
+    Issue 22: ``serve`` ignored SIGTERM while it connected to NATS.
+    """
     done: list[str] = []
     waiting = asyncio.Event()
 
