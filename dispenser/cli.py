@@ -274,7 +274,10 @@ def _parser() -> argparse.ArgumentParser:
     watch.add_argument("--once", action="store_true", help="listen for one event interval, print one table")
     watch.add_argument("--json", action="store_true", help="print every rate event as a JSON line")
     watch.add_argument(
-        "--timeout", type=_positive_float, default=5.0, help="seconds to wait for NATS before giving up (default 5)"
+        "--timeout",
+        type=_positive_float,
+        default=5.0,
+        help="seconds to wait for NATS before giving up (default 5)",
     )
 
     add_parser(
