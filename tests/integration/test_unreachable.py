@@ -114,6 +114,34 @@ async def test_watch_once_obeys_its_timeout(nats_server: NatsServer) -> None:
         one_line_naming_nats(finished.stderr)
 
 
+async def test_check_fails_nats_within_its_connect_timeout(nats_server: NatsServer, pg_dsn: str) -> None:
+    """``dispenser check`` against a silent NATS: ``FAIL nats`` after ``nats.connect_timeout`` (1 s), exit 1."""
+    await prepare(pg_dsn, [("order", 100)])
+    async with silent_nats(nats_server) as proxy:
+        env = {
+            "DISPENSER_NATS_URL": proxy.url("nats"),
+            "DISPENSER_NATS_CONNECT_TIMEOUT": "1",
+            "DISPENSER_POSTGRES_DSN": pg_dsn,
+        }
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "dispenser",
+            "check",
+            env=os.environ | env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        took = time.monotonic() - started
+    text = out.decode() + err.decode()
+    assert proc.returncode == 1, text
+    assert took < 1 + STARTUP, text
+    assert "FAIL nats" in text, text
+    assert "ok   postgres" in text, text
+
+
 def serve_env(nats_url: str, dsn: str, **extra: str) -> dict[str, str]:
     return {
         "DISPENSER_NATS_URL": nats_url,
