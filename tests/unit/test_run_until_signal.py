@@ -138,6 +138,6 @@ async def test_a_wind_down_that_hangs_is_cut_at_the_budget(caplog: pytest.LogCap
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await asyncio.wait_for(run_until_signal(start, stop_budget=0.2), 10) == 1
-    assert 0.2 <= loop.time() - started < 5
+    assert 0.19 <= loop.time() - started < 5  # uvloop's clock counts whole milliseconds
     assert done[0] == "hanging"
     assert "did not stop within 0.2 s of the signal" in caplog.text
