@@ -20,7 +20,7 @@ from dispenser.adapters.kafka.requests import KafkaRequestService
 from dispenser.adapters.local.grants import GrantFile
 from dispenser.adapters.local.statefile import default_state_dir
 from dispenser.adapters.nats.client import Connection
-from dispenser.adapters.nats.connection import connect
+from dispenser.adapters.nats.connection import connect, drain
 from dispenser.adapters.nats.peers import collect_peer_clocks, serve_clock
 from dispenser.adapters.nats.rates import rate_sink, subscribe_rates
 from dispenser.adapters.nats.service import NatsIdService
@@ -102,6 +102,8 @@ class Worker:
         self.identity_guard: IdentityGuard | None = None
         """The guard against a live peer on this worker's snowflake ID (with NATS)."""
         self._stack = contextlib.AsyncExitStack()
+        self.phase = "starting"
+        """What the start is doing (said if a signal interrupts it)."""
 
     @property
     def store(self) -> SegmentStore | None:
@@ -121,7 +123,10 @@ class Worker:
         """
         try:
             await self._start(self._stack)
-        except BaseException:
+            self.phase = "serving"
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                log.warning("start interrupted while %s", self.phase)
             try:
                 await self.stop()
             except Exception:  # the start's own error is the one to report; this one is logged
@@ -148,7 +153,9 @@ class Worker:
         )
         dispatchers: dict[str, Dispatcher] = {}
         if config.segment.enabled:
+            self.phase = "connecting to PostgreSQL"
             self.allocator = await self._start_segments(stack, await self._postgres(stack))
+        self.phase = "opening the replay store"
         self.replay_store = await self._open_replay_store(stack)
 
         def dispatcher(source: IdSource, kind: Kind, kind_limits: Limits) -> Dispatcher:
@@ -164,11 +171,13 @@ class Worker:
         if self.allocator is not None:
             dispatchers["segment"] = dispatcher(self.allocator, "segment", limits)
         if config.nats.enabled and (self.serve or config.snowflake.enabled):
-            self.nc = nc = await connect(config.nats)
-            stack.push_async_callback(_drain, nc)
+            self.phase = f"connecting to NATS at {redact(config.nats.url)}"
+            self.nc = nc = await connect(config.nats, on_retry=_first_nats_failure(config))
+            stack.push_async_callback(drain, nc)
             log.info("connected to NATS at %s", redact(config.nats.url))
         special = {}
         if config.snowflake.enabled:
+            self.phase = f"registering the snowflake worker ID ({config.snowflake.mode} mode)"
             self.snowflake = await self._start_snowflake(stack)
             snowflake_limits = dataclasses.replace(limits, deadline=config.snowflake.wait_deadline)
             dispatchers["snowflake"] = dispatcher(self.snowflake, "snowflake", snowflake_limits)
@@ -179,6 +188,7 @@ class Worker:
         if config.kafka.enabled and (self.serve or config.rate.enabled):
             # Once, before the first Kafka client (rate events, requests): a refused password or CA is one
             # clear line here, where aiokafka itself would only say "Unable to bootstrap".
+            self.phase = f"connecting to Kafka at {config.kafka.bootstrap_servers}"
             await check_security(config.kafka)
         if config.rate.enabled:
             await self._start_rates(stack)
@@ -199,6 +209,7 @@ class Worker:
                 config.nats.queue_group,
             )
         if config.kafka.enabled:
+            self.phase = f"connecting to Kafka at {config.kafka.bootstrap_servers}"
             self.kafka = KafkaRequestService(
                 config.kafka,
                 dispatchers,
@@ -439,6 +450,26 @@ class Worker:
             meters.meter("snowflake", tag).record(self.clock.monotonic(), count)
 
 
+def _first_nats_failure(config: Config) -> Callable[[Exception], None]:
+    """Say once why NATS cannot be reached yet, and for how long the start keeps trying."""
+    said = False
+
+    def on_retry(exc: Exception) -> None:
+        nonlocal said
+        if not said:
+            said = True
+            log.warning(
+                "cannot reach NATS at %s yet (%s): trying again for up to %g s (nats.start_deadline)",
+                redact(config.nats.url),
+                exc or type(exc).__name__,
+                config.nats.start_deadline,
+            )
+        else:
+            log.debug("NATS not reachable yet: %s", exc)
+
+    return on_retry
+
+
 def _background(stack: contextlib.AsyncExitStack, work: Coroutine[Any, Any, None], name: str) -> None:
     """Run ``work`` in a task of its own, cancelled (and awaited) on stop."""
     task = asyncio.create_task(work, name=name)
@@ -450,19 +481,23 @@ async def _cancel(task: asyncio.Task[None]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-async def _drain(nc: Connection) -> None:
-    """Drain the NATS connection (its subscriptions first): a connection already gone is no failure."""
-    with contextlib.suppress(Exception):
-        await nc.drain()
+_STOP_BUDGET = 8.0
+"""Seconds a command has, from SIGTERM or SIGINT, to wind down (a stop that hangs on a silent dependency is
+cut short there): within the 10 s every process must stop in, Kubernetes' grace period of 30 s included."""
 
 
 @contextlib.contextmanager
-def _stop_on_signal() -> Iterator[asyncio.Event]:
-    """An event set by SIGTERM or SIGINT while the block runs (the handlers are removed after it)."""
+def _stop_on_signal(on_signal: Callable[[], None]) -> Iterator[asyncio.Event]:
+    """An event set by SIGTERM or SIGINT while the block runs, which also calls ``on_signal`` (removed after)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def signalled() -> None:
+        stop.set()
+        on_signal()
+
     for sig in _STOP_SIGNALS:
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled)
     try:
         yield stop
     finally:
@@ -474,24 +509,60 @@ Run = Callable[[asyncio.Event], Awaitable[None]]
 """The work of a command once started: runs until the stop event is set (then winds down, and returns)."""
 
 
-async def run_until_signal(start: Callable[[contextlib.AsyncExitStack], Awaitable[Run]]) -> int:
+async def run_until_signal(
+    start: Callable[[contextlib.AsyncExitStack], Awaitable[Run]], *, stop_budget: float = _STOP_BUDGET
+) -> int:
     """Start a command, run it until SIGTERM or SIGINT, release what it opened; returns the exit status.
+
+    A signal stops the command in every state: while it starts (a dependency still being waited for: the
+    start is cancelled, what it opened released, exit status 1) and while it runs. From the first signal,
+    the wind-down has ``stop_budget`` seconds; past them (a dependency that hangs on close), or at a
+    second signal, it is cut short, said in one line, and the exit status is 1.
 
     Args:
         start: opens what the command needs, registering each clean-up on the stack it is given (they run
             in reverse order when the command ends, however it ends), and returns the command's work.
             An ``OSError`` or :class:`DispenserError` from it is a start-up failure: logged in one line,
             exit status 1.
+        stop_budget: seconds from the signal to the end of the wind-down.
     """
-    with _stop_on_signal() as stop:
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                run = await start(stack)
-            except (OSError, DispenserError) as exc:
-                log.error("cannot start: %s", exc)  # the stack releases what was opened
-                return 1
-            await run(stop)
-        return 0
+    loop = asyncio.get_running_loop()
+    budget = asyncio.timeout(None)
+
+    def signalled() -> None:
+        # The first signal starts the budget; a second one (an impatient Ctrl-C) ends it now.
+        when = loop.time() + stop_budget if budget.when() is None else loop.time()
+        budget.reschedule(when)
+
+    try:
+        async with budget:
+            with _stop_on_signal(signalled) as stop:
+                async with contextlib.AsyncExitStack() as stack:
+                    starting = asyncio.ensure_future(start(stack))
+                    signal_came = asyncio.ensure_future(stop.wait())
+                    try:
+                        await asyncio.wait({starting, signal_came}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        signal_came.cancel()
+                    if not starting.done():
+                        starting.cancel()  # releases what it opened (see Worker.start)
+                        await asyncio.gather(starting, return_exceptions=True)
+                        log.warning("stopped by a signal before the start finished")
+                        return 1
+                    try:
+                        run = starting.result()
+                    except (OSError, DispenserError) as exc:
+                        log.error("cannot start: %s", exc)  # the stack releases what was opened
+                        return 1
+                    await run(stop)
+                return 0
+    except TimeoutError:
+        if not budget.expired():
+            raise
+    log.error(
+        "did not stop within %g s of the signal: gave up waiting for the rest of the clean-up", stop_budget
+    )
+    return 1
 
 
 def grants_dir(config: Config) -> Path:

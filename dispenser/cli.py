@@ -256,7 +256,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     get.add_argument("--request-id", help="idempotency key: a retry returns the same IDs")
     get.add_argument(
-        "--timeout", type=_positive_float, default=5.0, help="seconds to wait for the reply (default 5)"
+        "--timeout",
+        type=_positive_float,
+        default=5.0,
+        help="seconds to wait for the reply, connecting included (default 5)",
     )
     get.add_argument(
         "--via",
@@ -271,6 +274,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     watch.add_argument("--once", action="store_true", help="listen for one event interval, print one table")
     watch.add_argument("--json", action="store_true", help="print every rate event as a JSON line")
+    watch.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=5.0,
+        help="seconds to wait for NATS before giving up (default 5)",
+    )
 
     add_parser(
         "check",
@@ -625,7 +634,7 @@ def _get(args: argparse.Namespace, config: Config) -> int:
 def _watch(args: argparse.Namespace, config: Config) -> int:
     from dispenser.watch import run_watch  # noqa: PLC0415
 
-    return run_async(run_watch(config, once=args.once, as_json=args.json))
+    return run_async(run_watch(config, once=args.once, as_json=args.json, timeout=args.timeout))
 
 
 def _check(_args: argparse.Namespace, config: Config) -> int:

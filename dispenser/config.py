@@ -60,6 +60,16 @@ class NatsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     tls_cert: str | None = None
     tls_key: str | None = None
     connect_timeout: Positive = 5.0
+    """Seconds per connection attempt (TCP, TLS and the server's first answer)."""
+    start_deadline: Positive = 30.0
+    """Seconds ``serve`` and ``enrich`` keep trying to reach NATS at start before exiting 1 (the CLI's
+    commands and the clients use their own timeout instead)."""
+    ping_interval: AtLeastOne = 2
+    """Seconds between pings on an idle connection: with ``max_outstanding_pings``, how soon a server that
+    went silent (frozen, partitioned) is noticed and another one is used (nats-py's default: 120)."""
+    max_outstanding_pings: AtLeastOne = 2
+    """Pings without an answer before the connection counts as dead: noticed within
+    ``ping_interval`` x (``max_outstanding_pings`` + 1) seconds."""
 
 
 class PostgresConfig(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -27,8 +27,8 @@ async def _check_nats(config: Config) -> CheckResult:
     from dispenser.adapters.nats.connection import connect, server_version  # noqa: PLC0415
 
     try:
-        nc = await asyncio.wait_for(connect(config.nats, name="dispenser-check"), config.nats.connect_timeout)
-    except (OSError, TimeoutError) as exc:
+        nc = await connect(config.nats, name="dispenser-check", deadline=config.nats.connect_timeout)
+    except OSError as exc:
         return CheckResult("nats", False, str(exc) or f"no answer from {redact(config.nats.url)}")
     try:
         return CheckResult("nats", True, f"{redact(config.nats.url)} (nats-server {server_version(nc)})")

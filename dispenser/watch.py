@@ -87,9 +87,18 @@ def _fetches_per_min(seen: _WorkerSeen) -> float:
 
 
 async def run_watch(
-    config: Config, *, once: bool = False, as_json: bool = False, out: TextIO = sys.stdout
+    config: Config,
+    *,
+    once: bool = False,
+    as_json: bool = False,
+    out: TextIO = sys.stdout,
+    timeout: float = 5.0,
 ) -> int:
-    """Watch until q, Ctrl-C or SIGTERM (``once``: one event interval, one table)."""
+    """Watch until q, Ctrl-C or SIGTERM (``once``: one event interval, one table).
+
+    Raises:
+        OSError: NATS cannot be reached within ``timeout`` seconds.
+    """
     from dispenser.adapters.nats.rates import listening_to_rates  # noqa: PLC0415 - importable without NATS
 
     fleet = Fleet(stale_after=max(config.rate.stale_after, 3 * config.rate.interval))
@@ -100,7 +109,7 @@ async def run_watch(
             out.write(msgspec.json.encode(event).decode() + "\n")
             out.flush()
 
-    async with listening_to_rates(config.nats, received):
+    async with listening_to_rates(config.nats, received, deadline=timeout):
         if once:
             await asyncio.sleep(config.rate.interval + 0.5)
             if not as_json:

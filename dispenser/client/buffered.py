@@ -44,10 +44,12 @@ from typing import Literal, Protocol, Self, overload
 from dispenser.adapters.nats.client import NatsIdTransport
 from dispenser.client.errors import DispenserUnavailable, IdRequestError
 from dispenser.config import KafkaConfig, NatsConfig
+from dispenser.core.errors import InvalidTag
 from dispenser.core.ids import Range
 from dispenser.core.rate import RateMeter
 from dispenser.core.segment import NEED_SEGMENT, Segment, SegmentBuffer
 from dispenser.core.step import FleetView, StepPolicy
+from dispenser.core.tags import validate_tag
 from dispenser.messages import Format, IdRequest, Kind, Reply
 from dispenser.service.retry import Backoff
 
@@ -67,6 +69,8 @@ _RATE_WINDOW = 1
 """Seconds per rate sample (the peak is the highest one-second average...)."""
 _PEAK_RETENTION = 60.0
 """...of the last minute)."""
+_START_BACKSTOP = 1.0
+"""Seconds past ``timeout`` that :meth:`IdClient.start` waits for a transport that keeps no deadline itself."""
 
 
 class IdTransport(Protocol):
@@ -245,7 +249,8 @@ class IdClient:
         """
         if isinstance(config, str):
             config = NatsConfig(url=config)
-        return cls(NatsIdTransport(config, name="leaf-id-client"), settings)
+        settings = settings or BufferSettings()
+        return cls(NatsIdTransport(config, name="leaf-id-client", start_deadline=settings.timeout), settings)
 
     @classmethod
     def over_kafka(
@@ -268,12 +273,20 @@ class IdClient:
         return cls(KafkaIdTransport(config, reply_topic=reply_topic), settings)
 
     async def start(self) -> None:
-        """Connect.
+        """Connect, within ``settings.timeout`` (the NATS transport's own deadline; a second more for others).
 
         Raises:
-            OSError: the broker cannot be reached.
+            DispenserUnavailable: the broker cannot be reached (``code="unreachable"``), or did not answer in
+                time (``"timeout"``); the message names the broker and the cause.
         """
-        await self.transport.start()
+        timeout = self.settings.timeout
+        try:
+            # The NATS transport gives up at `timeout` by itself, with the cause; this bounds any transport.
+            await asyncio.wait_for(self.transport.start(), timeout + _START_BACKSTOP)
+        except TimeoutError:
+            raise DispenserUnavailable("timeout", f"the broker did not answer within {timeout:g} s") from None
+        except OSError as exc:
+            raise DispenserUnavailable("unreachable", str(exc) or type(exc).__name__) from None
 
     async def close(self) -> None:
         """Stop refilling and disconnect. IDs still held are skipped, never handed out by anyone."""
@@ -387,6 +400,7 @@ class IdClient:
         if state is None:
             if self._closed:
                 raise RuntimeError("the client is closed")
+            _check_tag(tag)
             state = self._tags[tag] = _Tag(tag, time.monotonic())
         return state
 
@@ -592,6 +606,7 @@ class IdClient:
 
     async def _request_direct(self, kind: Kind, tag: str, count: int) -> list[Range]:
         """One request, not buffered (snowflake IDs); a lost reply is asked again with the same ``request_id``."""
+        _check_tag(tag)
         request = IdRequest(count=count, request_id=uuid.uuid4().hex, format="ranges")
         deadline = time.monotonic() + self.settings.timeout
         while True:
@@ -610,3 +625,15 @@ class IdClient:
             if not reply.ranges:
                 raise DispenserUnavailable("unavailable", f"{tag!r}: a reply without ranges")
             return [(first, last) for first, last in reply.ranges]
+
+
+def _check_tag(tag: str) -> None:
+    """Refuse a tag name no worker would accept, as they would (``invalid_tag``), before any request.
+
+    A name that is no NATS subject token ("bad tag!") would otherwise fail in the transport, look like an
+    outage, and be retried in the background for ever.
+    """
+    try:
+        validate_tag(tag)
+    except InvalidTag as exc:
+        raise IdRequestError(InvalidTag.code, str(exc), False) from None

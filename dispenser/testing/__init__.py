@@ -6,6 +6,8 @@
   tested to the millisecond in microseconds).
 * :mod:`dispenser.testing.servers`: real NATS, PostgreSQL, ZooKeeper and Kafka servers on 127.0.0.1 and free
   ports, started as subprocesses and stopped by PID (what the suite and ``dispenser dev`` run).
+* :mod:`dispenser.testing.faultproxy`: :class:`FaultProxy`, a TCP proxy to put between a client and a
+  server, which adds latency, blackholes, cuts one direction or resets connections on demand.
 """
 
 from dispenser.testing.clock import ManualClock, settle

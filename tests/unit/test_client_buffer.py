@@ -190,6 +190,25 @@ async def test_snowflake_ids_are_one_request_each() -> None:
     assert [r.count for r in transport.requests] == [1, 3]
 
 
+@pytest.mark.parametrize("tag", ["bad tag!", "", "x" * 129, "a>b", "a*"])
+async def test_a_bad_tag_name_is_refused_before_any_request(tag: str) -> None:
+    """Issue 24 item 7: the coded ``invalid_tag`` at once, as a worker would answer; nothing sent or retried."""
+    transport = MemoryTransport()
+    async with IdClient(transport, FAST) as client:
+        for call in (client.next_id(tag), client.take(tag, 2), client.next_id(tag, kind="snowflake")):
+            with pytest.raises(IdRequestError) as caught:
+                await call
+            assert caught.value.code == "invalid_tag"
+            assert not caught.value.retryable
+            assert not isinstance(caught.value, DispenserUnavailable)
+        assert transport.requests == []
+        assert client.stats(tag) is None
+    with BlockingIdClient(transport, FAST) as blocking, pytest.raises(IdRequestError) as caught:
+        blocking.next_id(tag)
+    assert caught.value.code == "invalid_tag"
+    assert transport.requests == []
+
+
 def test_the_blocking_client_from_sixteen_threads() -> None:
     """Sixteen threads share one blocking client: every ID once, increasing within each thread."""
     transport = MemoryTransport()

@@ -89,3 +89,55 @@ async def test_the_signal_handlers_are_removed_afterwards() -> None:
     loop = asyncio.get_running_loop()
     assert not loop.remove_signal_handler(signal.SIGTERM)
     assert not loop.remove_signal_handler(signal.SIGINT)
+
+
+async def test_a_signal_during_a_start_that_hangs_stops_it(caplog: pytest.LogCaptureFixture) -> None:
+    """SIGTERM while the start waits for a dependency that never answers: cancelled, released, status 1.
+
+    Issue 22: ``serve`` ignored SIGTERM while it connected to NATS.
+    """
+    done: list[str] = []
+    waiting = asyncio.Event()
+
+    async def start(stack: contextlib.AsyncExitStack) -> Run:
+        await _start_three(stack, done)
+        waiting.set()
+        await asyncio.Event().wait()  # a dependency that never answers
+        raise AssertionError("not reached")
+
+    async def signal_once_waiting() -> None:
+        await waiting.wait()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    killer = asyncio.create_task(signal_once_waiting())
+    assert await asyncio.wait_for(run_until_signal(start), 10) == 1
+    await killer
+    assert done == ["service", "connection", "pool"]
+    assert "stopped by a signal before the start finished" in caplog.text
+
+
+async def test_a_wind_down_that_hangs_is_cut_at_the_budget(caplog: pytest.LogCaptureFixture) -> None:
+    """A clean-up that hangs after the signal (a silent dependency) is cut short at the stop budget: status 1."""
+    done: list[str] = []
+
+    async def start(stack: contextlib.AsyncExitStack) -> Run:
+        await _start_three(stack, done)
+
+        async def hang() -> None:
+            done.append("hanging")
+            await asyncio.Event().wait()
+
+        stack.push_async_callback(hang)
+
+        async def run(stop: asyncio.Event) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await stop.wait()
+
+        return run
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await asyncio.wait_for(run_until_signal(start, stop_budget=0.2), 10) == 1
+    assert 0.19 <= loop.time() - started < 5  # uvloop's clock counts whole milliseconds
+    assert done[0] == "hanging"
+    assert "did not stop within 0.2 s of the signal" in caplog.text

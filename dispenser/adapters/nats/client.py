@@ -7,6 +7,7 @@ nothing of the driver.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TypeAlias
 
 import msgspec
@@ -32,17 +33,23 @@ _decode_reply = msgspec.json.Decoder(Reply).decode
 async def request_once(config: NatsConfig, subject: str, body: bytes, timeout: float, name: str) -> bytes:
     """Send one request on a connection of its own and return the reply's body.
 
+    ``timeout`` bounds the whole: connecting (a server that is down or silent) and the reply.
+
     Raises:
         OSError: the server cannot be reached, nobody serves ``subject``, or no reply came in ``timeout``
             seconds (the message says which).
     """
-    nc = await connect(config, name=name)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    nc = await connect(config, name=name, deadline=timeout)
     try:
-        msg = await nc.request(subject, body, timeout=timeout)
+        msg = await nc.request(subject, body, timeout=max(deadline - loop.time(), 0.001))
     except NoRespondersError:
         raise OSError(f"no dispenser is serving {subject} on {redact(config.url)}") from None
     except NatsTimeout:
-        raise OSError(f"no reply on {subject} within {timeout}s") from None
+        raise OSError(f"no reply on {subject} within {timeout:g} s (NATS at {redact(config.url)})") from None
+    except NatsError as exc:  # the connection was lost meanwhile
+        raise OSError(f"NATS request on {subject} failed: {exc}") from None
     finally:
         await nc.close()
     return msg.data
@@ -55,12 +62,19 @@ class NatsIdTransport:
         config: servers and credentials (``subject_prefix`` too); used when no ``connection`` is given.
         connection: a connection of the caller's to use instead (not closed by :meth:`close`).
         name: the connection's name, as the NATS server's monitoring shows it.
+        start_deadline: seconds :meth:`start` keeps trying to connect (default ``config.start_deadline``).
     """
 
     def __init__(
-        self, config: NatsConfig | None = None, *, connection: Client | None = None, name: str = "leaf-client"
+        self,
+        config: NatsConfig | None = None,
+        *,
+        connection: Client | None = None,
+        name: str = "leaf-client",
+        start_deadline: float | None = None,
     ) -> None:
         self._config = config or NatsConfig()
+        self._start_deadline = start_deadline
         self._prefix = self._config.subject_prefix
         self._name = name
         self._nc = connection
@@ -70,10 +84,10 @@ class NatsIdTransport:
         """Connect (unless a connection was given).
 
         Raises:
-            OSError: no server could be reached.
+            OSError: no server could be reached within the start deadline.
         """
         if self._nc is None:
-            self._nc = await connect(self._config, name=self._name)
+            self._nc = await connect(self._config, name=self._name, deadline=self._start_deadline)
 
     async def close(self) -> None:
         """Close the connection if it is ours."""

@@ -47,10 +47,18 @@ async def subscribe_rates(nc: Client, prefix: str, observe: Callable[[RateEvent]
 
 @contextlib.asynccontextmanager
 async def listening_to_rates(
-    config: NatsConfig, observe: Callable[[RateEvent], None], name: str = "dispenser-watch"
+    config: NatsConfig,
+    observe: Callable[[RateEvent], None],
+    name: str = "dispenser-watch",
+    *,
+    deadline: float | None = None,
 ) -> AsyncIterator[None]:
-    """Connect and hand every rate event of the fleet to ``observe`` until the block ends (``dispenser watch``)."""
-    nc = await connect(config, name=name)
+    """Connect and hand every rate event of the fleet to ``observe`` until the block ends (``dispenser watch``).
+
+    Raises:
+        OSError: NATS cannot be reached within ``deadline`` seconds (default ``config.start_deadline``).
+    """
+    nc = await connect(config, name=name, deadline=deadline)
     try:
         await subscribe_rates(nc, config.subject_prefix, observe)
         yield

@@ -14,6 +14,7 @@ clock — into tasks of their own, so one slow tag never holds up the others.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -32,6 +33,9 @@ from dispenser.service.answering import Answer, Answerer
 __all__ = ["CONTENT_TYPE", "NatsIdService"]
 
 log = logging.getLogger(__name__)
+
+_SILENT_SERVER = 2.0
+"""Seconds a stop waits for the server to acknowledge a drain before it counts the server as silent."""
 
 SpecialHandler = Callable[[bytes, bool], Awaitable[Answer]]
 """A tag with a handler of its own (``leaf.snowflake.decode``): body and msgpack flag in, answer out."""
@@ -187,11 +191,33 @@ class NatsIdService:
         if service is None:
             return
         # Drain, not unsubscribe: every request the server already routed to this worker reaches the
-        # handler, which answers it inline or starts its task (waited for below).
-        await service.drain_endpoints()
+        # handler, which answers it inline or starts its task (waited for below). Each drain waits for the
+        # server's acknowledgement (nats-py: up to 10 s each): a server gone silent gets a few seconds,
+        # then the worker leaves without it (no answer could reach the requesters through it anyway).
+        try:
+            await asyncio.wait_for(service.drain_endpoints(), _SILENT_SERVER)
+        except TimeoutError:
+            log.warning(
+                "NATS did not acknowledge the drain within %g s (a silent server?): stopping without it",
+                _SILENT_SERVER,
+            )
+            grace = 0.0
+            silent = True
+        else:
+            silent = False
         if self._inflight:
-            _, pending = await asyncio.wait(set(self._inflight), timeout=grace)
-            for task in pending:
+            _, pending = (
+                await asyncio.wait(set(self._inflight), timeout=grace) if grace else ((), self._inflight)
+            )
+            for task in list(pending):
                 task.cancel()
-        await service.stop()
+        if silent:
+            # Draining the connection next (the worker's last step) would wait on the same silence.
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+        else:
+            try:
+                await asyncio.wait_for(service.stop(), _SILENT_SERVER)
+            except TimeoutError:
+                log.warning("NATS did not acknowledge the discovery drain within %g s", _SILENT_SERVER)
         self._service = None

@@ -107,6 +107,8 @@ class ServerProcess(abc.ABC, Generic[_Prepared]):
         proc, self._proc = self._proc, None
         atexit.unregister(self._stop_at_exit)
         if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a frozen server would not hear the stop signal
             stop_process(proc, self._stop_signals(), kill=self._kill_process)
 
     def kill(self) -> None:
@@ -115,6 +117,20 @@ class ServerProcess(abc.ABC, Generic[_Prepared]):
         atexit.unregister(self._stop_at_exit)
         if proc is not None:
             self._kill_process(proc)
+
+    def freeze(self) -> None:
+        """SIGSTOP the server: alive, its sockets open, answering nothing (a frozen VM, a long GC pause).
+
+        Clients see no error, only silence, until :meth:`thaw` (or :meth:`kill`, which works on a frozen
+        process; :meth:`stop` thaws it first).
+        """
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT the server after :meth:`freeze`: it goes on where it stopped."""
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGCONT)
 
     @abc.abstractmethod
     def _prepare(self) -> _Prepared:
