@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -26,16 +27,18 @@ from dispenser.adapters.nats.rates import rate_sink, subscribe_rates
 from dispenser.adapters.nats.service import NatsIdService
 from dispenser.adapters.postgres.replay import PostgresReplayStore
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
-from dispenser.adapters.prometheus import MetricsServer
+from dispenser.adapters.http import HttpServer, LeafApi, Operations
+from dispenser.adapters.prometheus import exposition, worker_registry
 from dispenser.config import Config
 from dispenser.core.errors import DispenserError, PeerClockUnverified, StateDirUnusable
 from dispenser.core.peers import check_peer_clocks
 from dispenser.core.step import StepPolicy
+from dispenser.health import not_ready
 from dispenser.messages import DECODE_TAG, Kind, clock_subject, id_subject
 from dispenser.ports import Clock, IdSource, ReplayStore, SegmentStore, SystemClock
 from dispenser.redaction import redact
-from dispenser.registries import SnowflakeRegistration, open_registration
-from dispenser.service.decode import decode_handler
+from dispenser.registries import SnowflakeRegistration, layout_of, open_registration
+from dispenser.service.decode import decode_handler, decode_id
 from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.identity import IdentityGuard
 from dispenser.service.rates import EventSink, RateBook, RatePublisher, RateSettings
@@ -88,7 +91,11 @@ class Worker:
         self.rate_publisher: RatePublisher | None = None
         self.rate_listener: KafkaRateListener | None = None
         """The peers' rate events from Kafka, when NATS (which carries them otherwise) is off."""
-        self.metrics: MetricsServer | None = None
+        self.metrics: HttpServer | None = None
+        """``/metrics``, ``/healthz`` and ``/readyz`` on ``metrics.port`` (the HTTP API's server when the
+        ports are the same)."""
+        self.http: HttpServer | None = None
+        """Leaf's HTTP API on ``http.port``, with the operations endpoints beside it."""
         self.postgres: PostgresSegmentStore | None = None
         """The PostgreSQL pool: the segment store's, or one opened for the replay store only."""
         self.replay_store: ReplayStore | None = None
@@ -192,10 +199,12 @@ class Worker:
             await check_security(config.kafka)
         if config.rate.enabled:
             await self._start_rates(stack)
-        if config.metrics.port is not None:
-            self.metrics = MetricsServer(self, config.metrics.host, config.metrics.port)
+        operations = self._operations()
+        if config.metrics.port is not None and not self._metrics_on_http_port():
+            self.metrics = HttpServer(config.metrics.host, config.metrics.port, operations)
             stack.push_async_callback(self.metrics.stop)
             await self.metrics.start()
+            log.info("serving Prometheus metrics on %s/metrics (and /healthz, /readyz)", self.metrics.url)
         if not self.serve:
             return
         if self.nc is not None:
@@ -220,8 +229,45 @@ class Worker:
             # Registered before start(): stop() also closes the clients of a start that failed half-way.
             stack.push_async_callback(self.kafka.stop)
             await self.kafka.start()
-        if self.nc is None and self.kafka is None:
-            log.warning("neither NATS (nats.enabled) nor Kafka (kafka.enabled) is on: nothing to serve")
+        if config.http.port is not None:
+            await self._start_http(stack, operations)
+        if self.nc is None and self.kafka is None and self.http is None:
+            log.warning(
+                "neither NATS (nats.enabled), Kafka (kafka.enabled) nor HTTP (http.port) is on: nothing to serve"
+            )
+
+    def _metrics_on_http_port(self) -> bool:
+        """Whether ``metrics.port`` is ``http.port``: then the HTTP API's server serves ``/metrics`` too."""
+        config = self.config
+        port = config.metrics.port
+        return bool(self.serve and port and port == config.http.port)
+
+    def _operations(self) -> Operations:
+        """What ``/metrics``, ``/healthz`` and ``/readyz`` read of this worker."""
+        registry = worker_registry(self)
+        return Operations(metrics=lambda: exposition(registry), not_ready=lambda: not_ready(self))
+
+    async def _start_http(self, stack: contextlib.AsyncExitStack, operations: Operations) -> None:
+        """Leaf's HTTP API (docs/http.md), answered by the same dispatchers as NATS and Kafka."""
+        config = self.config
+        decode = None
+        try:  # Leaf decodes with its layout whether or not snowflake is on; so does this, with ours
+            layout = self.snowflake.layout if self.snowflake is not None else layout_of(config.snowflake)
+            decode = functools.partial(decode_id, layout)
+        except DispenserError as exc:  # a broken layout of a generator that is off: no decode, no exit
+            log.warning("no /decodeSnowflakeId: %s", exc)
+        leaf = LeafApi(self.dispatchers, decode=decode)
+        assert config.http.port is not None
+        self.http = HttpServer(config.http.host, config.http.port, operations, leaf)
+        stack.push_async_callback(self.http.stop)
+        await self.http.start()
+        if self._metrics_on_http_port():
+            self.metrics = self.http
+        log.info(
+            "serving Leaf's HTTP API on %s (%s)",
+            self.http.url,
+            ", ".join(f"/api/{kind}/get/<key>" for kind in self.dispatchers) or "no generator",
+        )
 
     async def _postgres(self, stack: contextlib.AsyncExitStack) -> PostgresSegmentStore:
         """The PostgreSQL pool, opened on first need (segments, the replay store) and closed last.

@@ -266,6 +266,14 @@ class MetricsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
 
 
+class HttpConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Leaf's HTTP API (docs/http.md), with ``/metrics``, ``/healthz`` and ``/readyz`` beside it."""
+
+    port: Port | None = None
+    """Serve Leaf's HTTP API on this port; none: off. The same port as ``metrics.port``: one server for both."""
+    host: str = "127.0.0.1"
+
+
 class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """What a single request may ask for."""
 
@@ -300,6 +308,7 @@ class Config(Struct, forbid_unknown_fields=True, kw_only=True):
     enrich: EnrichConfig = msgspec.field(default_factory=EnrichConfig)
     rate: RateConfig = msgspec.field(default_factory=RateConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
 
@@ -313,6 +322,7 @@ _SECTIONS: dict[str, type[Struct]] = {
     "enrich": EnrichConfig,
     "rate": RateConfig,
     "metrics": MetricsConfig,
+    "http": HttpConfig,
     "limits": LimitsConfig,
     "log": LogConfig,
 }

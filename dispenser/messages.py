@@ -19,6 +19,7 @@ so that the workers, the clients and the AsyncAPI document spell them the same w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
@@ -46,6 +47,7 @@ __all__ = [
     "encode_reply",
     "id_subject",
     "json_schemas",
+    "query_request",
     "rate_subject",
     "strict_decode",
 ]
@@ -252,6 +254,25 @@ def decode_request(data: bytes, msgpack: bool = False) -> IdRequest:
     if not data:
         return _DEFAULT_REQUEST
     return strict_decode(_msgpack_request if msgpack else _json_request, data)
+
+
+def query_request(params: Mapping[str, str]) -> IdRequest:
+    """The request that URL query parameters spell (``?count=100&format=ranges&request_id=r-1``).
+
+    The same fields, limits and errors as a JSON body: Leaf's HTTP API (``dispenser.adapters.http``) takes
+    its batch form this way. No parameters: one ID.
+
+    Raises:
+        InvalidRequest: a value has the wrong type or is out of bounds, or a parameter is unknown (a
+            misspelt ``cuont`` must not silently become one ID).
+    """
+    if not params:
+        return _DEFAULT_REQUEST
+    try:
+        # strict=False: query values are strings ("100" is the int 100), as environment values are.
+        return msgspec.convert(dict(params), IdRequest, strict=False)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 def decode_kafka_request(data: bytes, msgpack: bool = False) -> KafkaIdRequest:

@@ -2,8 +2,9 @@
 
 Nothing is counted for Prometheus on the hot path: a custom collector reads, at scrape time, what the
 worker counts anyway (the rate meters, the dispatchers' answers and errors, the allocators' fetches and
-buffers, the snowflake generator's waits). The endpoint is a small asyncio server in the worker's own
-event loop, so a scrape reads a consistent state and needs no thread.
+buffers, the snowflake generator's waits). The endpoint is the worker's aiohttp server
+(:mod:`dispenser.adapters.http`) in its own event loop, so a scrape reads a consistent state and needs no
+thread.
 
 Metrics (all prefixed ``leaf_``): ``ids_total`` and ``requests_total`` by kind and tag; ``errors_total`` and
 ``request_seconds`` (histogram) and ``replays_unsettled_total`` by kind; ``segment_fetches_total``,
@@ -15,17 +16,22 @@ and ``snowflake_lease_held``; ``kafka_replies_undeliverable_total`` when Kafka r
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dispenser import __version__
 from dispenser.core.rate import runway_seconds
 from dispenser.ports import Clock
 from dispenser.service.dispatch import LATENCY_BUCKETS, Dispatcher
@@ -33,7 +39,13 @@ from dispenser.service.rates import RateBook
 from dispenser.service.segments import SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator
 
-__all__ = ["MetricsServer", "WorkerCollector"]
+__all__ = [
+    "BuildInfoCollector",
+    "WorkerCollector",
+    "add_standard_collectors",
+    "exposition",
+    "worker_registry",
+]
 
 log = logging.getLogger(__name__)
 
@@ -209,51 +221,43 @@ class WorkerCollector(Collector):
         yield from (fetches, fetch_time, fetch_errors, step, floor, buffered, runway)
 
 
-class MetricsServer:
-    """``GET /metrics`` on ``host:port``, served from the worker's event loop."""
+def worker_registry(worker: Worker) -> CollectorRegistry:
+    """A registry of the worker's metrics, the standard ones (process, platform, GC) and ``leaf_build_info``.
 
-    def __init__(self, worker: Worker, host: str, port: int) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(WorkerCollector(worker))
-        self.host = host
-        self.port = port
-        self._server: asyncio.Server | None = None
+    Served by :class:`dispenser.adapters.http.HttpServer` (``/metrics`` on ``metrics.port``, and on
+    ``http.port``): :func:`exposition` renders it.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(WorkerCollector(worker))
+    add_standard_collectors(registry)
+    return registry
 
-    async def start(self) -> None:
-        """Listen (port 0 picks a free one; :attr:`port` then says which)."""
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("serving Prometheus metrics on http://%s:%d/metrics", self.host, self.port)
 
-    async def stop(self) -> None:
-        """Stop listening."""
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await self._server.wait_closed()
-            self._server = None
+def add_standard_collectors(registry: CollectorRegistry) -> None:
+    """Register what every Prometheus client exports by default, and ``leaf_build_info``.
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
-            target = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
-            if request.startswith(b"GET ") and target.split(b"?")[0] in (b"/metrics", b"/"):
-                body, status = generate_latest(self.registry), b"200 OK"
-                kind = b"text/plain; version=0.0.4; charset=utf-8"
-            else:
-                body, status, kind = b"not found: try /metrics\n", b"404 Not Found", b"text/plain"
-            writer.write(
-                b"HTTP/1.1 "
-                + status
-                + b"\r\nContent-Type: "
-                + kind
-                + b"\r\nContent-Length: "
-                + str(len(body)).encode()
-                + b"\r\nConnection: close\r\n\r\n"
-                + body
-            )
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    ``process_*`` (CPU, memory, open files, start time; Linux), ``python_info``, ``python_gc_*``: the
+    default registry's collectors, registered here on our own registry (which a worker in a test shares
+    the process with others, so it is never the global default one).
+    """
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    registry.register(BuildInfoCollector())
+
+
+class BuildInfoCollector(Collector):
+    """``leaf_build_info{version}`` 1: which release runs (joined onto other metrics by instance)."""
+
+    def collect(self) -> Iterator[Metric]:
+        """The one sample."""
+        info = GaugeMetricFamily(
+            "leaf_build_info", "The running release (always 1; the version in its label)", labels=["version"]
+        )
+        info.add_metric([__version__], 1)
+        yield info
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The registry in Prometheus' text format (what ``/metrics`` answers)."""
+    return generate_latest(registry)

@@ -6,6 +6,7 @@ The NATS and Kafka adapters depend on this interface only, never on the concrete
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +22,9 @@ class Answer:
 
     body: bytes
     error: DispenserError | None = None
+    ranges: Sequence[tuple[int, int]] | None = None
+    """The IDs in the body, as inclusive ranges: for an adapter that answers in another form (Leaf's HTTP
+    API answers one ID as plain text), so that it need not decode the body again."""
 
 
 class Answerer(Protocol):

@@ -146,7 +146,7 @@ class Dispatcher:
         if batch is None:
             return None
         self.inline += 1
-        return Answer(self._reply(tag, request, batch, msgpack))
+        return Answer(self._reply(tag, request, batch, msgpack), ranges=batch.ranges)
 
     async def answer(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer:
         """Answer, waiting for a segment or the clock where needed; never raises.
@@ -172,7 +172,7 @@ class Dispatcher:
             return self._internal(tag, exc, msgpack)
         finally:
             self._observe(self._clock.monotonic() - started)
-        return Answer(self._reply(tag, request, batch, msgpack))
+        return Answer(self._reply(tag, request, batch, msgpack), ranges=batch.ranges)
 
     async def _take_once(self, tag: str, request: IdRequest, deadline: float) -> RangesBatch:
         """IDs for a request with a ``request_id``: ours, or those another worker already answered with.

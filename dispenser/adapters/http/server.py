@@ -1,0 +1,297 @@
+"""One aiohttp server: Leaf's HTTP API (``http.port``) and the operations endpoints beside it.
+
+Leaf's API, answered as Leaf's ``LeafController`` and ``LeafMonitorController`` answer it (docs/http.md has
+both side by side):
+
+* ``/api/segment/get/{key}`` and ``/api/snowflake/get/{key}``: one ID as plain text. An error is status
+  500 with the body Spring Boot 1.5 (Leaf's server) writes for Leaf's exception, its ``message`` Leaf's own
+  ``Result{id=-2, status=EXCEPTION}``; the dispenser adds ``code``, ``retryable`` and ``detail`` to it.
+* the batch form, which Leaf lacks: the same paths with ``?count=N`` (and ``format=ranges``,
+  ``request_id=…``) answer the NATS reply in JSON; an error has its own status (400, 404, 413, 503, 507)
+  and the NATS error body.
+* ``/decodeSnowflakeId?snowflakeId=N``: Leaf's map of strings (``timestamp``, ``workerId``, ``sequenceId``).
+
+Every ID request goes through the service's :class:`Answerer`, as a NATS request does: the same limits,
+the same coded errors (also in the ``Dispenser-Error-Code`` header), the same ``request_id`` replay (with
+``?request_id=``), the same metrics. The operations endpoints (``/metrics``, ``/healthz``, ``/readyz``) are
+served by every :class:`HttpServer`, the one on ``metrics.port`` as well.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from dispenser.core.errors import (
+    BadRequest,
+    ClockMovedBackwards,
+    DispenserError,
+    InvalidTag,
+    Unavailable,
+    UnknownTag,
+)
+from dispenser.messages import DecodeReply, IdRequest, query_request
+from dispenser.service.answering import Answer, Answerer
+
+__all__ = ["ERROR_CODE_HEADER", "HttpServer", "LeafApi", "Operations", "leaf_result_id"]
+
+log = logging.getLogger(__name__)
+
+ERROR_CODE_HEADER = "Dispenser-Error-Code"
+"""The response header that carries an error's code (``unknown_tag``, ``unavailable``…), in both forms."""
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""Prometheus' text exposition format."""
+
+_ONE = IdRequest()
+_BATCH_PARAMETERS = ("count", "format")
+"""Either of these in the query selects the batch form (a JSON reply); without them, Leaf's plain text."""
+
+# What Spring Boot 1.5 (Leaf's server) answers for the exceptions Leaf's controllers throw.
+_LEAF_EXCEPTION = "com.sankuai.inf.leaf.server.exception.LeafServerException"
+_MISSING_PARAMETER = "org.springframework.web.bind.MissingServletRequestParameterException"
+_DECODE_ERROR = "snowflake Id反解析发生异常!"
+"""Leaf's ``errorMsg`` when ``snowflakeId`` is not a number (Chinese: "decoding the snowflake ID failed!")."""
+_JAVA_LONG = re.compile(r"[+-]?[0-9]+")
+"""What Java's ``Long.parseLong`` accepts (and Python's ``int`` more: spaces, underscores)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Operations:
+    """What the operations endpoints read of the worker."""
+
+    metrics: Callable[[], bytes] | None = None
+    """The Prometheus text exposition, for ``/metrics`` (and ``/``, as the metrics port always had)."""
+    not_ready: Callable[[], Sequence[str]] = tuple
+    """Why the worker cannot answer now: ``/readyz`` answers 503 with these reasons; none: ready."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeafApi:
+    """What Leaf's API answers from."""
+
+    dispatchers: Mapping[str, Answerer]
+    """By generator kind (``segment``, ``snowflake``): a kind missing here has no route (404)."""
+    decode: Callable[[int], DecodeReply] | None = None
+    """Takes a snowflake ID apart with the configured layout (raises ``InvalidId``); ``None``: no
+    ``/decodeSnowflakeId``."""
+
+
+def leaf_result_id(kind: str, exc: DispenserError) -> int:
+    """The id of Leaf's ``Result`` for an error, as Leaf's generators number their failures.
+
+    Segment: -2 the key does not exist, -3 neither segment could be loaded from the database, -1 the rest
+    (Leaf: the cache never loaded). Snowflake: -3 the clock went back more than Leaf waits out, -1 the rest.
+    """
+    if kind == "segment":
+        if isinstance(exc, UnknownTag | InvalidTag):
+            return -2
+        if isinstance(exc, Unavailable):
+            return -3
+        return -1
+    if isinstance(exc, ClockMovedBackwards):
+        return -3
+    return -1
+
+
+def _spring_error(status: int, reason: str, path: str, message: str, exception: str | None) -> dict[str, Any]:
+    """The body of Spring Boot 1.5's error page for a client that does not ask for HTML."""
+    body: dict[str, Any] = {"timestamp": int(time.time() * 1000), "status": status, "error": reason}
+    if exception is not None:
+        body["exception"] = exception
+    body["message"] = message
+    body["path"] = path
+    return body
+
+
+def _json(body: object, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=msgspec.json.encode(body), status=status, content_type="application/json", headers=headers
+    )
+
+
+class HttpServer:
+    """An aiohttp server on ``host:port``: the operations endpoints, and Leaf's API when given one.
+
+    Args:
+        host: the address to listen on.
+        port: the port (0: a free one; :attr:`port` says which once started).
+        operations: what ``/metrics``, ``/healthz`` and ``/readyz`` read.
+        leaf: Leaf's API; ``None``: operations only (the metrics port).
+    """
+
+    def __init__(self, host: str, port: int, operations: Operations, leaf: LeafApi | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.app = web.Application()
+        self._runner: web.AppRunner | None = None
+        self._add_operations(operations)
+        if leaf is not None:
+            self._add_leaf(leaf)
+        # Last: every other path answers as Spring Boot answers a path it has no mapping for.
+        self.app.router.add_route("*", "/{path:.*}", self._not_found)
+
+    async def start(self) -> None:
+        """Listen; a port that is taken raises ``OSError``."""
+        # No access log: one line per ID request would cost more than the answer (and say little).
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+        await runner.setup()
+        self._runner = runner
+        site = web.TCPSite(runner, self.host, self.port)
+        await site.start()
+        self.port = runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        """Stop listening, let requests in flight finish (5 s at most), close the connections."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (after :meth:`start`)."""
+        return f"http://{self.host}:{self.port}"
+
+    # -- operations --------------------------------------------------------------------------------
+
+    def _add_operations(self, operations: Operations) -> None:
+        router = self.app.router
+        metrics = operations.metrics
+        not_ready = operations.not_ready
+        if metrics is not None:
+
+            async def scrape(_request: web.Request) -> web.Response:
+                return web.Response(body=metrics(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+            router.add_get("/metrics", scrape)
+            router.add_get("/", scrape)
+
+        async def healthz(_request: web.Request) -> web.Response:
+            # Alive: the event loop answers. Nothing else is checked, so that a restart is never the
+            # answer to a dependency being down (that is what /readyz says).
+            return web.Response(text="ok\n")
+
+        async def readyz(_request: web.Request) -> web.Response:
+            reasons = list(not_ready())
+            if reasons:
+                return _json({"status": "not ready", "reasons": reasons}, 503)
+            return _json({"status": "ready"})
+
+        router.add_get("/healthz", healthz)
+        router.add_get("/readyz", readyz)
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        body = _spring_error(404, "Not Found", request.path, "No message available", None)
+        return _json(body, 404)
+
+    # -- Leaf's API --------------------------------------------------------------------------------
+
+    def _add_leaf(self, leaf: LeafApi) -> None:
+        router = self.app.router
+        for kind, dispatcher in leaf.dispatchers.items():
+            # Any method, as Leaf's @RequestMapping without a method.
+            router.add_route("*", f"/api/{kind}/get/{{key}}", self._id_handler(kind, dispatcher))
+        if leaf.decode is not None:
+            router.add_route("*", "/decodeSnowflakeId", self._decode_handler(leaf.decode))
+
+    def _id_handler(
+        self, kind: str, dispatcher: Answerer
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        answer_now = dispatcher.answer_now
+        answer_later = dispatcher.answer
+
+        async def get(request: web.Request) -> web.Response:
+            tag = request.match_info["key"]
+            if request.query_string:
+                return await self._with_query(kind, dispatcher, request, tag)
+            # The hot path: one ID, no query, answered inline when the buffer has it.
+            answer = answer_now(tag, _ONE) or await answer_later(tag, _ONE)
+            ranges = answer.ranges
+            if ranges is None:
+                return self._leaf_error(kind, request.path, answer)
+            return web.Response(text=str(ranges[0][0]))
+
+        return get
+
+    async def _with_query(
+        self, kind: str, dispatcher: Answerer, request: web.Request, tag: str
+    ) -> web.Response:
+        query = request.query
+        batch = any(name in query for name in _BATCH_PARAMETERS)
+        try:
+            if batch:
+                id_request = query_request(query)
+            else:  # Leaf's form: other parameters are ignored, as Leaf ignores them
+                request_id = query.get("request_id")
+                id_request = _ONE if request_id is None else query_request({"request_id": request_id})
+        except DispenserError as exc:
+            answer = dispatcher.error(tag, exc)
+        else:
+            answer = dispatcher.answer_now(tag, id_request) or await dispatcher.answer(tag, id_request)
+        error = answer.error
+        if batch:
+            if error is None:
+                return web.Response(body=answer.body, content_type="application/json")
+            return web.Response(
+                body=answer.body,
+                status=error.status,
+                content_type="application/json",
+                headers={ERROR_CODE_HEADER: error.code},
+            )
+        if answer.ranges is None:
+            return self._leaf_error(kind, request.path, answer)
+        return web.Response(text=str(answer.ranges[0][0]))
+
+    @staticmethod
+    def _leaf_error(kind: str, path: str, answer: Answer) -> web.Response:
+        error = answer.error
+        if error is None:  # not reachable: an answer without IDs is an error answer
+            raise RuntimeError("an answer with neither IDs nor an error")
+        body = _spring_error(
+            500,
+            "Internal Server Error",
+            path,
+            f"Result{{id={leaf_result_id(kind, error)}, status=EXCEPTION}}",
+            _LEAF_EXCEPTION,
+        )
+        body |= {"code": error.code, "retryable": error.retryable, "detail": error.message}
+        return _json(body, 500, {ERROR_CODE_HEADER: error.code})
+
+    @staticmethod
+    def _decode_handler(
+        decode: Callable[[int], DecodeReply],
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def decode_snowflake_id(request: web.Request) -> web.Response:
+            text = request.query.get("snowflakeId")
+            if text is None:
+                message = "Required String parameter 'snowflakeId' is not present"
+                body = _spring_error(400, "Bad Request", request.path, message, _MISSING_PARAMETER)
+                return _json(body, 400, {ERROR_CODE_HEADER: "invalid"})
+            value = int(text) if _JAVA_LONG.fullmatch(text) else None
+            try:
+                if value is None or not -(2**63) <= value < 2**63:
+                    raise BadRequest(f"{text!r} is not a 64-bit integer")
+                fields = decode(value)
+            except BadRequest as exc:
+                # Leaf answers a bad number with 200 and this map; the code and detail are ours.
+                return _json({"errorMsg": _DECODE_ERROR, "code": exc.code, "detail": exc.message})
+            timestamp_ms = fields.timestamp_ms or 0
+            moment = datetime.datetime.fromtimestamp(timestamp_ms / 1000, datetime.UTC)
+            shown = f"{moment:%Y-%m-%d %H:%M:%S}.{timestamp_ms % 1000:03d}"
+            return _json(
+                {
+                    "timestamp": f"{timestamp_ms}({shown})",
+                    "sequenceId": str(fields.sequence),
+                    "workerId": str(fields.worker_id),
+                }
+            )
+
+        return decode_snowflake_id
