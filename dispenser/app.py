@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from dispenser.adapters.http import HttpServer, LeafApi, Operations
 from dispenser.adapters.kafka.clients import KafkaRateSink, check_security
 from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
 from dispenser.adapters.kafka.rates import KafkaRateListener
@@ -27,7 +28,6 @@ from dispenser.adapters.nats.rates import rate_sink, subscribe_rates
 from dispenser.adapters.nats.service import NatsIdService
 from dispenser.adapters.postgres.replay import PostgresReplayStore
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
-from dispenser.adapters.http import HttpServer, LeafApi, Operations
 from dispenser.adapters.prometheus import exposition, worker_registry
 from dispenser.config import Config
 from dispenser.core.errors import DispenserError, PeerClockUnverified, StateDirUnusable

@@ -1,5 +1,8 @@
-"""Health: ``dispenser check`` (can this worker reach every dependency its configuration names?), and a
-running worker's readiness (``/readyz``: can it answer now?)."""
+"""Health: ``dispenser check`` and a running worker's readiness (``/readyz``).
+
+``check`` asks whether this worker can reach every dependency its configuration names; :func:`not_ready`
+whether a running worker can answer now.
+"""
 
 from __future__ import annotations
 
