@@ -372,15 +372,16 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     bench = add_parser(
-        "bench", help="benchmark the service (`dispenser bench nats|kafka|snowflake|client --help`)"
+        "bench", help="benchmark the service (`dispenser bench nats|kafka|snowflake|client|http --help`)"
     )
     bench.add_argument(
         "target",
-        choices=["nats", "kafka", "snowflake", "client"],
+        choices=["nats", "kafka", "snowflake", "client", "http"],
         help=(
             "nats: the worker against an echo responder; kafka: request/reply against a Kafka echo responder "
             "and enrichment against a plain transactional copy loop; snowflake: in-process IDs/s against "
-            "the format's ceiling; client: the buffered client's next_id and take against a request per ID"
+            "the format's ceiling; client: the buffered client's next_id and take against a request per ID; "
+            "http: Leaf's HTTP API against a trivial aiohttp handler (needs wrk)"
         ),
     )
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
@@ -756,6 +757,10 @@ def _bench(args: argparse.Namespace, _config: Config) -> int:
         from dispenser.bench import client_bench  # noqa: PLC0415 - starts servers; only when asked
 
         return client_bench.main(args.options)
+    if args.target == "http":
+        from dispenser.bench import http_bench  # noqa: PLC0415 - starts servers; only when asked
+
+        return http_bench.main(args.options)
     if args.target == "kafka":
         from dispenser.bench import kafka_bench  # noqa: PLC0415 - starts servers; only when asked
 
