@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from prometheus_client import CollectorRegistry
 
 from dispenser.adapters.http import HttpServer, LeafApi, Operations
 from dispenser.adapters.kafka.clients import KafkaRateSink, check_security
@@ -28,7 +29,7 @@ from dispenser.adapters.nats.rates import rate_sink, subscribe_rates
 from dispenser.adapters.nats.service import NatsIdService
 from dispenser.adapters.postgres.replay import PostgresReplayStore
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
-from dispenser.adapters.prometheus import exposition, worker_registry
+from dispenser.adapters.prometheus import EnricherCollector, exposition, worker_registry
 from dispenser.config import Config
 from dispenser.core.errors import DispenserError, PeerClockUnverified, StateDirUnusable
 from dispenser.core.peers import check_peer_clocks
@@ -96,6 +97,8 @@ class Worker:
         ports are the same)."""
         self.http: HttpServer | None = None
         """Leaf's HTTP API on ``http.port``, with the operations endpoints beside it."""
+        self.registry: CollectorRegistry | None = None
+        """What ``/metrics`` shows (set by :meth:`start`); ``dispenser enrich`` adds the enricher's metrics."""
         self.postgres: PostgresSegmentStore | None = None
         """The PostgreSQL pool: the segment store's, or one opened for the replay store only."""
         self.replay_store: ReplayStore | None = None
@@ -244,7 +247,7 @@ class Worker:
 
     def _operations(self) -> Operations:
         """What ``/metrics``, ``/healthz`` and ``/readyz`` read of this worker."""
-        registry = worker_registry(self)
+        self.registry = registry = worker_registry(self)
         return Operations(metrics=lambda: exposition(registry), not_ready=lambda: not_ready(self))
 
     async def _start_http(self, stack: contextlib.AsyncExitStack, operations: Operations) -> None:
@@ -682,6 +685,8 @@ async def run_enricher(config: Config, settings: EnrichSettings) -> int:
         else:  # not reachable: the config above turns exactly one generator on
             raise DispenserError(f"no {settings.kind} generator started")
         enricher = Enricher(config.kafka, settings, source)
+        if worker.registry is not None:
+            worker.registry.register(EnricherCollector(enricher, settings.input_topic))
         stack.push_async_callback(enricher.close)  # the enricher is closed before the worker stops
         await enricher.start()
 

@@ -11,7 +11,9 @@ Metrics (all prefixed ``leaf_``): ``ids_total`` and ``requests_total`` by kind a
 ``segment_fetch_seconds_total``, ``segment_fetch_errors_total``, ``segment_step``, ``segment_configured_step``,
 ``ids_buffered``, ``runway_seconds``, ``rate_ids_per_second`` and ``peak_ids_per_second`` by tag;
 ``snowflake_clock_waits_total``, ``snowflake_rollbacks_refused_total``, ``snowflake_clock_back_waits_total``
-and ``snowflake_lease_held``; ``kafka_replies_undeliverable_total`` when Kafka requests are served.
+and ``snowflake_lease_held``; ``kafka_replies_undeliverable_total`` when Kafka requests are served;
+``build_info``; the ``enrich_*`` metrics of ``dispenser enrich`` (:class:`EnricherCollector`). Beside them
+the Prometheus client's process, platform and GC collectors.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dispenser.service.snowflake import SnowflakeGenerator
 
 __all__ = [
     "BuildInfoCollector",
+    "EnricherCollector",
     "WorkerCollector",
     "add_standard_collectors",
     "exposition",
@@ -219,6 +222,94 @@ class WorkerCollector(Collector):
             meter = tag_allocator.meter
             runway.add_metric([tag], runway_seconds(left, meter.peak(now) or meter.rate(now)))
         yield from (fetches, fetch_time, fetch_errors, step, floor, buffered, runway)
+
+
+class EnrichCounts(Protocol):
+    """What the metrics read of the enricher's counters (``EnrichStats``)."""
+
+    @property
+    def enriched(self) -> int:
+        """Records enriched, counted when their transaction committed."""
+        ...
+
+    @property
+    def dead_lettered(self) -> int:
+        """Records sent to the dead-letter topic (committed)."""
+        ...
+
+    @property
+    def transactions(self) -> int:
+        """Transactions committed."""
+        ...
+
+    @property
+    def aborted(self) -> int:
+        """Transactions aborted (the partition starts over from its last commit)."""
+        ...
+
+    @property
+    def id_waits(self) -> int:
+        """Times taking IDs failed and was retried."""
+        ...
+
+
+class EnricherState(Protocol):
+    """The enricher (``dispenser enrich``), as the metrics see it."""
+
+    @property
+    def stats(self) -> EnrichCounts:
+        """Its counters."""
+        ...
+
+    def lag(self) -> Mapping[int, int]:
+        """Records behind, by owned input partition."""
+        ...
+
+
+class EnricherCollector(Collector):
+    """``leaf_enrich_*``: what ``dispenser enrich`` did, and how far behind its input it is."""
+
+    def __init__(self, enricher: EnricherState, input_topic: str) -> None:
+        self._enricher = enricher
+        self._topic = input_topic
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families, now."""
+        stats = self._enricher.stats
+        topic = [self._topic]
+        families = (
+            CounterMetricFamily(
+                "leaf_enrich_records",
+                "Records enriched (counted when their transaction commits)",
+                labels=["topic"],
+            ),
+            CounterMetricFamily(
+                "leaf_enrich_dead_letters", "Records sent to the dead-letter topic", labels=["topic"]
+            ),
+            CounterMetricFamily(
+                "leaf_enrich_transactions_committed", "Transactions committed", labels=["topic"]
+            ),
+            CounterMetricFamily(
+                "leaf_enrich_transactions_aborted",
+                "Transactions aborted (redone from the last commit)",
+                labels=["topic"],
+            ),
+            CounterMetricFamily(
+                "leaf_enrich_id_waits", "Times taking IDs failed and was retried", labels=["topic"]
+            ),
+        )
+        values = (stats.enriched, stats.dead_lettered, stats.transactions, stats.aborted, stats.id_waits)
+        for family, value in zip(families, values, strict=True):
+            family.add_metric(topic, value)
+            yield family
+        lag = GaugeMetricFamily(
+            "leaf_enrich_lag_records",
+            "Input records not yet read, by owned partition (last stable offset minus the next to read)",
+            labels=["topic", "partition"],
+        )
+        for partition, behind in sorted(self._enricher.lag().items()):
+            lag.add_metric([self._topic, str(partition)], behind)
+        yield lag
 
 
 def worker_registry(worker: Worker) -> CollectorRegistry:

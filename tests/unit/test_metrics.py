@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+from dispenser import __version__
 from dispenser.adapters.local.static_registry import StaticRegistry
+from dispenser.adapters.prometheus import EnricherCollector, add_standard_collectors
 from dispenser.core.errors import ClockMovedBackwards, LeaseLost, StoreUnavailable
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.ports import WorkerLease
@@ -113,3 +118,54 @@ async def test_a_lost_lease_shows_until_the_worker_registers_again() -> None:
 
 async def _no_persist(_worker_id: int, _high_water_ms: int) -> None:
     return None
+
+
+def test_the_enrichers_counters_and_lag_by_partition() -> None:
+    """leaf_enrich_* show the enricher's committed records, dead letters, transactions and lag per partition."""
+
+    @dataclass
+    class Stats:
+        enriched: int = 990
+        dead_lettered: int = 10
+        transactions: int = 7
+        aborted: int = 2
+        id_waits: int = 1
+
+    @dataclass
+    class Enricher:
+        stats: Stats = field(default_factory=Stats)
+        behind: dict[int, int] = field(default_factory=lambda: {1: 40, 0: 3})
+
+        def lag(self) -> dict[int, int]:
+            return self.behind
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EnricherCollector(Enricher(), "orders"))
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+    }
+    topic = (("topic", "orders"),)
+    assert samples[("leaf_enrich_records_total", topic)] == 990
+    assert samples[("leaf_enrich_dead_letters_total", topic)] == 10
+    assert samples[("leaf_enrich_transactions_committed_total", topic)] == 7
+    assert samples[("leaf_enrich_transactions_aborted_total", topic)] == 2
+    assert samples[("leaf_enrich_id_waits_total", topic)] == 1
+    assert samples[("leaf_enrich_lag_records", (("partition", "0"), *topic))] == 3
+    assert samples[("leaf_enrich_lag_records", (("partition", "1"), *topic))] == 40
+
+
+def test_the_standard_collectors_and_build_info_are_registered() -> None:
+    """A worker's registry has process_*, python_info, python_gc_* and leaf_build_info{version} = 1."""
+    registry = CollectorRegistry(auto_describe=False)
+    add_standard_collectors(registry)
+    names = {
+        sample.name: sample
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+    }
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"} <= set(names)
+    assert any(name.startswith("python_gc_") for name in names)
+    assert names["leaf_build_info"].labels == {"version": __version__}
+    assert names["leaf_build_info"].value == 1

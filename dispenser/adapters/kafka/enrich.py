@@ -523,6 +523,24 @@ class Enricher:
         part.pending = part.dead = 0
         part.sends = []
 
+    def lag(self) -> dict[int, int]:
+        """Records behind, by owned input partition.
+
+        The partition's last stable offset (what ``read_committed`` may read, as the consumer last heard it
+        from the broker) minus the next offset this enricher reads. A partition whose end the consumer has not heard yet (just assigned) is left out.
+        """
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        behind = {}
+        for tp, part in list(self._partitions.items()):
+            end = consumer.last_stable_offset(tp)
+            if end is None:
+                end = consumer.highwater(tp)
+            if end is not None:
+                behind[tp.partition] = max(0, end - part.next_offset)
+        return behind
+
     def _count_committed(self, part: _Partition) -> None:
         stats = self.stats
         stats.transactions += 1
