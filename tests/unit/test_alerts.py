@@ -324,3 +324,18 @@ def test_real_scrapes_fire_the_alerts(
     test_file.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     result = _run("test", "rules", str(test_file))
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+
+
+def test_every_alert_has_a_runbook_url_into_the_runbook() -> None:
+    """Each alert's runbook_url is docs/runbook.md#<its name>, and the runbook has that section."""
+    rules = [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+    runbook = ROOT / "docs" / "runbook.md"
+    sections = {
+        line[3:].strip().lower() for line in runbook.read_text().splitlines() if line.startswith("## ")
+    }
+    alerts = [rule["alert"] for rule in rules if "alert" in rule]
+    assert len(alerts) >= 11
+    for rule in rules:
+        name = rule["alert"]
+        assert rule["annotations"]["runbook_url"] == f"docs/runbook.md#{name.lower()}", name
+        assert name.lower() in sections, f"docs/runbook.md has no section '## {name}'"
