@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import faulthandler
 import functools
 import json
@@ -49,9 +50,12 @@ examples:
 
 
 class _JsonFormatter(logging.Formatter):
+    """One JSON object per line (``log.format = "json"``), its ``time`` in RFC 3339, UTC, to the millisecond."""
+
     def format(self, record: logging.LogRecord) -> str:
+        moment = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
         entry = {
-            "time": self.formatTime(record),
+            "time": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
 
-from dispenser.cli import _LOG_HANDLER, _setup_logging
+from dispenser.cli import _LOG_HANDLER, _JsonFormatter, _setup_logging
 from dispenser.config import load_config
 
 
@@ -25,3 +27,17 @@ def test_setup_replaces_its_own_handler_and_keeps_others() -> None:
     finally:
         root.handlers[:] = before
         root.removeHandler(foreign)
+
+
+def test_json_lines_carry_an_rfc3339_utc_time() -> None:
+    """log.format = "json": one object per line, `time` like 2026-11-25T18:14:03.123Z (the record's moment, UTC)."""
+    record = logging.LogRecord("dispenser.app", logging.WARNING, __file__, 1, "served %d IDs", (3,), None)
+    record.created = 1764094443.1239  # 2025-11-25 18:14:03.123 UTC
+    entry = json.loads(_JsonFormatter().format(record))
+    assert entry == {
+        "time": "2025-11-25T18:14:03.123Z",
+        "level": "WARNING",
+        "logger": "dispenser.app",
+        "message": "served 3 IDs",
+    }
+    assert datetime.datetime.fromisoformat(entry["time"]).utcoffset() == datetime.timedelta(0)
