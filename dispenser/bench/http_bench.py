@@ -12,9 +12,11 @@ What runs, all on this machine:
   generator on one core leaves the other to the server measured; a Python client would be slower than the
   server and measure itself.
 
-Cases, each warmed up once, then measured ``--repeat`` times in alternation (echo, dispenser, echo, …),
-the best window of each kept: the echo; Leaf's form for a segment ID and for a snowflake ID; the batch form
-(``?count=100``). The target: Leaf's segment form at 64 connections answers at least 0.9 of the echo's
+Cases, each warmed up once, then measured in ``--repeat`` rounds (every case once per round, every other
+round in the reverse order); reported: the median window of each case, and the median over the rounds of
+its requests/s over the echo's in the same round (a load that comes and goes on a shared machine weighs
+on both of a pair). Also the server's CPU per request (median), whose ratio is much steadier. The cases:
+the echo; Leaf's form for a segment ID and for a snowflake ID; the batch form (``?count=100``). The target: Leaf's segment form at 64 connections answers at least 0.9 of the echo's
 requests/s.
 """
 
@@ -27,6 +29,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -238,7 +241,7 @@ async def run(options: Options, workdir: Path) -> tuple[list[CaseResult], list[T
 async def _measure(
     options: Options, wrk: str, script: Path, ports: dict[str, int], children: dict[str, Child]
 ) -> tuple[list[CaseResult], list[Target]]:
-    best: dict[tuple[str, int], Window] = {}
+    windows: dict[tuple[str, int], list[Window]] = {}
 
     def url(case: Case) -> str:
         return f"http://127.0.0.1:{ports[case.responder]}{case.path}"
@@ -252,7 +255,8 @@ async def _measure(
             for case in CASES:
                 await _run_wrk(wrk, script, url(case), connections, options.warmup, pid=None)
         for round_ in range(options.repeat):
-            for case in CASES:
+            # Every other round backwards: no case always runs right after the echo (or before it).
+            for case in CASES if round_ % 2 == 0 else reversed(CASES):
                 if children[case.responder].exited:
                     child = children[case.responder]
                     raise BenchError(f"the {child.name} exited during the run:\n{child.tail()}")
@@ -262,16 +266,23 @@ async def _measure(
                     f"  {case.name} @{connections} (round {round_ + 1}): {fmt_rate(window.rate)} req/s, "
                     f"p99 {fmt_ms(window.p99_ms)} ms, {window.errors} errors",
                 )
-                key = (case.name, connections)
-                if key not in best or window.rate > best[key].rate:
-                    best[key] = window
+                windows.setdefault((case.name, connections), []).append(window)
     results = []
     for connections in options.connections:
-        echo_rate = best[(CASES[0].name, connections)].rate
+        echo_windows = windows[(CASES[0].name, connections)]
         for case in CASES:
-            window = best[(case.name, connections)]
+            rounds = windows[(case.name, connections)]
+            # The median window, and the median of the ratios to the echo's window of the same round: each
+            # round's pair ran seconds apart, so a load that comes and goes on the machine weighs on both.
+            window = sorted(rounds, key=lambda w: w.rate)[len(rounds) // 2]
+            paired = [
+                mine.rate / echo.rate for mine, echo in zip(rounds, echo_windows, strict=True) if echo.rate
+            ]
             cpu_share = None if window.cpu_s is None else round(window.cpu_s / window.seconds, 3)
             answered = window.requests - window.errors
+            costs = [
+                w.cpu_s / (w.requests - w.errors) * 1e6 for w in rounds if w.cpu_s and w.requests > w.errors
+            ]
             results.append(
                 CaseResult(
                     name=f"{case.name} @{connections}",
@@ -285,8 +296,8 @@ async def _measure(
                     step=None,
                     duration_s=round(window.seconds, 3),
                     requests=answered,
-                    errors=window.errors,
-                    timeouts=window.timeouts,
+                    errors=sum(w.errors for w in rounds),
+                    timeouts=sum(w.timeouts for w in rounds),
                     requests_per_s=round(window.rate, 1),
                     ids_per_s=None if case.responder == "echo" else round(window.rate * case.count, 1),
                     p50_ms=window.p50_ms,
@@ -295,12 +306,12 @@ async def _measure(
                     max_ms=window.max_ms,
                     repetitions=options.repeat,
                     cpu_responder=cpu_share,
-                    responder_us_per_request=(
+                    responder_us_per_request=round(statistics.median(costs), 1) if costs else None,
+                    ratio_to_echo=(
                         None
-                        if window.cpu_s is None or not answered
-                        else round(window.cpu_s / answered * 1e6, 1)
+                        if case.responder == "echo" or not paired
+                        else round(statistics.median(paired), 3)
                     ),
-                    ratio_to_echo=None if case.responder == "echo" else ratio(window.rate, echo_rate),
                 )
             )
     return results, _targets(results)
@@ -382,7 +393,10 @@ def _parse(argv: Sequence[str] | None) -> Options:
         "--warmup", type=int, default=1, help="seconds of warm-up per case (default 1; 0: none)"
     )
     parser.add_argument(
-        "--repeat", type=int, default=3, help="measured windows per case, best kept (default 3)"
+        "--repeat",
+        type=int,
+        default=3,
+        help="rounds: measured windows per case, medians reported (default 3)",
     )
     parser.add_argument("--json", type=Path, dest="json_path", metavar="PATH", help="write the report here")
     parser.add_argument("--nats-url", help="use this NATS server (default: start one)")
