@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dispenser.adapters.kafka.enrich import (
     ERROR_CODE_HEADER,
@@ -23,6 +25,7 @@ from dispenser.adapters.kafka.enrich import (
     Enricher,
     EnrichSettings,
 )
+from dispenser.adapters.prometheus import EnricherCollector
 from dispenser.app import Worker
 from dispenser.service.enrichment import Placement
 from dispenser.testing.servers.kafka import KafkaBroker
@@ -179,9 +182,30 @@ async def test_in_process_enrichment_with_bad_records(kafka_broker: KafkaBroker,
     ):
         outputs = await out.wait_for(2000 - 40, timeout=60)
         dead = await dlq.wait_for(40, timeout=30)
+        # What /metrics shows of it: the committed counts, and no lag once every record was read.
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(EnricherCollector(enricher, topic_in))
+        await wait_until(
+            lambda: (
+                enricher.stats.enriched + enricher.stats.dead_lettered == 2000
+                and len(enricher.lag()) == PARTITIONS
+                and sum(enricher.lag().values()) == 0
+            ),
+            what="the enricher caught up, every transaction counted",
+        )
+        scraped = {
+            (sample.name, sample.labels.get("partition")): sample.value
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for sample in family.samples
+        }
     check_exactly_once(outputs, dead, where, bad_every=50)
     assert enricher.stats.enriched == 1960
     assert enricher.stats.dead_lettered == 40
+    assert scraped[("leaf_enrich_records_total", None)] == 1960
+    assert scraped[("leaf_enrich_dead_letters_total", None)] == 40
+    assert scraped[("leaf_enrich_transactions_committed_total", None)] >= 2000 / 300
+    assert scraped[("leaf_enrich_transactions_aborted_total", None)] == 0
+    assert [scraped[("leaf_enrich_lag_records", str(p))] for p in range(PARTITIONS)] == [0] * PARTITIONS
 
 
 @pytest.mark.slow
