@@ -429,12 +429,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns 1 on failure (or on a missed target with ``--strict``), else 0.
     """
     options = _parse(argv)
+    load_before = os.getloadavg()
     try:
         with tempfile.TemporaryDirectory(prefix="dispenser-bench-http-") as tmp:
             results, targets = run_async(run(options, Path(tmp)))
     except BenchError as exc:
         print(f"dispenser bench http: {exc}", file=sys.stderr)
         return 1
+    load_after = os.getloadavg()
+    loads = (
+        f"load average {[round(v, 2) for v in load_before]} before, {[round(v, 2) for v in load_after]} after"
+    )
+    print(f"dispenser bench http: {os.cpu_count()} CPUs, {options.duration} s windows, {loads}\n")
     print(render(results, targets))
     if options.json_path is not None:
         write_json(
@@ -454,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "repeat": options.repeat,
                     "load_generator": "wrk -t1",
                 },
+                "load_average": {"before": list(load_before), "after": list(load_after)},
                 "cases": [case.as_dict() for case in results],
                 "targets": [target.as_dict() for target in targets],
             },
