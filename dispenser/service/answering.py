@@ -51,12 +51,20 @@ class Answerer(Protocol):
         """
         ...
 
-    def answer_now(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer | None:
-        """The answer if it needs no waiting (IDs at hand, or an error); ``None``: await :meth:`answer`."""
+    def answer_now(
+        self, tag: str, request: IdRequest, msgpack: bool = False, *, encode: bool = True
+    ) -> Answer | None:
+        """The answer if it needs no waiting (IDs at hand, or an error); ``None``: await :meth:`answer`.
+
+        ``encode=False``: a successful answer carries its IDs in :attr:`Answer.ranges` and no body, for an
+        adapter that answers in a form of its own (Leaf's HTTP API: one ID as text).
+        """
         ...
 
-    async def answer(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer:
-        """Answer, waiting for IDs where needed; never raises."""
+    async def answer(
+        self, tag: str, request: IdRequest, msgpack: bool = False, *, encode: bool = True
+    ) -> Answer:
+        """Answer, waiting for IDs where needed; never raises (``encode``: as for :meth:`answer_now`)."""
         ...
 
     def error(self, tag: str, exc: DispenserError, msgpack: bool = False) -> Answer:

@@ -122,11 +122,14 @@ class Dispatcher:
             self._bodies[body] = request
         return request
 
-    def answer_now(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer | None:
+    def answer_now(
+        self, tag: str, request: IdRequest, msgpack: bool = False, *, encode: bool = True
+    ) -> Answer | None:
         """Answer without waiting if possible.
 
         The tag and the request's limits are checked here too (a broker may decode its own request type,
-        as Kafka does), cheaply for a tag seen before.
+        as Kafka does), cheaply for a tag seen before. ``encode=False``: the IDs in :attr:`Answer.ranges`
+        only, no reply body (an error answer has its body all the same).
 
         Returns:
             The answer (IDs or an error), or ``None``: call :meth:`answer`, which may wait (IDs not at hand,
@@ -146,12 +149,14 @@ class Dispatcher:
         if batch is None:
             return None
         self.inline += 1
-        return Answer(self._reply(tag, request, batch, msgpack), ranges=batch.ranges)
+        return Answer(self._reply(tag, request, batch, msgpack) if encode else b"", ranges=batch.ranges)
 
-    async def answer(self, tag: str, request: IdRequest, msgpack: bool = False) -> Answer:
+    async def answer(
+        self, tag: str, request: IdRequest, msgpack: bool = False, *, encode: bool = True
+    ) -> Answer:
         """Answer, waiting for a segment or the clock where needed; never raises.
 
-        The tag and the request's limits are checked here, as for :meth:`answer_now`.
+        The tag and the request's limits are checked here, and ``encode`` means, as for :meth:`answer_now`.
         """
         started = self._clock.monotonic()
         try:
@@ -172,7 +177,7 @@ class Dispatcher:
             return self._internal(tag, exc, msgpack)
         finally:
             self._observe(self._clock.monotonic() - started)
-        return Answer(self._reply(tag, request, batch, msgpack), ranges=batch.ranges)
+        return Answer(self._reply(tag, request, batch, msgpack) if encode else b"", ranges=batch.ranges)
 
     async def _take_once(self, tag: str, request: IdRequest, deadline: float) -> RangesBatch:
         """IDs for a request with a ``request_id``: ours, or those another worker already answered with.

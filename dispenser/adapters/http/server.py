@@ -213,7 +213,7 @@ class HttpServer:
             if request.query_string:
                 return await self._with_query(kind, dispatcher, request, tag)
             # The hot path: one ID, no query, answered inline when the buffer has it.
-            answer = answer_now(tag, _ONE) or await answer_later(tag, _ONE)
+            answer = answer_now(tag, _ONE, encode=False) or await answer_later(tag, _ONE, encode=False)
             ranges = answer.ranges
             if ranges is None:
                 return self._leaf_error(kind, request.path, answer)
@@ -235,7 +235,9 @@ class HttpServer:
         except DispenserError as exc:
             answer = dispatcher.error(tag, exc)
         else:
-            answer = dispatcher.answer_now(tag, id_request) or await dispatcher.answer(tag, id_request)
+            answer = dispatcher.answer_now(tag, id_request, encode=batch) or await dispatcher.answer(
+                tag, id_request, encode=batch
+            )
         error = answer.error
         if batch:
             if error is None:
