@@ -61,7 +61,7 @@ async def get_json(session: aiohttp.ClientSession, path: str) -> tuple[int, Any,
 async def test_leaf_paths_answer_ids_as_plain_text_over_one_kept_alive_connection(
     nats_server: NatsServer, pg_dsn: str, tmp_path: Path
 ) -> None:
-    """`/api/segment/get/demo` answers 1, 2, 3 as text; snowflake IDs decode to worker 7; one connection."""
+    """`/api/segment/get/demo` answers 1, 2, 3 (and 4 to a POST) as text; snowflake IDs are worker 7's; one connection."""
     await prepare(pg_dsn, [("demo", 1000)])
     created: list[object] = []
     trace = aiohttp.TraceConfig()
@@ -80,10 +80,12 @@ async def test_leaf_paths_answer_ids_as_plain_text_over_one_kept_alive_connectio
                     assert response.content_type == "text/plain"
                     answers.append(await response.text())
             assert answers == ["1", "2", "3"]
+            async with session.post("/api/segment/get/demo") as response:  # any method, as Leaf's mapping
+                assert (response.status, await response.text()) == (200, "4")
             snowflakes = [int((await get_text(session, "/api/snowflake/get/order"))[1]) for _ in range(50)]
     assert snowflakes == sorted(set(snowflakes))
     assert {LEAF_LAYOUT.decompose(i).worker_id for i in snowflakes} == {7}
-    assert len(created) == 1  # keep-alive: 53 requests, one connection
+    assert len(created) == 1  # keep-alive: 54 requests, one connection
 
 
 async def test_decode_snowflake_id_answers_leafs_map(
