@@ -440,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     loads = (
         f"load average {[round(v, 2) for v in load_before]} before, {[round(v, 2) for v in load_after]} after"
     )
-    print(f"dispenser bench http: {os.cpu_count()} CPUs, {options.duration} s windows, {loads}\n")
+    print(f"dispenser bench http — {os.cpu_count()} CPUs, {options.duration} s windows, {loads}\n")
     print(render(results, targets))
     if options.json_path is not None:
         write_json(
