@@ -97,6 +97,8 @@ class Worker:
         ports are the same)."""
         self.http: HttpServer | None = None
         """Leaf's HTTP API on ``http.port``, with the operations endpoints beside it."""
+        self.started = False
+        """True from the end of :meth:`start` to the beginning of :meth:`stop` (``/readyz``)."""
         self.registry: CollectorRegistry | None = None
         """What ``/metrics`` shows (set by :meth:`start`); ``dispenser enrich`` adds the enricher's metrics."""
         self.postgres: PostgresSegmentStore | None = None
@@ -134,6 +136,7 @@ class Worker:
         try:
             await self._start(self._stack)
             self.phase = "serving"
+            self.started = True
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 log.warning("start interrupted while %s", self.phase)
@@ -150,6 +153,7 @@ class Worker:
         pool last), every one of them even if an earlier one raises; the last failure is raised at the end
         (with the earlier ones as its context). A second call does nothing.
         """
+        self.started = False  # /readyz: not ready from here on (a load balancer stops sending requests)
         stack, self._stack = self._stack, contextlib.AsyncExitStack()
         await stack.aclose()
 

@@ -308,6 +308,11 @@ class RunningWorker(Protocol):
         ...
 
     @property
+    def started(self) -> bool:
+        """Whether it has started and is not stopping."""
+        ...
+
+    @property
     def serve(self) -> bool:
         """Whether it serves requests (false: ``dispenser enrich``, NATS only for the snowflake clock check)."""
         ...
@@ -336,12 +341,15 @@ class RunningWorker(Protocol):
 def not_ready(worker: RunningWorker) -> list[str]:
     """Why ``worker`` cannot answer requests now; empty: it can (``/readyz``).
 
-    Ready means: NATS connected (when ``nats.enabled``); for segments, PostgreSQL reachable or IDs buffered
+    Ready means: started and not stopping (a load balancer stops sending requests as soon as the drain
+    begins); NATS connected (when ``nats.enabled``); for segments, PostgreSQL reachable or IDs buffered
     to serve from meanwhile (a worker that rides out a database outage on its buffers is still ready); for
     snowflake, the worker ID held. Kafka is not looked at: its clients reconnect by themselves and the
     requests wait in the topic meanwhile.
     """
     config = worker.config
+    if not worker.started:
+        return ["starting, or stopping"]
     reasons = []
     if config.nats.enabled and (worker.serve or config.snowflake.enabled):
         nc = worker.nc

@@ -43,6 +43,7 @@ class Snowflake:
 @dataclass
 class FakeWorker:
     config: Config
+    started: bool = True
     serve: bool = True
     nc: Nats | None = field(default_factory=Nats)
     postgres: Store | None = field(default_factory=Store)
@@ -64,6 +65,12 @@ def segment_worker(**changes: object) -> FakeWorker:
 def test_a_connected_worker_is_ready() -> None:
     """NATS connected and PostgreSQL's pool open: no reason."""
     assert not_ready(segment_worker()) == []
+
+
+def test_a_worker_starting_or_stopping_is_not_ready() -> None:
+    """Before start() ends and from stop() on: one reason, whatever else holds."""
+    assert not_ready(segment_worker(started=False)) == ["starting, or stopping"]
+    assert not_ready(segment_worker(started=False, nc=None)) == ["starting, or stopping"]
 
 
 def test_nats_down_or_never_connected_is_not_ready() -> None:
