@@ -112,6 +112,14 @@ def _spring_error(status: int, reason: str, path: str, message: str, exception: 
     return body
 
 
+def _plain(snowflake_or_segment_id: int) -> web.Response:
+    """An ID as Leaf answers it: ``text/plain;charset=utf-8``, the decimal digits."""
+    # From bytes: half the cost of text= (which encodes through the charset lookup), measured ~1.8 µs.
+    return web.Response(
+        body=str(snowflake_or_segment_id).encode(), content_type="text/plain", charset="utf-8"
+    )
+
+
 def _json(body: object, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(
         body=msgspec.json.encode(body), status=status, content_type="application/json", headers=headers
@@ -217,7 +225,7 @@ class HttpServer:
             ranges = answer.ranges
             if ranges is None:
                 return self._leaf_error(kind, request.path, answer)
-            return web.Response(text=str(ranges[0][0]))
+            return _plain(ranges[0][0])
 
         return get
 
@@ -250,7 +258,7 @@ class HttpServer:
             )
         if answer.ranges is None:
             return self._leaf_error(kind, request.path, answer)
-        return web.Response(text=str(answer.ranges[0][0]))
+        return _plain(answer.ranges[0][0])
 
     @staticmethod
     def _leaf_error(kind: str, path: str, answer: Answer) -> web.Response:
