@@ -218,7 +218,7 @@ class HttpServer:
 
         async def get(request: web.Request) -> web.Response:
             tag = request.match_info["key"]
-            if request.query_string:
+            if "?" in request.raw_path:  # the request target as sent: cheaper than parsing the query
                 return await self._with_query(kind, dispatcher, request, tag)
             # The hot path: one ID, no query, answered inline when the buffer has it.
             answer = answer_now(tag, _ONE, encode=False) or await answer_later(tag, _ONE, encode=False)
