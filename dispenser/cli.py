@@ -415,6 +415,7 @@ def _parser() -> argparse.ArgumentParser:
 
 # The drivers the base install (the client) leaves out, and the extra that brings each (pyproject.toml).
 _EXTRA_OF = {
+    "aiohttp": "server",
     "aiomysql": "leaf-import",
     "aiokafka": "server",
     "asyncpg": "server",

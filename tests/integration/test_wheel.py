@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "leaf-dispenser" / "wheelhouse"
-DRIVERS = ("asyncpg", "kazoo", "aiokafka", "prometheus_client", "uvloop")
+DRIVERS = ("asyncpg", "kazoo", "aiokafka", "prometheus_client", "aiohttp", "uvloop")
 
 CLIENT = """
 import asyncio, importlib.util, json, sys
