@@ -34,9 +34,9 @@ from dispenser.config import Config
 from dispenser.core.errors import DispenserError, PeerClockUnverified, StateDirUnusable
 from dispenser.core.peers import check_peer_clocks
 from dispenser.core.step import StepPolicy
-from dispenser.health import not_ready
 from dispenser.messages import DECODE_TAG, Kind, clock_subject, id_subject
 from dispenser.ports import Clock, IdSource, ReplayStore, SegmentStore, SystemClock
+from dispenser.readiness import not_ready
 from dispenser.redaction import redact
 from dispenser.registries import SnowflakeRegistration, layout_of, open_registration
 from dispenser.service.decode import decode_handler, decode_id

@@ -1,4 +1,4 @@
-"""/readyz's rule (dispenser.health.not_ready): NATS up, and a store or buffered IDs to serve from."""
+"""/readyz's rule (dispenser.readiness.not_ready): NATS up, and a store or buffered IDs to serve from."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from dispenser.config import Config, load_config
 from dispenser.core.errors import StoreUnavailable, UnknownTag
-from dispenser.health import not_ready
+from dispenser.readiness import not_ready
 
 
 @dataclass
