@@ -376,11 +376,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "target",
-        choices=["nats", "kafka", "snowflake", "client"],
+        choices=["nats", "kafka", "snowflake", "client", "alternatives"],
         help=(
             "nats: the worker against an echo responder; kafka: request/reply against a Kafka echo responder "
             "and enrichment against a plain transactional copy loop; snowflake: in-process IDs/s against "
-            "the format's ceiling; client: the buffered client's next_id and take against a request per ID"
+            "the format's ceiling; client: the buffered client's next_id and take against a request per ID; "
+            "alternatives: beside a PostgreSQL sequence, UUIDv7, ULID and an embedded snowflake (docs/why.md)"
         ),
     )
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
@@ -756,6 +757,10 @@ def _bench(args: argparse.Namespace, _config: Config) -> int:
         from dispenser.bench import client_bench  # noqa: PLC0415 - starts servers; only when asked
 
         return client_bench.main(args.options)
+    if args.target == "alternatives":
+        from dispenser.bench import alternatives  # noqa: PLC0415 - starts servers; only when asked
+
+        return alternatives.main(args.options)
     if args.target == "kafka":
         from dispenser.bench import kafka_bench  # noqa: PLC0415 - starts servers; only when asked
 
