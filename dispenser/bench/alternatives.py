@@ -75,8 +75,9 @@ class AltCase:
     """``timer``, ``in-process``, ``dispenser`` or ``postgres``."""
     bits: int
     """Bits of one ID as stored: 64 for a ``bigint``, 128 for a ``uuid``."""
-    round_trip: bool
-    """Whether a call can cross the network (a buffered client's call does only when its buffer is empty)."""
+    network: str
+    """When a call crosses the network: ``never``, ``per range`` (a buffered client: its background refill
+    asks for a range of IDs; a call waits on it only when the buffer is empty) or ``every call``."""
     calls: int
     ids: int
     seconds: float
@@ -158,13 +159,13 @@ class _Timer:
         self.ids = 0
         self.seconds = 0.0
 
-    def result(self, name: str, family: str, bits: int, round_trip: bool) -> AltCase:
+    def result(self, name: str, family: str, bits: int, network: str) -> AltCase:
         ns = sorted(self.ns)
         return AltCase(
             name=name,
             family=family,
             bits=bits,
-            round_trip=round_trip,
+            network=network,
             calls=len(ns),
             ids=self.ids,
             seconds=self.seconds,
@@ -263,7 +264,7 @@ def _in_process_cases(duration: float, warmup: float) -> list[AltCase]:
     results = []
     for name, family, bits, call in cases:
         _sync_loop(call, warmup)
-        results.append(_sync_loop(call, duration).result(name, family, bits, round_trip=False))
+        results.append(_sync_loop(call, duration).result(name, family, bits, network="never"))
     return results
 
 
@@ -291,7 +292,7 @@ async def _dispenser_cases(
             ):
                 await _async_loops([call], warmup, _BLOCK)
                 timer = await _async_loops([call], duration, _BLOCK)
-                cases.append(timer.result(name, "dispenser", 64, round_trip=True))
+                cases.append(timer.result(name, "dispenser", 64, network="per range"))
 
         async def request() -> int:
             await nc.request(subject, b"", timeout=5.0)
@@ -301,7 +302,9 @@ async def _dispenser_cases(
             await _async_loops([request] * inflight, warmup)
             timer = await _async_loops([request] * inflight, duration)
             cases.append(
-                timer.result(f"dispenser: nc.request per ID @{inflight}", "dispenser", 64, round_trip=True)
+                timer.result(
+                    f"dispenser: nc.request per ID @{inflight}", "dispenser", 64, network="every call"
+                )
             )
     finally:
         await nc.close()
@@ -349,7 +352,7 @@ async def _postgres_cases(dsn: str, prefix: str, duration: float, warmup: float)
                 label = "1 connection" if n == 1 else f"{n} connections"
                 cases.append(
                     timer.result(
-                        f"PostgreSQL nextval, CACHE {cache}, {label}", "postgres", 64, round_trip=True
+                        f"PostgreSQL nextval, CACHE {cache}, {label}", "postgres", 64, network="every call"
                     )
                 )
             batch = await conns[0].prepare(f"SELECT nextval('{seq}') FROM generate_series(1, {_BATCH})")
@@ -365,7 +368,7 @@ async def _postgres_cases(dsn: str, prefix: str, duration: float, warmup: float)
                     f"PostgreSQL nextval x1000 (generate_series), CACHE {cache}",
                     "postgres",
                     64,
-                    round_trip=True,
+                    network="every call",
                 )
             )
     finally:
@@ -465,12 +468,12 @@ def render(report: Report) -> str:
         f"{meta.get('loadavg_after')} after",
         "",
         render_table(
-            ["case", "bits", "round trip", "calls/s", "IDs/s", "p50 µs", "p99 µs", "max µs"],
+            ["case", "bits", "network", "calls/s", "IDs/s", "p50 µs", "p99 µs", "max µs"],
             [
                 [
                     c.name,
                     str(c.bits) if c.bits else "-",
-                    "yes" if c.round_trip else "no",
+                    c.network,
                     fmt_rate(c.calls_per_s),
                     fmt_rate(c.ids_per_s),
                     _us(c.p50_us),

@@ -66,7 +66,11 @@ def test_bench_alternatives_reports_every_case(
         assert 0 < case["p50_us"] <= case["p99_us"] <= case["max_us"], case
         expected_bits = {"timer": 0, "in-process": 64 if "snowflake" in case["name"] else 128}
         assert case["bits"] == expected_bits.get(case["family"], 64), case
-        assert case["round_trip"] == (case["family"] in ("dispenser", "postgres")), case
+        network = {"timer": "never", "in-process": "never", "postgres": "every call"}
+        if case["name"].startswith("dispenser: IdClient"):
+            assert case["network"] == "per range", case
+        else:
+            assert case["network"] == network.get(case["family"], "every call"), case
     batches = [c for c in cases if "take(1000)" in c["name"] or "x1000" in c["name"]]
     assert len(batches) == 3
     for case in batches:
