@@ -376,16 +376,18 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     bench = add_parser(
-        "bench", help="benchmark the service (`dispenser bench nats|kafka|snowflake|client|http --help`)"
+        "bench",
+        help="benchmark the service (`dispenser bench nats|kafka|snowflake|client|http|alternatives --help`)",
     )
     bench.add_argument(
         "target",
-        choices=["nats", "kafka", "snowflake", "client", "http"],
+        choices=["nats", "kafka", "snowflake", "client", "http", "alternatives"],
         help=(
             "nats: the worker against an echo responder; kafka: request/reply against a Kafka echo responder "
             "and enrichment against a plain transactional copy loop; snowflake: in-process IDs/s against "
             "the format's ceiling; client: the buffered client's next_id and take against a request per ID; "
-            "http: Leaf's HTTP API against a trivial aiohttp handler (needs wrk)"
+            "http: Leaf's HTTP API against a trivial aiohttp handler (needs wrk); alternatives: the client "
+            "beside a PostgreSQL sequence, UUIDv7, ULID and an embedded snowflake (docs/why.md)"
         ),
     )
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options of the benchmark")
@@ -766,6 +768,10 @@ def _bench(args: argparse.Namespace, _config: Config) -> int:
         from dispenser.bench import http_bench  # noqa: PLC0415 - starts servers; only when asked
 
         return http_bench.main(args.options)
+    if args.target == "alternatives":
+        from dispenser.bench import alternatives  # noqa: PLC0415 - starts servers; only when asked
+
+        return alternatives.main(args.options)
     if args.target == "kafka":
         from dispenser.bench import kafka_bench  # noqa: PLC0415 - starts servers; only when asked
 
