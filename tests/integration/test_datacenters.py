@@ -29,13 +29,13 @@ from nats.aio.msg import Msg
 
 from dispenser.client import BufferSettings, IdClient
 from dispenser.config import NatsConfig
-from dispenser.messages import Reply
+from dispenser.messages import RateEvent, Reply
 from dispenser.testing.servers import NatsGateways
 from tests.ha.cluster_support import _running as running_group
 
-from .segment_support import WorkerProcess, client, ids_of, prepare
+from .segment_support import WorkerProcess, client, ids_of, prepare, wait_until
 
-pytestmark = [pytest.mark.nats, pytest.mark.postgres]
+pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.slow]
 
 PING_INTERVAL = 0.5
 PING_MAX = 2
@@ -79,6 +79,7 @@ class Fleet:
             DISPENSER_SNOWFLAKE_ENABLED="false",
             DISPENSER_SEGMENT_STATE_DIR=str(self.tmp_path / name),
             DISPENSER_LOG_LEVEL="INFO",
+            DISPENSER_RATE_INTERVAL="0.5",
         )
         worker.start()
         self.workers[name] = worker
@@ -214,6 +215,12 @@ async def test_callers_are_served_at_home_then_across_then_at_home_again(
         for name in ("a1", "a2", "b1"):
             fleet.start(name)
         async with client(datacenters.url_of("dc-a")) as a, client(datacenters.url_of("dc-b")) as b:
+            events: list[RateEvent] = []
+
+            async def heard(msg: Msg) -> None:
+                events.append(msgspec.json.decode(msg.data, type=RateEvent))
+
+            await a.subscribe(f"{prefix}.rate.>", cb=heard)  # from both datacenters, across the gateway
             before = await fleet.stats(a, 3)
             issued = await requests(a, subject, 200)
             issued += await requests(b, subject, 100)
@@ -257,6 +264,11 @@ async def test_callers_are_served_at_home_then_across_then_at_home_again(
                 drawn_now = len(drawn)
                 while len(drawn) < drawn_now + 1000:  # the client draws on from dc-a again
                     await asyncio.sleep(0.01)
+            # Each worker's rate events name its datacenter: `dispenser watch` shows each and the fleet.
+            await wait_until(
+                lambda: {(e.datacenter, e.tag) for e in events} >= {("dc-a", tag), ("dc-b", tag)},
+                what="rate events from both datacenters",
+            )
         print(f"{loss}: the buffered client drew {len(drawn):,} IDs")
         everything = issued + drawn
         assert len(set(everything)) == len(everything), "an ID was handed out twice"
