@@ -464,6 +464,7 @@ class Worker:
             persist_clean_stop=registration.persist_clean_stop,
             datacenter_id=sf.datacenter_id,
         )
+
         def refuse(error: WorkerIdInUse) -> None:
             generator.refuse(error)
             self._leave_snowflake()

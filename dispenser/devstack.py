@@ -172,6 +172,12 @@ def run_dev(
     """Start the servers, prepare the database, serve until Ctrl-C, then stop everything started here.
 
     Args:
+        config: The settings (NATS and PostgreSQL addresses are replaced by the servers started here).
+        data_dir: Where the servers' data lives.
+        nats_port: NATS port (a free one if taken).
+        postgres_port: PostgreSQL port (54329 by default, or a free one).
+        kafka_port: Kafka port (9092 by default, or a free one).
+        kafka: Start a Kafka broker too.
         datacenters: 2 or more: a NATS server per datacenter (free ports; ``nats_port`` is not used),
             joined by gateways, and a worker in each (in this process).
 

@@ -108,7 +108,9 @@ class Fleet:
             replies: list[dict[str, Any]] = []
             got_all = asyncio.Event()
 
-            async def collect(msg: Msg, replies: list[dict[str, Any]] = replies) -> None:
+            async def collect(
+                msg: Msg, replies: list[dict[str, Any]] = replies, got_all: asyncio.Event = got_all
+            ) -> None:
                 if not msg.data:  # the server's "no responders": nobody is there yet
                     return
                 replies.append(json.loads(msg.data))
@@ -157,8 +159,11 @@ async def requests(nc: Client, subject: str, n: int) -> list[int]:
 
 
 async def first_answer_after(nc: Client, subject: str, timeout: float = 20.0) -> tuple[float, int]:
-    """Ask every 0.1 s (each with a 0.25 s timeout) until one is answered: the seconds it took, and the
-    requests lost (timed out, or "no responders") meanwhile."""
+    """Ask every 0.1 s (each with a 0.25 s timeout) until one is answered.
+
+    Returns:
+        The seconds it took, and the requests lost (timed out, or "no responders") meanwhile.
+    """
     started = time.monotonic()
     lost = 0
     while time.monotonic() - started < timeout:
@@ -203,9 +208,12 @@ async def drawing(url: str, prefix: str, tag: str) -> AsyncIterator[list[int]]:
 async def test_callers_are_served_at_home_then_across_then_at_home_again(
     datacenters: NatsGateways, pg_dsn: str, tmp_path: Path, loss: str
 ) -> None:
-    """dc-a's callers: answered only by dc-a while it has a worker; by dc-b once all of dc-a's are lost
-    (killed, or frozen until the server drops them), within the caller's timeout; by dc-a again once they
-    are back. A buffered client in dc-a draws IDs throughout without an error, none twice."""
+    """dc-a's callers are answered at home, across while dc-a has no worker, and at home again.
+
+    Only by dc-a while it has a worker; by dc-b once all of dc-a's are lost (killed, or frozen until the
+    server drops them), within the caller's timeout; by dc-a again once they are back. A buffered client in
+    dc-a draws IDs throughout without an error, none twice.
+    """
     prefix = f"dc{next(_prefixes)}{loss[0]}"
     tag = f"order_{loss}"
     await prepare(pg_dsn, [(tag, 1000)])
@@ -228,9 +236,7 @@ async def test_callers_are_served_at_home_then_across_then_at_home_again(
             assert answered_by(before, after) == {"dc-a": 200, "dc-b": 100}  # each at home
 
             async with drawing(datacenters.url_of("dc-a"), prefix, tag) as drawn:
-                await asyncio.sleep(0)  # let the client start drawing (it is measured below, not timed)
-                while not drawn:
-                    await asyncio.sleep(0.01)
+                await wait_until(lambda: bool(drawn), what="the buffered client drawing")
                 before = await fleet.stats(a, 3)
                 fleet.signal(["a1", "a2"], signal.SIGKILL if loss == "killed" else signal.SIGSTOP)
                 took, lost = await first_answer_after(a, subject)
@@ -262,8 +268,7 @@ async def test_callers_are_served_at_home_then_across_then_at_home_again(
                 assert counted["dc-b"] == 0  # home again: none of dc-a's requests crosses
                 print(f"{loss}: dc-a's workers serving again {home:.2f} s after their restart/SIGCONT")
                 drawn_now = len(drawn)
-                while len(drawn) < drawn_now + 1000:  # the client draws on from dc-a again
-                    await asyncio.sleep(0.01)
+                await wait_until(lambda: len(drawn) >= drawn_now + 1000, what="the client drawing on")
             # Each worker's rate events name its datacenter: `dispenser watch` shows each and the fleet.
             await wait_until(
                 lambda: {(e.datacenter, e.tag) for e in events} >= {("dc-a", tag), ("dc-b", tag)},

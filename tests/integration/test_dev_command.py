@@ -74,8 +74,10 @@ def test_dev_serves_demo_ids_and_stops_everything_on_ctrl_c(
 def test_dev_with_two_datacenters_serves_callers_in_each(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`dispenser dev --datacenters 2`: a NATS server per datacenter joined by gateways, a worker in each;
-    callers of either datacenter get IDs, the rate events name the datacenter; SIGINT stops it all."""
+    """`dispenser dev --datacenters 2`: a NATS server per datacenter joined by gateways, a worker in each.
+
+    Callers of either datacenter get IDs; SIGINT stops it all.
+    """
     pg_port = free_port()
     log = tmp_path / "dev.log"
     data_dir = tmp_path / ".dispenser"

@@ -256,12 +256,16 @@ async def test_a_worker_refused_while_serving_leaves_and_its_callers_cross(
     tmp_path: Path,
     zk_namespace: str,
 ) -> None:
-    """A serving worker that hears a serving rival on its ID refuses and leaves the queue group at once:
-    its datacenter's callers are then served by the other datacenter's worker, not answered with errors."""
+    """A serving worker that hears a serving rival on its ID refuses and leaves the queue group at once.
+
+    Its datacenter's callers are then served by the other datacenter's worker, not answered with errors.
+    """
     prefix = f"dc{next(_prefixes)}"
     async with (
         workers(
-            config(datacenters.url_of("dc-a"), zookeeper_server.hosts, tmp_path / "a", zk_namespace, prefix, 0),
+            config(
+                datacenters.url_of("dc-a"), zookeeper_server.hosts, tmp_path / "a", zk_namespace, prefix, 0
+            ),
             config(datacenters.url_of("dc-b"), zookeeper_b.hosts, tmp_path / "b", zk_namespace, prefix, 1),
         ) as (a_worker, b_worker),
         client(datacenters.url_of("dc-a")) as a,

@@ -134,8 +134,11 @@ def test_ha_short_soak_passes(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(SOAK_TIMEOUT_S + 30)
 def test_dc_soak_passes(tmp_path: Path) -> None:
-    """Two datacenters joined by NATS gateways, the clients in dc-a: dc-a's workers killed, restored,
-    frozen (SIGSTOP), restored. dc-b serves dc-a's callers meanwhile; no error reply, no duplicate ID."""
+    """Two datacenters joined by NATS gateways, the clients in dc-a: dc-a's workers lost twice.
+
+    Killed, restored, frozen (SIGSTOP), restored. dc-b serves dc-a's callers meanwhile; no error reply, no
+    duplicate ID.
+    """
     _, report, _ = _soak(tmp_path, "dc")
     _assert_clean(report)
     phases = {phase["name"]: phase for phase in report["phases"]}

@@ -76,8 +76,10 @@ def test_no_datacenter_named_keeps_the_plain_table() -> None:
 
 
 def test_a_rate_event_without_the_datacenter_decodes_and_one_with_it_is_read_by_old_readers() -> None:
-    """The wire stays compatible: an old worker's event (no field) decodes as ""; a reader that does not
-    know the field ignores it."""
+    """The wire stays compatible both ways.
+
+    An old worker's event (no field) decodes as ""; a reader that does not know the field ignores it.
+    """
     old = msgspec.json.encode(event("old", 1.0))
     assert b"datacenter" in old  # encoded (as ""), harmless to old readers
     stripped = msgspec.json.decode(old)

@@ -125,8 +125,10 @@ class SoakCluster:
 
     @property
     def nats_urls(self) -> list[str]:
-        """Every NATS server's URL (one in the single topology); in the ``dc`` topology, ``dc-a``'s (the
-        clients')."""
+        """Every NATS server's URL (one in the single topology).
+
+        In the ``dc`` topology, ``dc-a``'s: the clients'.
+        """
         if isinstance(self.nats, NatsGateways):
             return [self.nats.url_of(LOST_DATACENTER)]
         return self.nats.urls if isinstance(self.nats, NatsCluster) else [self.nats.url]
@@ -331,8 +333,8 @@ class SoakCluster:
                 await asyncio.to_thread(server.start)
                 notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
             case LoseDatacenter(freeze=freeze):
-                for name in self._lost_workers():
-                    child = self.workers[name]
+                for lost in self._lost_workers():
+                    child = self.workers[lost]
                     if child.proc is None:
                         continue
                     if freeze:
@@ -342,13 +344,13 @@ class SoakCluster:
                 self.lost = fault
                 notes["served_again_s"] = await _served_again(nc, began)
             case RestoreDatacenter():
-                for name in self._lost_workers():
-                    child = self.workers[name]
+                for lost in self._lost_workers():
+                    child = self.workers[lost]
                     if self.lost is not None and self.lost.freeze and child.proc is not None:
                         child.proc.send_signal(signal.SIGCONT)
                     else:
                         child.start()
-                        self.restarts[name] += 1
+                        self.restarts[lost] += 1
                 self.lost = None
                 notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
             case KillEnricher(down_s=down_s):
@@ -469,8 +471,11 @@ class SoakCluster:
 
 
 async def _served_again(nc: Client, began: float, limit_s: float = 30.0) -> float | str:
-    """Seconds from ``began`` until a request from ``nc`` (in the lost datacenter) is answered: by the
-    other datacenter's workers, across the gateway. Each try waits 0.25 s (a frozen worker never answers)."""
+    """Seconds from ``began`` until a request from ``nc`` (in the lost datacenter) is answered.
+
+    By the other datacenter's workers, across the gateway. Each try waits 0.25 s (a frozen worker never
+    answers).
+    """
     while time.monotonic() - began < limit_s:
         try:
             await nc.request("leaf.segment.soak-a", b'{"count": 1}', timeout=0.25)

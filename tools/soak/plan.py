@@ -15,8 +15,8 @@ __all__ = [
     "Phase",
     "Profile",
     "Rejoin",
-    "RestoreDatacenter",
     "RestartServer",
+    "RestoreDatacenter",
     "ServerName",
     "StartServer",
     "StopServer",
@@ -141,9 +141,11 @@ class Rejoin:
 
 @dataclass(frozen=True, slots=True)
 class LoseDatacenter:
-    """Every worker of ``dc-a`` lost at once (``dc`` only): SIGKILL, or SIGSTOP (``freeze``: frozen, the
-    server keeps routing to them until it drops their silent connections). Left so until
-    :class:`RestoreDatacenter`."""
+    """Every worker of ``dc-a`` lost at once (``dc`` only), and left so until :class:`RestoreDatacenter`.
+
+    SIGKILL, or SIGSTOP (``freeze``: frozen, the server keeps routing to them until it drops their silent
+    connections).
+    """
 
     freeze: bool = False
 

@@ -213,7 +213,10 @@ def _notes(notes: dict[str, Any]) -> str:
         parts.append(f"all back in {recovery:.1f} s")
     elif recovery is not None:
         parts.append("NOT BACK")
-    elif notes.get("action_s", 0) >= 0.5 and not {"clock_seen_ms", "failover_s", "rejoined_s", "served_again_s"} & notes.keys():
+    elif (
+        notes.get("action_s", 0) >= 0.5
+        and not {"clock_seen_ms", "failover_s", "rejoined_s", "served_again_s"} & notes.keys()
+    ):
         parts.append(f"took {notes['action_s']:.1f} s")
     served = notes.get("served_again_s")
     if served is not None:
