@@ -31,7 +31,7 @@ from dispenser.adapters.postgres.replay import PostgresReplayStore
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.adapters.prometheus import EnricherCollector, exposition, worker_registry
 from dispenser.config import Config
-from dispenser.core.errors import DispenserError, PeerClockUnverified, StateDirUnusable
+from dispenser.core.errors import DispenserError, PeerClockUnverified, StateDirUnusable, WorkerIdInUse
 from dispenser.core.peers import check_peer_clocks
 from dispenser.core.step import StepPolicy
 from dispenser.messages import DECODE_TAG, Kind, clock_subject, id_subject
@@ -85,6 +85,7 @@ class Worker:
             StepPolicy(
                 segment_seconds=rate.segment_seconds, max_step=rate.max_step, hysteresis=rate.hysteresis
             ),
+            datacenter=config.nats.datacenter,
         )
         """This worker's consumption rates, its peers', and the adaptive step."""
         # Set by start() as each part comes up (None: that part is off, or not started). What start()
@@ -113,6 +114,7 @@ class Worker:
         self.registration: SnowflakeRegistration | None = None
         self.identity_guard: IdentityGuard | None = None
         """The guard against a live peer on this worker's snowflake ID (with NATS)."""
+        self._snowflake_left = False
         self._stack = contextlib.AsyncExitStack()
         self.phase = "starting"
         """What the start is doing (said if a signal interrupts it)."""
@@ -216,6 +218,8 @@ class Worker:
             return
         if self.nc is not None:
             self.service = NatsIdService(self.nc, config.nats, dispatchers, special_tags=special)
+            if self._snowflake_left:
+                self.service.leave("snowflake")
             stack.push_async_callback(self.service.stop)
             await self.service.start()
             prefix = config.nats.subject_prefix
@@ -460,9 +464,14 @@ class Worker:
             persist_clean_stop=registration.persist_clean_stop,
             datacenter_id=sf.datacenter_id,
         )
-        guard.on_refuse = generator.refuse
+
+        def refuse(error: WorkerIdInUse) -> None:
+            generator.refuse(error)
+            self._leave_snowflake()
+
+        guard.on_refuse = refuse
         if guard.refusal is not None:
-            generator.refuse(guard.refusal)
+            refuse(guard.refusal)
         await generator.start()
         stack.push_async_callback(generator.stop)
         generator.on_issue = self._snowflake_meter
@@ -479,6 +488,16 @@ class Worker:
             registration.layout.end_datetime().isoformat(),
         )
         return generator
+
+    def _leave_snowflake(self) -> None:
+        """A refused worker leaves the snowflake queue group (or never joins it).
+
+        With NATS gateways, a datacenter's callers are then served by another datacenter's workers
+        instead of this worker's refusals (docs/datacenters.md). Kafka requests still get the refusal.
+        """
+        self._snowflake_left = True
+        if self.service is not None:
+            self.service.leave("snowflake")
 
     async def _recheck_peers(self, guard: IdentityGuard, subject: str) -> None:
         """Ask the live peers again now and then: two workers that started unheard by each other meet here."""

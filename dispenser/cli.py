@@ -238,6 +238,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     dev.add_argument("--kafka-port", type=int, default=None, help="Kafka port (default 9092, or a free one)")
     dev.add_argument(
+        "--datacenters",
+        type=int,
+        default=1,
+        metavar="N",
+        help=(
+            "N datacenters (dc-a, dc-b, …): a NATS server each on a free port, joined by gateways, and a "
+            "worker in each, on the one PostgreSQL (docs/datacenters.md)"
+        ),
+    )
+    dev.add_argument(
         "--ha",
         action="store_true",
         help=(
@@ -585,8 +595,9 @@ def _dev(args: argparse.Namespace, config: Config) -> int:
             postgres_port=args.postgres_port,
             kafka_port=args.kafka_port,
             kafka=args.kafka,
+            datacenters=args.datacenters,
         )
-    except DevServerError as exc:
+    except (DevServerError, ValueError) as exc:
         print(f"dispenser dev: {exc}", file=sys.stderr)
         return 1
 

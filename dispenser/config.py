@@ -49,6 +49,10 @@ class NatsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     queue_group: str = "leaf"
     service_name: str = "leaf-dispenser"
     """The name under which ``$SRV.PING/INFO/STATS`` discovery lists this worker."""
+    datacenter: str = ""
+    """This worker's datacenter, by name (with NATS gateways: its cluster's gateway name, e.g. ``dc-a``).
+    Carried in the rate events and the ``$SRV`` metadata, so that ``dispenser watch`` shows each
+    datacenter's subtotal; empty: not said (docs/datacenters.md)."""
     user: str | None = None
     password: str | None = None
     token: str | None = None

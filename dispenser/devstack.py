@@ -1,21 +1,25 @@
 """``dispenser dev``: NATS and PostgreSQL from wheels in a data directory, a ``demo`` tag, and a worker.
 
 With ``--kafka``, a Kafka broker too (jars from Maven Central; needs Java 17 and Maven), and the worker
-answers ID requests on its ``leaf.requests`` topic as well.
+answers ID requests on its ``leaf.requests`` topic as well. With ``--datacenters N``, N datacenters
+(``dc-a``, ``dc-b``, …): a NATS server each, joined by gateways, and a worker in each, all on the one
+PostgreSQL (docs/datacenters.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
 
 from dispenser.config import Config
 from dispenser.core.errors import TagExists
-from dispenser.testing.servers import KafkaBroker, NatsServer, PostgresServer
+from dispenser.testing.servers import KafkaBroker, NatsGateways, NatsServer, PostgresServer
 from dispenser.testing.servers._process import port_is_free
 
 __all__ = ["DEMO_TAG", "prepare_demo", "run_dev"]
@@ -99,6 +103,62 @@ def _kafka_banner(config: Config) -> str:
 """
 
 
+def _datacenters_banner(gateways: NatsGateways) -> str:
+    lines = "\n".join(f"    {dc}: {gateways.url_of(dc)}" for dc in gateways.datacenters)
+    other = gateways.datacenters[1]
+    return f"""
+  {len(gateways.datacenters)} datacenters, a NATS server and a worker each, joined by gateways (docs/datacenters.md):
+{lines}
+    the commands above ask {gateways.datacenters[0]}; another datacenter's callers:
+    DISPENSER_NATS_URL={gateways.url_of(other)} dispenser get {DEMO_TAG} 5
+    dispenser watch shows each datacenter and the fleet
+"""
+
+
+def datacenter_names(count: int) -> list[str]:
+    """``dc-a``, ``dc-b``, … (``count`` of them, 2 to 26)."""
+    if not 2 <= count <= 26:
+        raise ValueError(f"--datacenters takes 2 to 26, got {count}")
+    return [f"dc-{chr(ord('a') + n)}" for n in range(count)]
+
+
+async def _serve_all(configs: list[Config], on_ready: Callable[[], None]) -> int:
+    """Run one worker per config in this process until SIGTERM or SIGINT."""
+    from dispenser.app import Worker, run_until_signal  # noqa: PLC0415
+
+    async def start(stack: contextlib.AsyncExitStack) -> Callable[[asyncio.Event], Awaitable[None]]:
+        for config in configs:
+            worker = Worker(config)
+            await worker.start()
+            stack.push_async_callback(worker.stop)
+        on_ready()
+
+        async def serve(stop: asyncio.Event) -> None:
+            await stop.wait()
+            log.info("shutting down: answering requests in flight")
+
+        return serve
+
+    return await run_until_signal(start)
+
+
+def _in_datacenter(config: Config, gateways: NatsGateways, index: int, data_dir: Path) -> Config:
+    """The worker of datacenter number ``index``: its NATS server, name, snowflake worker ID and state."""
+    datacenter = gateways.datacenters[index]
+    state = str(data_dir / "state" / datacenter)
+    snowflake = config.snowflake
+    if snowflake.mode == "static":
+        snowflake = msgspec.structs.replace(snowflake, worker_id=snowflake.worker_id + index)
+    return msgspec.structs.replace(
+        config,
+        nats=msgspec.structs.replace(config.nats, url=gateways.url_of(datacenter), datacenter=datacenter),
+        snowflake=msgspec.structs.replace(snowflake, state_dir=state),
+        segment=msgspec.structs.replace(config.segment, state_dir=state),
+        # One metrics port: the first datacenter's worker.
+        metrics=config.metrics if index == 0 else msgspec.structs.replace(config.metrics, port=None),
+    )
+
+
 def run_dev(
     config: Config,
     data_dir: Path,
@@ -107,8 +167,19 @@ def run_dev(
     kafka_port: int | None = None,
     *,
     kafka: bool = False,
+    datacenters: int = 1,
 ) -> int:
     """Start the servers, prepare the database, serve until Ctrl-C, then stop everything started here.
+
+    Args:
+        config: The settings (NATS and PostgreSQL addresses are replaced by the servers started here).
+        data_dir: Where the servers' data lives.
+        nats_port: NATS port (a free one if taken).
+        postgres_port: PostgreSQL port (54329 by default, or a free one).
+        kafka_port: Kafka port (9092 by default, or a free one).
+        kafka: Start a Kafka broker too.
+        datacenters: 2 or more: a NATS server per datacenter (free ports; ``nats_port`` is not used),
+            joined by gateways, and a worker in each (in this process).
 
     Raises:
         DevServerError: a server could not start (for Kafka: Java or Maven missing, says which).
@@ -118,7 +189,14 @@ def run_dev(
 
     data_dir = data_dir.absolute()
     data_dir.mkdir(parents=True, exist_ok=True)
-    nats = NatsServer(data_dir / "nats", port=nats_port if port_is_free(nats_port) else None)
+    gateways: NatsGateways | None = None
+    nats: NatsServer | NatsGateways
+    if datacenters > 1:
+        nats = gateways = NatsGateways(data_dir / "nats", datacenter_names(datacenters))
+        nats_url = gateways.url_of(gateways.datacenters[0])  # the commands of the banner ask dc-a
+    else:
+        nats = NatsServer(data_dir / "nats", port=nats_port if port_is_free(nats_port) else None)
+        nats_url = nats.url
     if postgres_port is None:
         # A fixed port by default, so the DSN printed for `dispenser tag add` stays the same across runs.
         postgres_port = DEV_POSTGRES_PORT if port_is_free(DEV_POSTGRES_PORT) else None
@@ -153,7 +231,7 @@ def run_dev(
         config = msgspec.structs.replace(
             config,
             metrics=metrics,
-            nats=msgspec.structs.replace(config.nats, url=nats.url),
+            nats=msgspec.structs.replace(config.nats, url=nats_url),
             postgres=msgspec.structs.replace(config.postgres, dsn=postgres.dsn),
             snowflake=snowflake,
         )
@@ -163,6 +241,10 @@ def run_dev(
             )
         asyncio.run(prepare_demo(postgres.dsn))
         _write_client_config(data_dir / "dev.toml", config)
+        if gateways is not None:
+            banner = _banner(config, data_dir / "dev.toml") + _datacenters_banner(gateways)
+            configs = [_in_datacenter(config, gateways, n, data_dir) for n in range(datacenters)]
+            return run_async(_serve_all(configs, lambda: print(banner, file=sys.stderr)))
         return run_async(
             run_worker(
                 config,

@@ -181,6 +181,8 @@ class RateEvent(Struct, kw_only=True):
     this field)."""
     ids_total: int = 0
     """IDs handed out since the worker started."""
+    datacenter: str = ""
+    """The worker's datacenter (``nats.datacenter``; "": not set, or a worker older than this field)."""
 
 
 class ClockReading(Struct):

@@ -1,6 +1,8 @@
 """``dispenser watch``: every tag's consumption across the fleet, built only from the rate events on NATS.
 
-It needs nothing but NATS access (subject ``<prefix>.rate.>``): run it from any machine. The live view
+It needs nothing but NATS access (subject ``<prefix>.rate.>``): run it from any machine (with NATS
+gateways, from any datacenter: the events cross them). Workers that name their datacenter
+(``nats.datacenter``) are shown per datacenter, with the whole fleet's row under them. The live view
 redraws in place every second (q or Ctrl-C quits); ``--once`` listens for one event interval and prints one
 table; ``--json`` prints each event as a JSON line.
 """
@@ -48,34 +50,63 @@ class Fleet:
         seen[event.worker] = _WorkerSeen(previous.first if previous else event, event, received)
 
     def rows(self, now: float) -> Iterator[list[str]]:
-        """One table row per (tag, kind), sorted."""
+        """One table row per (tag, kind), sorted; with datacenters, one per datacenter and the fleet's.
+
+        When any live worker names its datacenter (``nats.datacenter``), each (tag, kind) has a row per
+        datacenter (``-``: workers that name none) and a row ``all`` with the whole fleet, and the table
+        gains a ``DC`` column after ``KIND`` (see :meth:`headers`).
+        """
+        by_datacenter = self.datacenters(now)
         for (kind, tag), seen in sorted(self.workers.items(), key=lambda item: (item[0][1], item[0][0])):
             live = [w for w in seen.values() if now - w.received <= self.stale_after]
             if not live:
                 continue
-            last = [w.last for w in live]
-            runways = [e.runway_s for e in last if e.runway_s is not None]
-            steps = sorted({e.step for e in last if e.step})
-            fetches_per_min = sum(_fetches_per_min(w) for w in live)
-            yield [
-                tag,
-                kind,
-                str(len(live)),
-                f"{sum(e.ids_per_s for e in last):,.0f}",
-                f"{sum(e.peak_ids_per_s for e in last):,.0f}",
-                ",".join(f"{s:,}" for s in steps) or "-",
-                f"{sum(e.ids_buffered for e in last):,}" if kind == "segment" else "-",
-                f"{min(runways):,.0f}s" if runways else ("inf" if kind == "segment" else "-"),
-                f"{fetches_per_min:.1f}" if kind == "segment" else "-",
-            ]
+            if not by_datacenter:
+                yield [tag, kind, *_summary(kind, live)]
+                continue
+            for datacenter in sorted({w.last.datacenter for w in live}):
+                here = [w for w in live if w.last.datacenter == datacenter]
+                yield [tag, kind, datacenter or "-", *_summary(kind, here)]
+            yield [tag, kind, "all", *_summary(kind, live)]
+
+    def datacenters(self, now: float) -> bool:
+        """Whether any live worker names its datacenter (the table then shows them)."""
+        return any(
+            w.last.datacenter
+            for seen in self.workers.values()
+            for w in seen.values()
+            if now - w.received <= self.stale_after
+        )
+
+    def headers(self, now: float) -> list[str]:
+        """The table's columns (``DC`` only when a live worker names its datacenter)."""
+        dc = ["DC"] if self.datacenters(now) else []
+        return ["TAG", "KIND", *dc, "WORKERS", "IDS/S", "PEAK/S", "STEP", "BUFFERED", "RUNWAY", "FETCH/MIN"]
 
     def table(self, now: float) -> str:
         """The table as text."""
-        headers = ["TAG", "KIND", "WORKERS", "IDS/S", "PEAK/S", "STEP", "BUFFERED", "RUNWAY", "FETCH/MIN"]
+        headers = self.headers(now)
         rows = list(self.rows(now))
         if not rows:
             return render_table(headers, []) + "\n(no rate events yet)"
         return render_table(headers, rows)
+
+
+def _summary(kind: str, live: list[_WorkerSeen]) -> list[str]:
+    """The columns after TAG and KIND (and DC) for a set of live workers: their sums, steps, least runway."""
+    last = [w.last for w in live]
+    runways = [e.runway_s for e in last if e.runway_s is not None]
+    steps = sorted({e.step for e in last if e.step})
+    fetches_per_min = sum(_fetches_per_min(w) for w in live)
+    return [
+        str(len(live)),
+        f"{sum(e.ids_per_s for e in last):,.0f}",
+        f"{sum(e.peak_ids_per_s for e in last):,.0f}",
+        ",".join(f"{s:,}" for s in steps) or "-",
+        f"{sum(e.ids_buffered for e in last):,}" if kind == "segment" else "-",
+        f"{min(runways):,.0f}s" if runways else ("inf" if kind == "segment" else "-"),
+        f"{fetches_per_min:.1f}" if kind == "segment" else "-",
+    ]
 
 
 def _fetches_per_min(seen: _WorkerSeen) -> float:

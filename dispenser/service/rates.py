@@ -63,13 +63,20 @@ class RateBook:
     """This worker's meters and its peers' latest events; the adaptive step's inputs."""
 
     def __init__(
-        self, clock: Clock, settings: RateSettings, policy: StepPolicy, worker: str | None = None
+        self,
+        clock: Clock,
+        settings: RateSettings,
+        policy: StepPolicy,
+        worker: str | None = None,
+        datacenter: str = "",
     ) -> None:
         self.clock = clock
         """The clock rates are measured on (the publisher sleeps on it too)."""
         self.settings = settings
         self.policy = policy
         self.worker = worker or worker_name()
+        self.datacenter = datacenter
+        """This worker's datacenter, named in its events."""
         self._meters: dict[tuple[str, str], RateMeter] = {}
         self._fleet_peaks: dict[tuple[str, str], FleetPeak] = {}
         self._peers: dict[tuple[str, str], dict[str, tuple[RateEvent, float]]] = {}
@@ -213,6 +220,7 @@ class RateBook:
             fetches=allocator.fetches if allocator is not None else 0,
             fetches_per_min=round(allocator.fetches_per_minute(), 2) if allocator is not None else None,
             ids_total=meter.ids_issued,
+            datacenter=self.datacenter,
         )
 
     def events(self, allocator: SegmentAllocator | None) -> Iterable[RateEvent]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,49 @@ def test_dev_serves_demo_ids_and_stops_everything_on_ctrl_c(
     assert port_is_free(nats_port)
     assert port_is_free(pg_port)
     assert not (data_dir / "dev.toml").exists()
+
+
+def test_dev_with_two_datacenters_serves_callers_in_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dispenser dev --datacenters 2`: a NATS server per datacenter joined by gateways, a worker in each.
+
+    Callers of either datacenter get IDs; SIGINT stops it all.
+    """
+    pg_port = free_port()
+    log = tmp_path / "dev.log"
+    data_dir = tmp_path / ".dispenser"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    tmp_path.chmod(0o755)
+    argv = ["dev", "--data-dir", str(data_dir), "--postgres-port", str(pg_port), "--datacenters", "2"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "dispenser", *argv], stdout=out, stderr=out)
+    try:
+        wait_for(log, "joined by gateways", proc)
+        urls = dict(re.findall(r"^    (dc-[ab]): (nats://\S+)$", log.read_text(), re.MULTILINE))
+        assert set(urls) == {"dc-a", "dc-b"}
+        monkeypatch.chdir(tmp_path)
+        for name in ("DISPENSER_CONFIG", "DISPENSER_NATS_URL", "DISPENSER_POSTGRES_DSN"):
+            monkeypatch.delenv(name, raising=False)
+        assert main(["get", "demo", "3"]) == 0  # dc-a, through .dispenser/dev.toml
+        from_a = [int(i) for i in capsys.readouterr().out.split()]
+        monkeypatch.setenv("DISPENSER_NATS_URL", urls["dc-b"])
+        assert main(["get", "demo", "3"]) == 0
+        from_b = [int(i) for i in capsys.readouterr().out.split()]
+        assert len(set(from_a + from_b)) == 6
+        assert main(["get", "--kind", "snowflake", "demo", "2"]) == 0
+        capsys.readouterr()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "stopped NATS and PostgreSQL" in text
+    assert "Traceback" not in text
+    assert port_is_free(pg_port)
 
 
 @pytest.mark.kafka

@@ -22,6 +22,7 @@ from dispenser.adapters.nats.peers import collect_peer_clocks
 from dispenser.app import Worker
 from dispenser.config import Config
 from dispenser.core.errors import WorkerIdInUse
+from dispenser.core.peers import Claim
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.health import check_all
 from dispenser.messages import Reply
@@ -168,7 +169,8 @@ async def test_leaf_187_a_zookeeper_each_and_no_datacenter_field_is_refused_not_
     """Leaf's layout, a ZooKeeper per datacenter: both hand out worker IDs 0 and 1.
 
     dc-b's workers, started second, hear dc-a's claim the same IDs and refuse (worker_id_in_use, one log
-    line, `check` fails); dc-a's keep serving, and no ID is issued twice.
+    line, `check` fails) and stay out of the queue group, so that dc-b's callers are served by dc-a across
+    the gateway; dc-a's keep serving, and no ID is issued twice.
     """
     prefix = f"dc{next(_prefixes)}"
 
@@ -193,12 +195,24 @@ async def test_leaf_187_a_zookeeper_each_and_no_datacenter_field_is_refused_not_
             assert worker.identity_guard.state == "serving"
             assert len(worker.identity_guard.turned_away) == 1
 
-        refused = await draw(b, prefix, 20, 1)
-        assert {r.error.code for r in refused if r.error is not None} == {WorkerIdInUse.code}
-        assert all(r.error is not None and r.error.retryable for r in refused)
+        for worker in fleet_b:  # never joined the snowflake queue group
+            assert worker.service is not None
+            assert worker.service.left == {"snowflake"}
+            assert [e.name for e in worker.service.service.endpoints] == []
+            assert worker.snowflake is not None
+            assert isinstance(worker.snowflake.refusal, WorkerIdInUse)
+        before = sum(w.service.service.endpoints[0].num_requests for w in fleet_a if w.service)
+        across = await draw(b, prefix, 20)  # dc-b's callers: answered by dc-a across the gateway
+        assert all(r.error is None for r in across), [r.error for r in across if r.error]
+        after = sum(w.service.service.endpoints[0].num_requests for w in fleet_a if w.service)
+        assert after - before == 20
         served = await draw(a, prefix, 50)
-        ranges = [r for reply in served for r in ranges_of(reply)]
-        assert assert_unique(ranges) == 50 * 100
+        ranges = [r for reply in (*across, *served) for r in ranges_of(reply)]
+        assert assert_unique(ranges) == 70 * 100
+        layout = SnowflakeLayout()
+        assert {layout.decompose(first).worker_id for first, _ in ranges} <= {
+            w.snowflake.worker_id for w in fleet_a if w.snowflake is not None
+        }
 
         lines = [r.getMessage() for r in caplog.records if r.name == "dispenser.service.identity"]
         refusals = [line for line in lines if "is also claimed by the live worker" in line]
@@ -230,3 +244,49 @@ async def test_two_workers_starting_at_once_on_one_id_never_both_serve(
         states = [w.identity_guard and w.identity_guard.state for w in fleet]
         assert states.count("serving") <= 1, states
         assert "refused" in states
+        for worker, state in zip(fleet, states, strict=True):  # a refused worker takes no requests
+            assert worker.service is not None
+            assert ("snowflake" in worker.service.left) == (state == "refused")
+
+
+async def test_a_worker_refused_while_serving_leaves_and_its_callers_cross(
+    datacenters: NatsGateways,
+    zookeeper_server: ZooKeeperServer,
+    zookeeper_b: ZooKeeperServer,
+    tmp_path: Path,
+    zk_namespace: str,
+) -> None:
+    """A serving worker that hears a serving rival on its ID refuses and leaves the queue group at once.
+
+    Its datacenter's callers are then served by the other datacenter's worker, not answered with errors.
+    """
+    prefix = f"dc{next(_prefixes)}"
+    async with (
+        workers(
+            config(
+                datacenters.url_of("dc-a"), zookeeper_server.hosts, tmp_path / "a", zk_namespace, prefix, 0
+            ),
+            config(datacenters.url_of("dc-b"), zookeeper_b.hosts, tmp_path / "b", zk_namespace, prefix, 1),
+        ) as (a_worker, b_worker),
+        client(datacenters.url_of("dc-a")) as a,
+    ):
+        assert a_worker.service is not None
+        assert b_worker.service is not None
+        at_home = await draw(a, prefix, 10)
+        layout = SnowflakeLayout(**TWITTER)
+        assert {layout.decompose(r[0]).datacenter_id for reply in at_home for r in ranges_of(reply)} == {0}
+
+        guard = a_worker.identity_guard
+        assert guard is not None
+        own = guard.claim()
+        guard.hear(Claim(own.datacenter_id, own.worker_id, "rival", "serving", "10.0.0.9:1"))
+        assert a_worker.service.left == {"snowflake"}
+        # The drain runs in a task: requests may still reach this worker (and get the refusal) meanwhile.
+        deadline = time.monotonic() + 5.0
+        while True:
+            replies = await draw(a, prefix, 10)
+            if all(r.error is None for r in replies):
+                break
+            assert {r.error.code for r in replies if r.error} == {WorkerIdInUse.code}
+            assert time.monotonic() < deadline, "still answered by the refused worker"
+        assert {layout.decompose(r[0]).datacenter_id for reply in replies for r in ranges_of(reply)} == {1}

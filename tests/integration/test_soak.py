@@ -130,3 +130,22 @@ def test_ha_short_soak_passes(tmp_path: Path) -> None:
     assert enrichment["caught_up_s"] is not None, enrichment
     assert report["enricher_restarts"] >= 1
     assert "PASS" in done.stdout
+
+
+@pytest.mark.timeout(SOAK_TIMEOUT_S + 30)
+def test_dc_soak_passes(tmp_path: Path) -> None:
+    """Two datacenters joined by NATS gateways, the clients in dc-a: dc-a's workers lost twice.
+
+    Killed, restored, frozen (SIGSTOP), restored. dc-b serves dc-a's callers meanwhile; no error reply, no
+    duplicate ID.
+    """
+    _, report, _ = _soak(tmp_path, "dc")
+    _assert_clean(report)
+    phases = {phase["name"]: phase for phase in report["phases"]}
+    for lost in ("dc-a killed", "dc-a frozen"):
+        served = phases[lost]["notes"]["served_again_s"]
+        assert isinstance(served, float), phases[lost]["notes"]
+        assert served < 5.0  # frozen: the servers drop a silent client within 1.5 s (ping settings)
+        assert phases[lost]["errors"] == {}  # requests in flight to the lost workers time out; none fails
+    for restored in ("dc-a restored", "dc-a restored #2"):
+        assert isinstance(phases[restored]["notes"]["recovery"], float)

@@ -12,8 +12,10 @@ from soak.plan import (
     ClockStep,
     KillLeader,
     KillWorker,
+    LoseDatacenter,
     Rejoin,
     RestartServer,
+    RestoreDatacenter,
     StartServer,
     StopServer,
     scaled,
@@ -109,10 +111,16 @@ def test_profiles_inject_every_fault() -> None:
     """Every profile kills a worker and steps the clock, and injects its topology's server faults.
 
     The single-stack ones stop and start PostgreSQL and ZooKeeper and restart NATS; the clustered ones kill
-    each cluster's leader and let it rejoin.
+    each cluster's leader and let it rejoin. The two-datacenter one loses dc-a's workers, killed and
+    frozen, twice restored.
     """
     for profile in PROFILES.values():
         faults = [phase.fault for phase in profile.phases if phase.fault is not None]
+        if profile.topology == "dc":
+            assert LoseDatacenter() in faults
+            assert LoseDatacenter(freeze=True) in faults
+            assert faults.count(RestoreDatacenter()) == 2
+            continue
         assert any(isinstance(f, KillWorker) for f in faults)
         if profile.topology == "ha":
             for cluster in ("postgres", "nats", "zookeeper", "kafka"):

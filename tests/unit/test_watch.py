@@ -47,3 +47,48 @@ def test_silent_workers_drop_out() -> None:
     fleet.add(event("b", 1009.0, fetches_per_min=1.0), received=10.0)
     shown = row(fleet, now=10.0)
     assert (shown["WORKERS"], shown["FETCH/MIN"]) == ("1", "1.0")
+
+
+def test_datacenters_get_a_row_each_and_the_fleet_one() -> None:
+    """Workers naming their datacenter: a row per datacenter (``-``: unnamed) and ``all`` with the sums."""
+    fleet = Fleet()
+    fleet.add(event("a1", 1000.0, datacenter="dc-a", ids_buffered=10, runway_s=30.0), received=1.0)
+    fleet.add(event("a2", 1000.0, datacenter="dc-a", ids_buffered=20, runway_s=20.0), received=1.0)
+    fleet.add(event("b1", 1000.0, datacenter="dc-b", ids_buffered=5, runway_s=50.0), received=1.0)
+    fleet.add(event("old", 1000.0, ids_buffered=1), received=1.0)  # a worker older than the field
+    headers = fleet.headers(2.0)
+    assert headers[:4] == ["TAG", "KIND", "DC", "WORKERS"]
+    rows = {r[2]: dict(zip(headers, r, strict=True)) for r in fleet.rows(2.0)}
+    assert list(rows) == ["-", "dc-a", "dc-b", "all"]
+    assert (rows["dc-a"]["WORKERS"], rows["dc-a"]["IDS/S"], rows["dc-a"]["BUFFERED"]) == ("2", "200", "30")
+    assert rows["dc-a"]["RUNWAY"] == "20s"
+    assert (rows["dc-b"]["WORKERS"], rows["dc-b"]["BUFFERED"]) == ("1", "5")
+    assert (rows["all"]["WORKERS"], rows["all"]["IDS/S"], rows["all"]["BUFFERED"]) == ("4", "400", "36")
+    assert "DC" in fleet.table(2.0).splitlines()[0]
+
+
+def test_no_datacenter_named_keeps_the_plain_table() -> None:
+    """No worker names a datacenter: no DC column, one row per tag (the table as before)."""
+    fleet = Fleet()
+    fleet.add(event("a", 1000.0), received=1.0)
+    assert "DC" not in fleet.headers(2.0)
+    assert len(list(fleet.rows(2.0))) == 1
+
+
+def test_a_rate_event_without_the_datacenter_decodes_and_one_with_it_is_read_by_old_readers() -> None:
+    """The wire stays compatible both ways.
+
+    An old worker's event (no field) decodes as ""; a reader that does not know the field ignores it.
+    """
+    old = msgspec.json.encode(event("old", 1.0))
+    assert b"datacenter" in old  # encoded (as ""), harmless to old readers
+    stripped = msgspec.json.decode(old)
+    del stripped["datacenter"]
+    assert msgspec.convert(stripped, RateEvent).datacenter == ""
+
+    class OldRateEvent(msgspec.Struct, kw_only=True):
+        tag: str
+        worker: str
+
+    new = msgspec.json.encode(event("new", 1.0, datacenter="dc-b"))
+    assert msgspec.json.decode(new, type=OldRateEvent).worker == "new"

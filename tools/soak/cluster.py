@@ -28,7 +28,7 @@ from nats.aio.client import Client
 from dispenser.adapters.nats.peers import collect_peer_clocks
 from dispenser.bench.nats_load import Child
 from dispenser.core.peers import PeerReading
-from dispenser.testing.servers import NatsServer, PostgresServer, ZooKeeperServer
+from dispenser.testing.servers import NatsGateways, NatsServer, PostgresServer, ZooKeeperServer
 from dispenser.testing.servers._process import kill_process
 from dispenser.testing.servers._server import ServerProcess
 from dispenser.testing.servers.kafka import KafkaBroker
@@ -40,15 +40,19 @@ from soak.enrich import enricher_args
 from soak.faketime import FaketimeClock
 from soak.plan import (
     CLOCK_WORKER,
+    DATACENTER_OF,
+    LOST_DATACENTER,
     WORKERS,
     ClockStep,
     Fault,
     KillEnricher,
     KillLeader,
     KillWorker,
+    LoseDatacenter,
     Profile,
     Rejoin,
     RestartServer,
+    RestoreDatacenter,
     ServerName,
     StartServer,
     StopServer,
@@ -89,7 +93,10 @@ class SoakCluster:
         self.workdir = workdir
         self.profile = profile
         self.ha = profile.topology == "ha"
-        self.nats: NatsServer | NatsCluster
+        self.nats: NatsServer | NatsCluster | NatsGateways
+        self.dc = profile.topology == "dc"
+        self.lost: LoseDatacenter | None = None
+        """How ``dc-a`` was lost, until restored (``dc`` topology)."""
         self.zookeeper: ZooKeeperServer | ZooKeeperEnsemble
         self.postgres: PostgresServer | PatroniCluster
         self.kafka: KafkaCluster | None = None
@@ -101,7 +108,11 @@ class SoakCluster:
             self.postgres = PatroniCluster(workdir / "patroni", zookeeper_hosts=self.zookeeper.hosts)
             self.kafka = KafkaCluster(workdir / "kafka")
         else:
-            self.nats = NatsServer(workdir / "nats")
+            if self.dc:
+                # The servers drop a silent (frozen) client within 1.5 s: ping_interval * (ping_max + 1).
+                self.nats = NatsGateways(workdir / "nats", ("dc-a", "dc-b"), ping_interval=0.5, ping_max=2)
+            else:
+                self.nats = NatsServer(workdir / "nats")
             self.postgres = PostgresServer(workdir / "pgdata")
             self.zookeeper = ZooKeeperServer(workdir / "zookeeper")
         (workdir / "workers").mkdir(parents=True, exist_ok=True)
@@ -114,7 +125,12 @@ class SoakCluster:
 
     @property
     def nats_urls(self) -> list[str]:
-        """Every NATS server's URL (one in the single topology)."""
+        """Every NATS server's URL (one in the single topology).
+
+        In the ``dc`` topology, ``dc-a``'s: the clients'.
+        """
+        if isinstance(self.nats, NatsGateways):
+            return [self.nats.url_of(LOST_DATACENTER)]
         return self.nats.urls if isinstance(self.nats, NatsCluster) else [self.nats.url]
 
     @property
@@ -166,8 +182,14 @@ class SoakCluster:
     def _worker_env(self, name: WorkerName, index: int) -> dict[str, str]:
         # The user's own DISPENSER_* settings (a config file, another NATS) must not leak into the soak.
         env = {key: value for key, value in os.environ.items() if not key.startswith("DISPENSER_")}
+        if isinstance(self.nats, NatsGateways):
+            env |= {
+                "DISPENSER_NATS_URL": self.nats.url_of(DATACENTER_OF[name]),
+                "DISPENSER_NATS_DATACENTER": DATACENTER_OF[name],
+            }
+        else:
+            env["DISPENSER_NATS_URL"] = ",".join(self.nats_urls)
         env |= {
-            "DISPENSER_NATS_URL": ",".join(self.nats_urls),
             "DISPENSER_POSTGRES_DSN": self.postgres.dsn,
             "DISPENSER_SEGMENT_ENABLED": "false" if name == CLOCK_WORKER else "true",
             "DISPENSER_SNOWFLAKE_ENABLED": "true",
@@ -266,6 +288,12 @@ class SoakCluster:
 
     def stop_all(self) -> dict[str, int | None]:
         """Stop the workers (SIGTERM, then SIGKILL), then the servers; return the workers' exit statuses."""
+        if self.lost is not None and self.lost.freeze:  # frozen workers cannot take a SIGTERM
+            for name in self._lost_workers():
+                proc = self.workers[name].proc
+                if proc is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signal.SIGCONT)
         statuses = {name: child.stop(timeout=10.0) for name, child in self.workers.items()}
         if self.enricher is not None:
             statuses["enricher"] = self.enricher.stop(timeout=20.0)
@@ -304,6 +332,27 @@ class SoakCluster:
                 await asyncio.sleep(down_s)
                 await asyncio.to_thread(server.start)
                 notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
+            case LoseDatacenter(freeze=freeze):
+                for lost in self._lost_workers():
+                    child = self.workers[lost]
+                    if child.proc is None:
+                        continue
+                    if freeze:
+                        child.proc.send_signal(signal.SIGSTOP)
+                    else:
+                        await asyncio.to_thread(kill_process, child.proc)
+                self.lost = fault
+                notes["served_again_s"] = await _served_again(nc, began)
+            case RestoreDatacenter():
+                for lost in self._lost_workers():
+                    child = self.workers[lost]
+                    if self.lost is not None and self.lost.freeze and child.proc is not None:
+                        child.proc.send_signal(signal.SIGCONT)
+                    else:
+                        child.start()
+                        self.restarts[lost] += 1
+                self.lost = None
+                notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
             case KillEnricher(down_s=down_s):
                 if self.enricher is not None and self.enricher.proc is not None:
                     await asyncio.to_thread(kill_process, self.enricher.proc)
@@ -320,6 +369,11 @@ class SoakCluster:
                 notes["clock_seen_ms"] = await self._await_step(nc, self.clock.offset_ms)
         notes["action_s"] = round(time.monotonic() - began, 3)
         return notes
+
+    def _lost_workers(self) -> list[WorkerName]:
+        if not self.dc:
+            raise SoakError("losing a datacenter needs the dc topology")
+        return [name for name in WORKERS if DATACENTER_OF[name] == LOST_DATACENTER]
 
     async def _kill_leader(self, name: ServerName, nc: Client, began: float) -> dict[str, Any]:
         """SIGKILL the member of the ``name`` cluster whose loss costs most; figures of the failover.
@@ -414,6 +468,22 @@ class SoakCluster:
         """Seconds from ``began`` until all workers answer ``$SRV.PING`` again."""
         await self.wait_workers(nc)
         return round(time.monotonic() - began, 3)
+
+
+async def _served_again(nc: Client, began: float, limit_s: float = 30.0) -> float | str:
+    """Seconds from ``began`` until a request from ``nc`` (in the lost datacenter) is answered.
+
+    By the other datacenter's workers, across the gateway. Each try waits 0.25 s (a frozen worker never
+    answers).
+    """
+    while time.monotonic() - began < limit_s:
+        try:
+            await nc.request("leaf.segment.soak-a", b'{"count": 1}', timeout=0.25)
+        except Exception:  # a timeout (routed to a frozen worker), or no responders for a moment
+            await asyncio.sleep(0.05)
+            continue
+        return round(time.monotonic() - began, 3)
+    return f"not served within {limit_s:g} s"
 
 
 def _busiest(cluster: NatsCluster) -> NatsServer:

@@ -11,10 +11,12 @@ __all__ = [
     "Fault",
     "KillLeader",
     "KillWorker",
+    "LoseDatacenter",
     "Phase",
     "Profile",
     "Rejoin",
     "RestartServer",
+    "RestoreDatacenter",
     "ServerName",
     "StartServer",
     "StopServer",
@@ -24,9 +26,11 @@ __all__ = [
 
 ServerName = Literal["nats", "postgres", "zookeeper", "kafka"]
 """``kafka`` only in the ``ha`` profiles (the workers then also answer over Kafka)."""
-Topology = Literal["single", "ha"]
+Topology = Literal["single", "ha", "dc"]
 """``single``: one server of each kind. ``ha``: a 3-node NATS cluster, a 3-server ZooKeeper ensemble, a
-3-node Patroni cluster (strict synchronous replication, the ensemble as its DCS) and three Kafka brokers."""
+3-node Patroni cluster (strict synchronous replication, the ensemble as its DCS) and three Kafka brokers.
+``dc``: two datacenters, a NATS server each joined by gateways (``dc-a``, ``dc-b``), one PostgreSQL and one
+ZooKeeper; the clients connect to ``dc-a`` (see :data:`DATACENTER_OF`)."""
 WorkerName = Literal["segment-1", "segment-2", "snowflake"]
 """The three worker processes: two serve segments and snowflake IDs, one only snowflake IDs (under
 libfaketime, so its clock can be stepped)."""
@@ -34,6 +38,9 @@ libfaketime, so its clock can be stepped)."""
 WORKERS: tuple[WorkerName, ...] = ("segment-1", "segment-2", "snowflake")
 CLOCK_WORKER: WorkerName = "snowflake"
 """The worker that runs under libfaketime."""
+DATACENTER_OF: dict[WorkerName, str] = {"segment-1": "dc-a", "snowflake": "dc-a", "segment-2": "dc-b"}
+"""Where each worker runs in the ``dc`` topology: ``dc-a`` (the clients' datacenter) has two, ``dc-b`` one."""
+LOST_DATACENTER = "dc-a"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +140,32 @@ class Rejoin:
 
 
 @dataclass(frozen=True, slots=True)
+class LoseDatacenter:
+    """Every worker of ``dc-a`` lost at once (``dc`` only), and left so until :class:`RestoreDatacenter`.
+
+    SIGKILL, or SIGSTOP (``freeze``: frozen, the server keeps routing to them until it drops their silent
+    connections).
+    """
+
+    freeze: bool = False
+
+    @property
+    def label(self) -> str:
+        """What the table shows."""
+        return f"{'SIGSTOP' if self.freeze else 'kill -9'} {LOST_DATACENTER}"
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreDatacenter:
+    """``dc-a``'s workers back: started again (after a kill) or SIGCONT (after a freeze)."""
+
+    @property
+    def label(self) -> str:
+        """What the table shows."""
+        return f"restore {LOST_DATACENTER}"
+
+
+@dataclass(frozen=True, slots=True)
 class KillEnricher:
     """SIGKILL the ``dispenser enrich`` process mid-transaction, wait ``down_s``, start it again (``ha`` only)."""
 
@@ -144,7 +177,18 @@ class KillEnricher:
         return "kill -9 enricher"
 
 
-Fault = KillWorker | StopServer | StartServer | RestartServer | ClockStep | KillLeader | Rejoin | KillEnricher
+Fault = (
+    KillWorker
+    | StopServer
+    | StartServer
+    | RestartServer
+    | ClockStep
+    | KillLeader
+    | Rejoin
+    | KillEnricher
+    | LoseDatacenter
+    | RestoreDatacenter
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,14 +355,30 @@ def _ha(rounds: int, scale: float, min_ids: int) -> Profile:
     )
 
 
+def _dc() -> Profile:
+    # dc-a (the clients' datacenter) lost twice, killed then frozen, each time restored: its callers are
+    # served by dc-b meanwhile (NATS gateways), and go home after. ~36 s of load.
+    phases = [
+        Phase("steady", 5),
+        Phase("dc-a killed", 6, LoseDatacenter()),
+        Phase("dc-a restored", 7, RestoreDatacenter()),
+        Phase("dc-a frozen", 6, LoseDatacenter(freeze=True)),
+        Phase("dc-a restored #2", 7, RestoreDatacenter()),
+        Phase("recovered", 5, must_be_clean=True),
+    ]
+    return Profile(name="dc", phases=tuple(phases), min_ids=5_000_000, max_extra_s=30, topology="dc")
+
+
 PROFILES: dict[str, Profile] = {
     "short": _short(),
     "long": _long(),
     "ha-short": _ha(1, 0.5, 10_000_000),
     "ha": _ha(2, 1.0, 100_000_000),
+    "dc": _dc(),
 }
 """``short``: about 54 s of load (CI); ``long``: about 14 minutes (by hand); ``ha``: every clustered
-failover twice on the clustered stack (by hand, ~3 minutes of load); ``ha-short``: each once (CI)."""
+failover twice on the clustered stack (by hand, ~3 minutes of load); ``ha-short``: each once (CI); ``dc``:
+a datacenter lost and restored twice, two NATS servers joined by gateways (CI, ~36 s of load)."""
 
 
 def scaled(profile: Profile, factor: float) -> Profile:

@@ -175,6 +175,9 @@ def judge(report: SoakReport) -> None:
         recovery = phase.notes.get("recovery")
         if isinstance(recovery, str):
             failures.append(f"phase {phase.phase.name!r}: {recovery}")
+        served = phase.notes.get("served_again_s")
+        if isinstance(served, str):
+            failures.append(f"phase {phase.phase.name!r}: the lost datacenter's callers were {served}")
     for name, worker in report.workers.items():
         if not worker.get("alive_at_end"):
             failures.append(f"worker {name} was not running at the end (see its log)")
@@ -210,8 +213,14 @@ def _notes(notes: dict[str, Any]) -> str:
         parts.append(f"all back in {recovery:.1f} s")
     elif recovery is not None:
         parts.append("NOT BACK")
-    elif notes.get("action_s", 0) >= 0.5 and not {"clock_seen_ms", "failover_s", "rejoined_s"} & notes.keys():
+    elif (
+        notes.get("action_s", 0) >= 0.5
+        and not {"clock_seen_ms", "failover_s", "rejoined_s", "served_again_s"} & notes.keys()
+    ):
         parts.append(f"took {notes['action_s']:.1f} s")
+    served = notes.get("served_again_s")
+    if served is not None:
+        parts.append(f"served across after {served:.2f} s" if isinstance(served, float) else "NOT SERVED")
     failover = notes.get("failover_s")
     if failover is not None:
         parts.append(f"new leader after {failover} s" if isinstance(failover, float) else str(failover))

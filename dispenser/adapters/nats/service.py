@@ -72,6 +72,8 @@ class NatsIdService:
         self._special = special_tags or {}
         self._service: MicroService | None = None
         self._inflight: set[asyncio.Task[None]] = set()
+        self._left: set[str] = set()
+        self._leaving: set[asyncio.Task[None]] = set()
 
     @property
     def service(self) -> MicroService:
@@ -88,9 +90,12 @@ class NatsIdService:
             name=config.service_name,
             version=__version__,
             description="Unique 64-bit IDs (Leaf segment and snowflake)",
+            metadata={"datacenter": config.datacenter} if config.datacenter else None,
         )
         self._service = service
         for kind, dispatcher in self._dispatchers.items():
+            if kind in self._left:
+                continue
             prefix = id_subject(config.subject_prefix, kind, "")
             special = self._special.get(kind, {})
             await service.add_endpoint(
@@ -100,6 +105,8 @@ class NatsIdService:
                 functools.partial(self._id_handler, prefix, dispatcher, special),
                 metadata={"format": "json|msgpack", "subject": prefix + "<tag>"},
             )
+            if kind in self._left:  # left while subscribing
+                self.leave(kind)
         # Discovery last: an instance lists only endpoints that already take requests.
         await service.start()
 
@@ -180,6 +187,37 @@ class NatsIdService:
             headers[CONTENT_TYPE] = MSGPACK
         await self._nc.publish(msg.reply, answer.body, headers=headers)
 
+    def leave(self, kind: str) -> None:
+        """Take no more requests of ``kind`` (and never subscribe it), for the rest of this run.
+
+        A snowflake worker refused by the identity guard calls this: left in the queue group, it would
+        answer its share of requests with errors, and NATS would never send its datacenter's callers
+        to another datacenter's workers (a gateway crosses only when the home cluster has no member of
+        the queue group). Requests already delivered are still answered (with the refusal). Callable
+        from synchronous code: the drain runs in a task of its own, awaited by :meth:`stop`.
+        """
+        self._left.add(kind)
+        service = self._service
+        if service is None:
+            return  # start() skips it
+        for endpoint in [e for e in service.endpoints if e.name == kind]:
+            service.endpoints.remove(endpoint)  # discovery lists only endpoints that take requests
+            task = asyncio.create_task(endpoint.drain(), name=f"leave-{kind}")
+            self._leaving.add(task)
+            task.add_done_callback(self._leaving.discard)
+            log.warning("left the %s queue group: no more %s requests are sent to this worker", kind, kind)
+
+    @property
+    def left(self) -> frozenset[str]:
+        """The kinds this worker no longer takes (see :meth:`leave`)."""
+        return frozenset(self._left)
+
+    async def _drain_endpoints(self, service: MicroService) -> None:
+        """Drain the endpoints, and those left earlier (:meth:`leave`) if their drain is still going."""
+        await service.drain_endpoints()
+        if self._leaving:
+            await asyncio.gather(*self._leaving, return_exceptions=True)
+
     async def stop(self, grace: float = 5.0) -> None:
         """Stop taking requests, answer those already received, then leave the service.
 
@@ -195,7 +233,7 @@ class NatsIdService:
         # server's acknowledgement (nats-py: up to 10 s each): a server gone silent gets a few seconds,
         # then the worker leaves without it (no answer could reach the requesters through it anyway).
         try:
-            await asyncio.wait_for(service.drain_endpoints(), _SILENT_SERVER)
+            await asyncio.wait_for(self._drain_endpoints(service), _SILENT_SERVER)
         except TimeoutError:
             log.warning(
                 "NATS did not acknowledge the drain within %g s (a silent server?): stopping without it",
@@ -203,6 +241,8 @@ class NatsIdService:
             )
             grace = 0.0
             silent = True
+            for task in list(self._leaving):
+                task.cancel()
         else:
             silent = False
         if self._inflight:

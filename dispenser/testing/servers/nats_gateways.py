@@ -22,7 +22,15 @@ from dispenser.testing.servers.nats import NatsServer
 __all__ = ["NatsGateways", "gateway_config"]
 
 
-def gateway_config(name: str, listen: int, gateways: dict[str, int], monitor: int | None = None) -> str:
+def gateway_config(
+    name: str,
+    listen: int,
+    gateways: dict[str, int],
+    monitor: int | None = None,
+    *,
+    ping_interval: float | None = None,
+    ping_max: int | None = None,
+) -> str:
     """One datacenter's server configuration: its name, and a gateway to every datacenter (its own too).
 
     Args:
@@ -30,9 +38,18 @@ def gateway_config(name: str, listen: int, gateways: dict[str, int], monitor: in
         listen: The gateway port of this server.
         gateways: Every datacenter's gateway port, by name.
         monitor: The monitoring port (``/gatewayz``), if any.
+        ping_interval: Seconds between the server's PINGs to a silent client (nats-server's default: 2
+            minutes).
+        ping_max: PINGs left unanswered before the server closes the connection (default 2). A frozen
+            worker keeps its queue subscription until then: ``ping_interval * (ping_max + 1)`` at most
+            (docs/datacenters.md).
     """
     urls = ", ".join(f'{{name: "{dc}", url: "nats://{LOOPBACK}:{port}"}}' for dc, port in gateways.items())
     http = f'http: "{LOOPBACK}:{monitor}"\n' if monitor is not None else ""
+    if ping_interval is not None:
+        http += f'ping_interval: "{round(ping_interval * 1000)}ms"\n'
+    if ping_max is not None:
+        http += f"ping_max: {ping_max}\n"
     return (
         f"server_name: {name}-1\n"
         f"{http}"
@@ -57,10 +74,18 @@ class NatsGateways(ServerGroup[NatsServer]):
         workdir: Holds one directory per datacenter (named after it).
         datacenters: The datacenters' names (gateway and cluster names).
         start_timeout: Seconds each server may take to start, and the gateways to connect.
+        ping_interval: The servers' ``ping_interval`` in seconds (None: nats-server's 2 minutes).
+        ping_max: The servers' ``ping_max`` (None: nats-server's 2). See :func:`gateway_config`.
     """
 
     def __init__(
-        self, workdir: Path, datacenters: Sequence[str] = ("dc-a", "dc-b"), *, start_timeout: float = 20.0
+        self,
+        workdir: Path,
+        datacenters: Sequence[str] = ("dc-a", "dc-b"),
+        *,
+        start_timeout: float = 20.0,
+        ping_interval: float | None = None,
+        ping_max: int | None = None,
     ) -> None:
         if len(set(datacenters)) != len(datacenters) or len(datacenters) < 2:
             raise ValueError(f"need two or more distinct datacenters, got {list(datacenters)}")
@@ -73,7 +98,14 @@ class NatsGateways(ServerGroup[NatsServer]):
             NatsServer(
                 self.workdir / dc,
                 free_port(),
-                config=gateway_config(dc, gateway_ports[dc], gateway_ports, self.monitor_ports[dc]),
+                config=gateway_config(
+                    dc,
+                    gateway_ports[dc],
+                    gateway_ports,
+                    self.monitor_ports[dc],
+                    ping_interval=ping_interval,
+                    ping_max=ping_max,
+                ),
                 start_timeout=start_timeout,
             )
             for dc in self.datacenters
