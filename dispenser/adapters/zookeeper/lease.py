@@ -127,6 +127,8 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
         self.lease_path = f"{self.base_path}/lease"
         self.high_water_path = f"{self.base_path}/high-water"
         self._keepalive: asyncio.Task[None] | None = None
+        self._closing = False
+        """Set by :meth:`close`: the keepalive loop ends by itself even if its cancellation was lost."""
         # The lease: the ID (self._worker_id), the session that created its node, the negotiated timeout
         # then, and the monotonic time before the last request that proved the node still ours.
         self._claim_session: int | None = None
@@ -251,7 +253,9 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
             )
 
     async def _keep_alive(self) -> None:
-        while True:
+        # Not `while True`: on Python 3.11, asyncio.wait_for swallows a cancellation that arrives as the
+        # awaited call completes, and close() would then wait for this task for ever (seen: a suite hung).
+        while not self._closing:
             await asyncio.sleep(self._timeout / _KEEPALIVES_PER_TIMEOUT)
             if self._worker_id is None or self._lost is not None:
                 continue  # wait for register() to claim again
@@ -292,6 +296,7 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
         Call :meth:`report` with the final high water first.
         """
         self._lost = "the registry was closed"
+        self._closing = True
         task, self._keepalive = self._keepalive, None
         if task is not None:
             task.cancel()
