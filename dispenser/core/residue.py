@@ -68,7 +68,9 @@ class Residue:
         if not 1 <= self.stride <= MAX_STRIDE:
             raise ValueError(f"stride must be between 1 and {MAX_STRIDE}, got {self.stride}")
         if not 0 <= self.offset < self.stride:
-            raise ValueError(f"offset must be between 0 and stride - 1 ({self.stride - 1}), got {self.offset}")
+            raise ValueError(
+                f"offset must be between 0 and stride - 1 ({self.stride - 1}), got {self.offset}"
+            )
 
     @property
     def plain(self) -> bool:

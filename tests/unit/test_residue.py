@@ -29,9 +29,9 @@ def test_a_strided_grant_holds_step_ids_of_its_class_below_max_id() -> None:
 def test_bad_classes_are_refused() -> None:
     """Offsets lie in [0, stride); strides in [1, MAX_STRIDE]."""
     for stride, offset in ((0, 0), (2, 2), (2, -1), (MAX_STRIDE + 1, 0)):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"^(stride|offset) must be between"):
             Residue(stride, offset)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="is not 1 modulo 2"):
         Residue(2, 1).ordinal(4)
 
 
@@ -47,8 +47,10 @@ def test_a_grant_is_exactly_step_members_of_the_class_inside_the_advance(
     max_id = start + residue.advance(step)
     granted = residue.grant(max_id, step)
     assert granted.count == step
-    assert start <= granted.first and granted.last < max_id
-    assert residue.owns(granted.first) and residue.owns(granted.last)
+    assert start <= granted.first
+    assert granted.last < max_id
+    assert residue.owns(granted.first)
+    assert residue.owns(granted.last)
     segment = residue.to_ordinals(granted)
     assert segment.size == step
     assert residue.ids((segment.first, segment.last)) == granted
