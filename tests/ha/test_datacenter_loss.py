@@ -130,7 +130,7 @@ async def test_datacenter_a_lost_b_promotes_and_serves(tmp_path: Path) -> None:
                 new: PatroniNode = await asyncio.to_thread(cluster.wait_leader, other_than=a1, timeout=60)
                 promoted_at = time.monotonic()
                 await until(
-                    lambda: _answered_after(seen, promoted_at + 3, "leaf.segment.dry") > 100,
+                    lambda: _answered_after(seen, promoted_at + 3, "leaf.segment.dry") > 20,
                     60,
                     "dry served by B's new primary",
                 )
