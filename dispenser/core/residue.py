@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from dispenser.core.ids import Range
+from dispenser.core.ids import IdBatch, Range
 from dispenser.core.segment import Segment
 
 __all__ = ["LEAF", "MAX_STRIDE", "Residue", "StridedRange"]
@@ -113,6 +113,16 @@ class Residue:
         if granted.stride != self.stride:
             raise ValueError(f"a range by {granted.stride} given to a class by {self.stride}")
         return Segment(self.ordinal(granted.first), self.ordinal(granted.last))
+
+    def batch(self, ordinals: IdBatch) -> IdBatch:
+        """The IDs of a batch the buffer handed out (of ordinals), as one-ID ranges unless the class is Leaf's.
+
+        Ranges of a strided class are not contiguous; one-ID ranges are read right by every reader of the
+        ``ranges`` format, which promises contiguous ``[first, last]`` pairs (docs/datacenters.md).
+        """
+        if self.plain:
+            return ordinals
+        return IdBatch(tuple((i, i) for r in ordinals.ranges for i in self.ids(r)))
 
     def ids(self, ordinals: Range) -> StridedRange:
         """The IDs of an inclusive range of ordinals, as the buffer hands it out."""
