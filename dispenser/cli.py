@@ -19,7 +19,8 @@ import msgspec
 
 from dispenser import __version__
 from dispenser.config import Config, ConfigError, effective, load_config, unknown_variables
-from dispenser.core.errors import DispenserError, TagStartTooLow
+from dispenser.core.errors import BadRequest, DispenserError, TagStartTooLow
+from dispenser.core.residue import Residue
 from dispenser.ports import SegmentStore, TagInfo
 from dispenser.runner import run_async
 
@@ -344,6 +345,19 @@ def _parser() -> argparse.ArgumentParser:
         help="a tag removed before: start where it stopped (its high water), so its IDs never come back",
     )
     add.add_argument("--description", default="", help="free text")
+    add.add_argument(
+        "--stride",
+        type=_positive_int,
+        default=1,
+        help="a database per datacenter: hand out only IDs equal to --offset modulo this (the same in "
+        "every datacenter; default 1, Leaf's tag). Set once: never change it",
+    )
+    add.add_argument(
+        "--offset",
+        type=int,
+        default=0,
+        help="this datacenter's residue, 0 to --stride - 1, different in each datacenter (default 0)",
+    )
     tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
     set_ = tag_sub.add_parser("set", help="change a tag's step (from its next segment)", parents=[common])
     set_.add_argument("tag", help="the tag's name")
@@ -507,6 +521,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         validate_tag(args.tag)
         if args.tag_command == "add":
             check_new_tag(args.tag, args.step, args.start, args.description)
+            _residue(args)
         elif args.tag_command == "set":
             check_step(args.step)
 
@@ -756,14 +771,23 @@ def _import_leaf(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def _residue(args: argparse.Namespace) -> Residue:
+    """``--stride`` and ``--offset`` as a residue class (BadRequest when they do not make one)."""
+    try:
+        return Residue(args.stride, args.offset)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 async def _add_tag(store: SegmentStore, args: argparse.Namespace) -> TagInfo:
     """``tag add``: with ``--resume``, a removed tag starts at its high water (or ``--start``, if higher)."""
+    residue = _residue(args)
     try:
-        return await store.add_tag(args.tag, args.step, args.start, args.description)
+        return await store.add_tag(args.tag, args.step, args.start, args.description, residue=residue)
     except TagStartTooLow as exc:
         if not args.resume:
             raise
-        return await store.add_tag(args.tag, args.step, exc.high_water, args.description)
+        return await store.add_tag(args.tag, args.step, exc.high_water, args.description, residue=residue)
 
 
 def _bench(args: argparse.Namespace, _config: Config) -> int:

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Protocol
 
 from dispenser.core.ids import Kind
+from dispenser.core.residue import LEAF, Residue
 from dispenser.core.segment import Segment
 
 __all__ = [
@@ -68,10 +69,15 @@ class TagInfo:
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
-    """A segment granted by the store, with the tag's configured step at that moment."""
+    """A segment granted by the store, with the tag's configured step at that moment.
+
+    For a tag of a residue class (docs/datacenters.md), ``segment`` holds the class's ordinals, which the
+    double buffer hands out; ``residue`` turns them into IDs. For Leaf's tags the two are the same.
+    """
 
     segment: Segment
     configured_step: int
+    residue: Residue = LEAF
 
 
 class SegmentStore(Protocol):
@@ -98,8 +104,10 @@ class SegmentStore(Protocol):
         """
         ...
 
-    async def add_tag(self, tag: str, step: int, start: int = 1, description: str = "") -> TagInfo:
-        """Create a tag whose first ID will be ``start``.
+    async def add_tag(
+        self, tag: str, step: int, start: int = 1, description: str = "", *, residue: Residue = LEAF
+    ) -> TagInfo:
+        """Create a tag whose first ID will be ``start`` (or the first of ``residue``'s class from there).
 
         Raises:
             TagExists: the tag is already there.

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from dispenser.core.errors import DispenserError, StoreUnavailable, TagExhausted, UnknownTag
 from dispenser.core.ids import IdBatch
 from dispenser.core.rate import RateMeter
+from dispenser.core.residue import LEAF
 from dispenser.core.segment import NEED_SEGMENT, BufferStats, SegmentBuffer
 from dispenser.ports import Clock, SegmentStore
 from dispenser.service.retry import Backoff
@@ -79,6 +80,8 @@ class TagAllocator:
     ) -> None:
         self.tag = tag
         self.buffer = SegmentBuffer(settings.prefetch_threshold)
+        self.residue = LEAF
+        """The tag's residue class, from its first segment: the buffer holds its ordinals (Leaf's: the IDs)."""
         self.step = step
         """The configured step, once known (from the tag list or the last fetch)."""
         self.last_step: int | None = None
@@ -122,7 +125,7 @@ class TagAllocator:
         if batch is NEED_SEGMENT:
             return None
         self.meter.record(self._clock.monotonic(), count)
-        return batch
+        return self.residue.batch(batch)
 
     async def take(self, count: int, deadline: float) -> IdBatch:
         """Take ``count`` IDs, waiting for the in-flight fetch until ``deadline`` (monotonic seconds).
@@ -137,7 +140,7 @@ class TagAllocator:
                 self._start_fetch()
             if batch is not NEED_SEGMENT:
                 self.meter.record(self._clock.monotonic(), count)
-                return batch
+                return self.residue.batch(batch)
             if self._closed:
                 raise self.last_error or StoreUnavailable("the worker is shutting down")
             self._wanted = max(self._wanted, count)
@@ -265,6 +268,23 @@ class TagAllocator:
                 self.fetches += 1
                 self._fetched_at.append(self._clock.monotonic())
                 self.fetch_seconds += time.perf_counter() - started
+                if allocation.residue != self.residue and self.buffer.high >= 0:
+                    # The buffer holds ordinals of another class: mixing the two could repeat an ID.
+                    log.error(
+                        "refusing segment of tag %r: its stride/offset changed from %d/%d to %d/%d while "
+                        "this worker held its IDs; restart the worker (and never change a tag's class)",
+                        self.tag,
+                        self.residue.stride,
+                        self.residue.offset,
+                        allocation.residue.stride,
+                        allocation.residue.offset,
+                    )
+                    self.last_error = StoreUnavailable(
+                        f"the stride of {self.tag!r} changed under this worker"
+                    )
+                    self._closed = True
+                    return
+                self.residue = allocation.residue
                 try:
                     self.buffer.install(allocation.segment, self._clock.monotonic())
                 except ValueError:

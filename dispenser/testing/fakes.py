@@ -16,7 +16,7 @@ from dispenser.core.errors import (
     WorkerIdsExhausted,
 )
 from dispenser.core.ids import Kind
-from dispenser.core.segment import Segment
+from dispenser.core.residue import LEAF, Residue
 from dispenser.core.store_rules import MAX_ID, check_new_tag, check_step, no_room
 from dispenser.ports import Allocation, Settled, TagInfo, WorkerLease
 
@@ -60,6 +60,8 @@ class MemorySegmentStore:
             now: the clock stamped into ``update_time``.
         """
         self._rows: dict[str, _Row] = {}
+        self._residues: dict[str, Residue] = {}
+        """Tags of a residue class (the dispenser_tag_residue table); absent: Leaf's."""
         self._removed: dict[str, int] = {}
         """Removed tags' high water (max_id), as the tombstone table keeps it."""
         self._now = now
@@ -102,11 +104,12 @@ class MemorySegmentStore:
         if row is None:
             raise UnknownTag(tag)
         used = row.step if step is None else step
-        if row.max_id > MAX_ID - used:
+        residue = self._residues.get(tag, LEAF)
+        if row.max_id > MAX_ID - residue.advance(used):
             raise no_room(tag, used)
-        row.max_id += used
+        row.max_id += residue.advance(used)
         row.update_time = self._now()
-        return Allocation(Segment.from_max_id(row.max_id, used), row.step)
+        return Allocation(residue.to_ordinals(residue.grant(row.max_id, used)), row.step, residue)
 
     async def list_tags(self) -> list[TagInfo]:
         """All tags, ordered by name."""
@@ -114,8 +117,10 @@ class MemorySegmentStore:
         self._check()
         return [self._info(tag, self._rows[tag]) for tag in sorted(self._rows)]
 
-    async def add_tag(self, tag: str, step: int, start: int = 1, description: str = "") -> TagInfo:
-        """Create a tag whose first segment starts at ``start``."""
+    async def add_tag(
+        self, tag: str, step: int, start: int = 1, description: str = "", *, residue: Residue = LEAF
+    ) -> TagInfo:
+        """Create a tag whose first segment starts at ``start`` (its class's first ID from there)."""
         check_new_tag(tag, step, start, description)
         await asyncio.sleep(0)
         self._check()
@@ -125,6 +130,10 @@ class MemorySegmentStore:
         if high_water is not None and start < high_water:
             raise TagStartTooLow(tag, start, high_water)
         row = self._rows[tag] = _Row(start, step, description, self._now())
+        if residue.plain:
+            self._residues.pop(tag, None)
+        else:
+            self._residues[tag] = residue
         return self._info(tag, row)
 
     async def set_step(self, tag: str, step: int) -> TagInfo:
@@ -147,6 +156,7 @@ class MemorySegmentStore:
         if row is None:
             raise UnknownTag(tag)
         self._removed[tag] = max(row.max_id, self._removed.get(tag, 0))
+        self._residues.pop(tag, None)
 
     async def close(self) -> None:
         """Refuse further calls, as a closed pool does. Idempotent."""

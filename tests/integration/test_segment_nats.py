@@ -198,8 +198,9 @@ async def test_periodic_refresh_drops_removed_tags(nats_server: NatsServer, pg_d
         assert (await ask(nc, "leaf.segment.gone")).ids == [1]
         assert worker.store is not None
         assert worker.allocator is not None
-        await worker.store.remove_tag("gone")
+        # The step first: a refresh that sees the tag gone has then seen the new step too.
         await worker.store.set_step("demo", 25)
+        await worker.store.remove_tag("gone")
         allocator = worker.allocator
         await wait_until(lambda: allocator.get("gone") is None, what="the refresh dropping the removed tag")
         assert worker.allocator.tags["demo"].step == 25

@@ -9,6 +9,7 @@ from typing import TypeVar
 import pytest
 
 from dispenser.core.errors import StoreUnavailable, TagExhausted, UnknownTag
+from dispenser.core.residue import Residue
 from dispenser.core.segment import Segment
 from dispenser.ports import Allocation
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
@@ -244,3 +245,38 @@ async def test_fetches_per_minute_counts_the_last_minute(clock: ManualClock) -> 
     await finish(clock, allocator.take("t", 10, deadline(clock)))
     await settle()
     assert 1.0 <= tag.fetches_per_minute() <= 2.0
+
+
+async def test_a_strided_tag_hands_out_its_class_as_one_id_ranges(clock: ManualClock) -> None:
+    """Stride 3, offset 2: the IDs 2, 5, 8, … across segments, each as a range of one ID."""
+    store = MemorySegmentStore()
+    await store.add_tag("t", 4, residue=Residue(3, 2))
+    allocator = SegmentAllocator(store, clock, FAST)
+    await allocator.refresh()
+    batch = await finish(clock, allocator.take("t", 6, deadline(clock)))
+    assert batch.ranges == ((2, 2), (5, 5), (8, 8), (11, 11), (14, 14), (17, 17))
+    assert batch.count == 6
+
+
+class ClassChangingStore(MemorySegmentStore):
+    """The memory store, whose tag 't' changes class after its first segment (what must never happen)."""
+
+    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+        allocation = await super().next_segment(tag, step)
+        if self.calls > 1:
+            return Allocation(allocation.segment, allocation.configured_step, Residue(2, 1))
+        return allocation
+
+
+async def test_a_class_changed_under_the_worker_stops_the_tag(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ordinals of two classes must not mix in one buffer: the tag answers `unavailable` instead."""
+    store = ClassChangingStore()
+    allocator = await allocator_with(clock, store, ("t", 10))
+    first = await finish(clock, allocator.take("t", 10, deadline(clock)))
+    assert first.ranges == ((1, 10),)
+    await settle()  # the prefetch, of another class, is refused
+    with pytest.raises(StoreUnavailable, match="stride of 't' changed"):
+        await finish(clock, allocator.take("t", 1, deadline(clock)))
+    assert "never change a tag's class" in caplog.text

@@ -122,6 +122,19 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             FOR EACH ROW EXECUTE FUNCTION dispenser_refuse_reissue()
         """,
     ),
+    Migration(
+        5,
+        "residue classes: a tag's stride and offset, for a database per datacenter (docs/datacenters.md)",
+        # Beside leaf_alloc, which stays Leaf's column for column: a tag without a row here is Leaf's (stride 1,
+        # offset 0). Leaf ignores this table, so Leaf must not serve a tag that has a row in it.
+        """
+        CREATE TABLE IF NOT EXISTS dispenser_tag_residue (
+            biz_tag  varchar(128) PRIMARY KEY,
+            stride   integer      NOT NULL CHECK (stride BETWEEN 2 AND 32768),
+            "offset" integer      NOT NULL CHECK ("offset" >= 0 AND "offset" < stride)
+        )
+        """,
+    ),
 )
 """Every migration, in version order. Append new versions; never edit a released one."""
 

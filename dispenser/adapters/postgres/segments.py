@@ -28,11 +28,12 @@ from dispenser.adapters.postgres import peaks as peak_rows
 from dispenser.adapters.postgres import tags as tag_rows
 from dispenser.adapters.postgres.errors import dsn_secrets, host_count, map_store_errors, misconfigured
 from dispenser.adapters.postgres.heartbeat import beat
-from dispenser.adapters.postgres.pool import lend, open_pool
+from dispenser.adapters.postgres.pool import Pooled, lend, open_pool
 from dispenser.adapters.postgres.primary import PrimaryWatch
 from dispenser.adapters.postgres.replication import Replication, read_replication
 from dispenser.core.errors import StoreUnavailable, UnknownTag
 from dispenser.core.ids import Kind
+from dispenser.core.residue import LEAF, Residue
 from dispenser.core.segment import Segment
 from dispenser.core.store_rules import check_new_tag, check_step, no_room
 from dispenser.ports import Allocation, GrantMemory, TagInfo
@@ -48,6 +49,18 @@ UPDATE leaf_alloc
    SET max_id = max_id + COALESCE($2::int, step), update_time = now()
  WHERE biz_tag = $1
 RETURNING max_id, step, COALESCE($2::int, step) AS step_used
+"""
+
+# The same, for a tag of a residue class (schema version 5, docs/datacenters.md): max_id moves by step x
+# stride, still one statement. A tag without a row in dispenser_tag_residue is Leaf's (stride 1, offset 0).
+_NEXT_STRIDED_SEGMENT = """
+WITH r AS (SELECT stride, "offset" FROM dispenser_tag_residue WHERE biz_tag = $1)
+UPDATE leaf_alloc
+   SET max_id = max_id + COALESCE($2::int, step)::bigint * COALESCE((SELECT stride FROM r), 1),
+       update_time = now()
+ WHERE biz_tag = $1
+RETURNING max_id, step, COALESCE($2::int, step) AS step_used,
+          COALESCE((SELECT stride FROM r), 1) AS stride, COALESCE((SELECT "offset" FROM r), 0) AS "offset"
 """
 
 log = logging.getLogger(__name__)
@@ -224,14 +237,27 @@ class PostgresSegmentStore:
         with self._errors(f"fetching the next segment of {tag!r}"):
             try:
                 async with lend(await self._ready(), self._timeout) as conn:
-                    row = await conn.fetchrow(_NEXT_SEGMENT, tag, step)
+                    row = await self._fetch_segment(conn, tag, step)
             except asyncpg.NumericValueOutOfRangeError:
                 raise no_room(tag, step) from None
         if row is None:
             raise UnknownTag(tag)
         if self.watch is not None:
             await self.watch.granted(tag, row["max_id"])
-        return Allocation(Segment.from_max_id(row["max_id"], row["step_used"]), row["step"])
+        residue = Residue(row["stride"], row["offset"]) if "stride" in row else LEAF
+        if residue.plain:
+            return Allocation(Segment.from_max_id(row["max_id"], row["step_used"]), row["step"])
+        granted = residue.grant(row["max_id"], row["step_used"])
+        return Allocation(residue.to_ordinals(granted), row["step"], residue)
+
+    @staticmethod
+    async def _fetch_segment(conn: Pooled, tag: str, step: int | None) -> asyncpg.Record | None:
+        try:
+            return await conn.fetchrow(_NEXT_STRIDED_SEGMENT, tag, step)
+        except asyncpg.UndefinedTableError:
+            # A schema before version 5 (`dispenser migrate` not run yet): no tag has a stride. The statement
+            # failed as a whole, so nothing was granted. Not remembered: once migrated, a strided tag may come.
+            return await conn.fetchrow(_NEXT_SEGMENT, tag, step)
 
     async def replication(self) -> Replication:
         """Which primary this store reaches and how it replicates.
@@ -253,8 +279,13 @@ class PostgresSegmentStore:
             async with lend(await self._ready(), self._timeout) as conn:
                 return await tag_rows.list_tags(conn)
 
-    async def add_tag(self, tag: str, step: int, start: int = 1, description: str = "") -> TagInfo:
+    async def add_tag(
+        self, tag: str, step: int, start: int = 1, description: str = "", *, residue: Residue = LEAF
+    ) -> TagInfo:
         """Create a tag whose first segment starts at ``start`` (stored as Leaf's ``max_id``).
+
+        With a ``residue`` other than Leaf's, the tag hands out only the IDs ``offset`` modulo ``stride``
+        (a database per datacenter, docs/datacenters.md), recorded in ``dispenser_tag_residue``.
 
         Raises:
             TagExists: the tag is already there.
@@ -267,7 +298,7 @@ class PostgresSegmentStore:
         check_new_tag(tag, step, start, description)
         with self._errors(f"adding tag {tag!r}"):
             async with lend(await self._ready(), self._timeout) as conn:
-                return await tag_rows.add_tag(conn, tag, step, start, description)
+                return await tag_rows.add_tag(conn, tag, step, start, description, residue=residue)
 
     async def set_step(self, tag: str, step: int) -> TagInfo:
         """Change a tag's configured step; the next segment fetched with ``step=None`` uses it.

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import asyncpg
 
-from dispenser.core.errors import TagExists, TagStartTooLow
+from dispenser.core.errors import BadRequest, TagExists, TagStartTooLow
+from dispenser.core.residue import LEAF, Residue
 from dispenser.ports import TagInfo
 
 if TYPE_CHECKING:
@@ -31,6 +33,13 @@ _SET_STEP = f"UPDATE leaf_alloc SET step = $2, update_time = now() WHERE biz_tag
 
 _REMOVE_TAG = "DELETE FROM leaf_alloc WHERE biz_tag = $1 RETURNING biz_tag"
 
+# Schema version 5: a tag's residue class (docs/datacenters.md); no row is Leaf's stride 1, offset 0.
+_SET_RESIDUE = """
+INSERT INTO dispenser_tag_residue (biz_tag, stride, "offset") VALUES ($1, $2, $3)
+ON CONFLICT (biz_tag) DO UPDATE SET stride = EXCLUDED.stride, "offset" = EXCLUDED."offset"
+"""
+_FORGET_RESIDUE = "DELETE FROM dispenser_tag_residue WHERE biz_tag = $1"
+
 # Kept by a trigger on leaf_alloc (schema version 4): the highest max_id of each tag that was removed.
 _HIGH_WATER = "SELECT max_id FROM dispenser_removed_tag WHERE biz_tag = $1"
 
@@ -40,13 +49,33 @@ async def list_tags(conn: Pooled) -> list[TagInfo]:
     return [_tag_info(row) for row in await conn.fetch(_LIST_TAGS)]
 
 
-async def add_tag(conn: Pooled, tag: str, step: int, start: int, description: str) -> TagInfo:
-    """Insert a tag whose first segment starts at ``start`` (checked by the caller).
+async def add_tag(
+    conn: Pooled, tag: str, step: int, start: int, description: str, *, residue: Residue = LEAF
+) -> TagInfo:
+    """Insert a tag whose first segment starts at ``start`` (checked by the caller), of ``residue``'s class.
 
     Raises:
         TagExists: the tag is already there.
         TagStartTooLow: the tag was removed, and ``start`` is below the IDs it handed out.
+        BadRequest: a strided tag on a schema before version 5.
     """
+    if residue.plain:
+        info = await _add_row(conn, tag, step, start, description)
+        with contextlib.suppress(asyncpg.UndefinedTableError):  # before version 5: no strided tag exists
+            await conn.execute(_FORGET_RESIDUE, tag)  # a stale row (the tag removed by Leaf's tools)
+        return info
+    async with conn.transaction():  # the row and its class together: never a strided tag served as Leaf's
+        info = await _add_row(conn, tag, step, start, description)
+        try:
+            await conn.execute(_SET_RESIDUE, tag, residue.stride, residue.offset)
+        except asyncpg.UndefinedTableError:
+            raise BadRequest(
+                "the database's schema predates strided tags (version 5): run `dispenser migrate` first"
+            ) from None
+    return info
+
+
+async def _add_row(conn: Pooled, tag: str, step: int, start: int, description: str) -> TagInfo:
     try:
         high_water: int | None = await conn.fetchval(_HIGH_WATER, tag)
     except asyncpg.UndefinedTableError:  # schema before version 4: no tombstones kept yet
@@ -71,8 +100,11 @@ async def set_step(conn: Pooled, tag: str, step: int) -> TagInfo | None:
 
 
 async def remove_tag(conn: Pooled, tag: str) -> bool:
-    """Delete a tag's row; False when there was none."""
-    return await conn.fetchval(_REMOVE_TAG, tag) is not None
+    """Delete a tag's row (and its class, if any); False when there was none."""
+    removed = await conn.fetchval(_REMOVE_TAG, tag) is not None
+    with contextlib.suppress(asyncpg.UndefinedTableError):  # before version 5: no strided tag exists
+        await conn.execute(_FORGET_RESIDUE, tag)
+    return removed
 
 
 def _tag_info(row: asyncpg.Record) -> TagInfo:
