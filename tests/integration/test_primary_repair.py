@@ -91,7 +91,7 @@ async def test_a_restarted_worker_remembers_from_its_state_directory(pg_dsn: str
 
 
 async def test_a_first_connection_waits_the_grace_only_on_a_timeline_its_memory_has_not_seen(
-    pg_dsn: str, tmp_path: Path
+    pg_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 22 item 10: a restart or scale-out during a failover holds back like a worker that saw it.
 
@@ -123,9 +123,14 @@ async def test_a_first_connection_waits_the_grace_only_on_a_timeline_its_memory_
         timeline = server.partition("/")[2]
         # A restart onto the primary it last used: no grace.
         assert await first_fetch(grants, 30.0) < 15.0
+        assert "first fetch held back" not in caplog.text
         # A restart onto a later timeline than its memory's (played by an earlier one remembered): the grace.
         await grants.set_server(cluster, f"{system}/{int(timeline) - 1}")
         assert await first_fetch(grants, 0.5) >= 0.5
+        assert (
+            f"timeline this worker has not used (last: {system}/{int(timeline) - 1}): first fetch held"
+            in caplog.text
+        )
         # A new worker (no memory of the cluster) reaching a primary that was promoted once at least.
         fresh = GrantFile.open(tmp_path / "fresh")
         try:

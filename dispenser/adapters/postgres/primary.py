@@ -97,10 +97,18 @@ class PrimaryWatch:
                 # A failover: every live worker repairs this primary from its memory on its next
                 # connection (within a heartbeat); none of ours fetches before they have had the time.
                 self._usable_at = loop.time() + self.grace
-            elif self._unseen_timeline(cluster, identity):
+            elif self.grace > 0 and self._unseen_timeline(cluster, identity):
                 # This process's first connection, to a primary on a timeline its memory has not seen: a
                 # restart or a scale-out during (or after) a failover. Live peers on other hosts may not
                 # have repaired it yet, so the same grace as for a failover seen within one run.
+                log.info(
+                    "PostgreSQL primary (system %s, timeline %s) is on a timeline this worker has not used "
+                    "(last: %s): first fetch held back %.1f s (postgres.new_primary_grace) for live peers "
+                    "to restore their grants",
+                    *identity.split("/"),
+                    self.grants.server(cluster) if self.grants is not None else None,
+                    self.grace,
+                )
                 self._usable_at = loop.time() + self.grace
             self.primary = identity
         await self._repair(conn, cluster, identity)
