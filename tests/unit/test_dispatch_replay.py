@@ -135,7 +135,9 @@ async def test_with_the_store_down_and_refuse_unsettled_only_recorded_answers_ar
         for allocator in allocators:
             await allocator.refresh()
         workers = [
-            Dispatcher(a, SystemClock(), Limits(), kind="segment", replay_store=replays, refuse_unsettled=True)
+            Dispatcher(
+                a, SystemClock(), Limits(), kind="segment", replay_store=replays, refuse_unsettled=True
+            )
             for a in allocators
         ]
         body = b'{"count": 3, "request_id": "r-1"}'

@@ -338,6 +338,16 @@ class PostgresSegmentStore:
             async with lend(await self._ready(), self._timeout) as conn:
                 return await conn.fetchrow(query, *args)
 
+    async def fetch(self, action: str, query: str, *args: object) -> list[asyncpg.Record]:
+        """Like :meth:`fetchrow`, for a statement that returns many rows.
+
+        Raises:
+            StoreUnavailable: PostgreSQL could not be reached or did not answer in time.
+        """
+        with self._errors(action):
+            async with lend(await self._ready(), self._timeout) as conn:
+                return await conn.fetch(query, *args)
+
     async def __aenter__(self) -> PostgresSegmentStore:
         return self
 
