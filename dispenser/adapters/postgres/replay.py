@@ -49,6 +49,10 @@ RETURNING held.kind, held.biz_tag, held.request_id, held.count, held.format, hel
 MAX_BATCH: Final = 512
 """Most answers recorded by one statement (the rest wait for the next)."""
 
+WRITERS: Final = 2
+"""Statements in flight at once: while one waits for its commit, the next batch is already being written
+(PostgreSQL flushes concurrent commits together), and the pool keeps connections for segment fetches."""
+
 _Key = tuple[str, str, str]
 _Row = tuple[int, str, str, float]  # count, format, ranges as an array literal, ttl
 
@@ -69,7 +73,7 @@ class PostgresReplayStore:
         """Share ``store``'s pool (the caller closes the store)."""
         self._store = store
         self._queue: dict[_Key, tuple[_Row, list[asyncio.Future[Settled]]]] = {}
-        self._writer: asyncio.Task[None] | None = None
+        self._writers: set[asyncio.Task[None]] = set()
 
     async def settle(
         self,
@@ -91,56 +95,63 @@ class PostgresReplayStore:
             queued[1].append(future)  # copies of one request (one worker's cache makes them rare): one row
         else:
             self._queue[key] = ((count, format, literal, ttl), [future])
-        if self._writer is None:
-            self._writer = asyncio.create_task(self._write(), name="replay-store-write")
+        if len(self._writers) < WRITERS:
+            self._writers.add(asyncio.create_task(self._write(), name="replay-store-write"))
         return await future
 
     async def _write(self) -> None:
-        """Record what is queued, a batch per statement, until nothing is (one statement at a time)."""
+        """Record what is queued, a batch per statement, until nothing is."""
         try:
-            while self._queue:
-                keys = list(self._queue)[:MAX_BATCH]
-                batch = {key: self._queue.pop(key) for key in keys}
-                try:
-                    rows = await self._store.fetch(
-                        f"recording the answers to {len(batch)} request_id(s)",
-                        _SETTLE_MANY,
-                        [k[0] for k in keys],
-                        [k[1] for k in keys],
-                        [k[2] for k in keys],
-                        [batch[k][0][0] for k in keys],
-                        [batch[k][0][1] for k in keys],
-                        [batch[k][0][2] for k in keys],
-                        [batch[k][0][3] for k in keys],
-                    )
-                except BaseException as exc:
-                    failure = (
-                        exc if isinstance(exc, Exception) else StoreUnavailable("the worker is stopping")
-                    )
-                    for _, futures in batch.values():
-                        for future in futures:
-                            if not future.done():
-                                future.set_exception(failure)
-                    if failure is not exc:
-                        raise
-                    continue
-                held = {
-                    (r["kind"], r["biz_tag"], r["request_id"]): Settled(
-                        r["count"], r["format"], tuple(zip(r["ranges"][::2], r["ranges"][1::2], strict=True))
-                    )
-                    for r in rows
-                }
-                for key, (_, futures) in batch.items():
-                    settled = held.get(key)
-                    for future in futures:
-                        if future.done():
-                            continue  # its request gave up (deadline); the record stands
-                        if settled is None:  # an upsert returns every row; never seen
-                            future.set_exception(RuntimeError(f"no row returned for {key!r}"))
-                        else:
-                            future.set_result(settled)
+            await self._write_queued()
         finally:
-            self._writer = None
+            # At once, not in a done callback: a settle() in between would count this writer as busy and
+            # leave its answer queued with no writer.
+            task = asyncio.current_task()
+            assert task is not None
+            self._writers.discard(task)
+
+    async def _write_queued(self) -> None:
+        while self._queue:
+            keys = list(self._queue)[:MAX_BATCH]
+            batch = {key: self._queue.pop(key) for key in keys}
+            try:
+                rows = await self._store.fetch(
+                    f"recording the answers to {len(batch)} request_id(s)",
+                    _SETTLE_MANY,
+                    [k[0] for k in keys],
+                    [k[1] for k in keys],
+                    [k[2] for k in keys],
+                    [batch[k][0][0] for k in keys],
+                    [batch[k][0][1] for k in keys],
+                    [batch[k][0][2] for k in keys],
+                    [batch[k][0][3] for k in keys],
+                )
+            except BaseException as exc:
+                failure = (
+                    exc if isinstance(exc, Exception) else StoreUnavailable("the worker is stopping")
+                )
+                for _, futures in batch.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(failure)
+                if failure is not exc:
+                    raise
+                continue
+            held = {
+                (r["kind"], r["biz_tag"], r["request_id"]): Settled(
+                    r["count"], r["format"], tuple(zip(r["ranges"][::2], r["ranges"][1::2], strict=True))
+                )
+                for r in rows
+            }
+            for key, (_, futures) in batch.items():
+                settled = held.get(key)
+                for future in futures:
+                    if future.done():
+                        continue  # its request gave up (deadline); the record stands
+                    if settled is None:  # an upsert returns every row; never seen
+                        future.set_exception(RuntimeError(f"no row returned for {key!r}"))
+                    else:
+                        future.set_result(settled)
 
     async def sweep(self) -> int:
         """Delete expired answers (one round trip, served by the ``expires_at`` index).
