@@ -71,7 +71,7 @@ class PrimaryWatch:
         self.cluster: str | None = None
         """``<system identifier>/<database>``: what the remembered grants are kept under (one cluster's)."""
         self.primary: str | None = None
-        """``<system identifier>/<timeline>`` of the primary the last new connection reached."""
+        """``<system identifier>/<timeline>`` of the primary last checked (a new connection, a fetch, a heartbeat)."""
 
     async def on_connect(self, conn: Checked) -> None:
         """Check (and repair) a new connection before the pool hands it out.

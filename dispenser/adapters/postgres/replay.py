@@ -127,9 +127,7 @@ class PostgresReplayStore:
                     [batch[k][0][3] for k in keys],
                 )
             except BaseException as exc:
-                failure = (
-                    exc if isinstance(exc, Exception) else StoreUnavailable("the worker is stopping")
-                )
+                failure = exc if isinstance(exc, Exception) else StoreUnavailable("the worker is stopping")
                 for _, futures in batch.values():
                     for future in futures:
                         if not future.done():
