@@ -182,6 +182,7 @@ class Worker:
                 config.limits.dedup_ttl,
                 kind=kind,
                 replay_store=self.replay_store,
+                refuse_unsettled=config.limits.dedup_unsettled == "refuse",
             )
 
         if self.allocator is not None:

@@ -86,14 +86,27 @@ async def _check_postgres(config: Config) -> CheckResult:
         if config.segment.remember_grants
         else "segment.remember_grants is off, so nothing restores them"
     )
+    registry = ""
+    if config.snowflake.enabled and config.snowflake.mode == "postgres":
+        # The registry's INSERT of a new worker's row can be lost the same way: the new primary then gives
+        # that worker ID to the next new address. Only the peer guard over NATS (docs/snowflake.md) stops
+        # two live workers issuing under it; nothing restores the lost row.
+        registry = (
+            " The snowflake registry (postgres mode) can likewise give one worker ID to two workers: "
+            + (
+                "the peer identity guard over NATS refuses the second while both are live."
+                if config.nats.enabled
+                else "NATS is off, so no peer identity guard refuses the second."
+            )
+        )
     return CheckResult(
         "postgres",
         True,
         detail,
         warning=(
             "a failover may promote a standby that lacks the last segment grants, and hand out DUPLICATE IDs: "
-            f"{repair}. Use synchronous replication (Patroni: synchronous_mode and synchronous_mode_strict; "
-            "see docs/ha.md)"
+            f"{repair}.{registry} Use synchronous replication (Patroni: synchronous_mode and "
+            "synchronous_mode_strict; see docs/ha.md)"
         ),
     )
 

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import os
 import platform
 import secrets
 import shlex
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,8 +157,14 @@ class _Session:
         """The echo's subject for the same tag."""
         return f"{self.prefix}.echo.{self.plan.steady_tag}"
 
-    async def window(self, subject: str, body: Body, inflight: int, check: ReplyCheck | None) -> Sample:
-        """One measured window of ``body`` on ``subject``, watching the CPU of its responder, us and NATS."""
+    async def window(
+        self, subject: str, body: Body, inflight: int, check: ReplyCheck | None, *, request_id: bool = False
+    ) -> Sample:
+        """One measured window of ``body`` on ``subject``, watching the CPU of its responder, us and NATS.
+
+        With ``request_id``, every request carries a fresh one (as a client of an at-least-once transport
+        sends).
+        """
         responder = self.echo if subject.startswith(f"{self.prefix}.echo") else self.worker
         if responder.exited:
             raise BenchError(f"the {responder.name} exited during the run:\n{responder.tail()}")
@@ -169,7 +176,7 @@ class _Session:
         return await drive(
             self.nc,
             subject,
-            body.encode(),
+            _with_request_ids(body) if request_id else body.encode(),
             inflight=inflight,
             warmup=self.options.warmup,
             duration=self.options.duration,
@@ -239,6 +246,9 @@ async def _measure(
         for inflight in options.inflight:
             for body in THROUGHPUT_BODIES:
                 cases += await _throughput_cases(session, body, inflight, reply_bytes[body])
+        if options.request_id:
+            for inflight in options.inflight:
+                cases += await _request_id_cases(session, inflight)
         if plan.switch_tag is not None and plan.switch_step is not None:
             cases += await _switch_cases(session, plan.switch_tag, plan.switch_step)
         if worker.exited:
@@ -317,6 +327,46 @@ async def _throughput_cases(session: _Session, body: Body, inflight: int, size: 
         case.ratio_to_sized_echo = ratio(case.requests_per_s, sized.requests_per_s)
     cases.append(case)
     return cases
+
+
+def _with_request_ids(body: Body) -> Callable[[], bytes]:
+    """Bodies like ``body``'s, each with a fresh ``request_id`` (a counter under a random run prefix)."""
+    prefix = body.encode()[:-1] + b',"request_id":"' + secrets.token_hex(6).encode() + b"-"
+    counter = itertools.count()
+
+    def make() -> bytes:
+        return prefix + str(next(counter)).encode() + b'"}'
+
+    return make
+
+
+async def _request_id_cases(session: _Session, inflight: int) -> list[CaseResult]:
+    """``ids/1`` without and with a fresh ``request_id`` per request, alternating; the best window of each."""
+    body = THROUGHPUT_BODIES[0]
+    plain: Sample | None = None
+    keyed: Sample | None = None
+    for _ in range(session.options.repeat):
+        plain = _better(plain, await session.window(session.steady_subject, body, inflight, None))
+        check = sampled_count_check(body.count)
+        keyed = _better(
+            keyed, await session.window(session.steady_subject, body, inflight, check, request_id=True)
+        )
+    assert plain is not None
+    assert keyed is not None
+    base, case = (
+        session.record(
+            f"{session.plan.mode} {body.label} @{inflight}{suffix}",
+            responder="dispenser",
+            kind="request_id",
+            subject=session.steady_subject,
+            body=body,
+            inflight=inflight,
+            step=session.plan.steady_step,
+            sample=sample,
+        )
+        for suffix, sample in ((" plain", plain), (" request_id", keyed))
+    )
+    return [base, case]
 
 
 async def _best_windows(
@@ -482,6 +532,7 @@ def run(options: BenchOptions) -> Report:
             "servers": "external" if options.nats_url or options.postgres_dsn else "started by the bench",
             "profiled": options.profile_worker is not None,
             "worker_command": options.worker_command,
+            "request_id": options.request_id,
         },
     }
     report = Report(cases, evaluate_targets(cases), meta)

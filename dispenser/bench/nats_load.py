@@ -152,7 +152,7 @@ ReplyCheck = Callable[[Msg, int], bool]
 async def drive(
     nc: Client,
     subject: str,
-    payload: bytes,
+    payload: bytes | Callable[[], bytes],
     *,
     inflight: int,
     warmup: float,
@@ -167,6 +167,7 @@ async def drive(
     sending the next. Replies that arrive while measuring are counted: their latencies (send to reply,
     as the requester sees it) and, through ``check``, whether they are right. A reply with headers is an
     error reply (the dispenser's carry ``Nats-Service-Error``; the echo's and successful ones have none).
+    ``payload`` may be a function that makes each request's body (a fresh ``request_id`` each).
 
     Raises:
         BenchError: nobody answers on ``subject`` any more.
@@ -178,6 +179,14 @@ async def drive(
     measuring = False
     stopping = False
 
+    if isinstance(payload, bytes):
+        fixed = payload
+
+        def make() -> bytes:
+            return fixed
+    else:
+        make = payload
+
     async def requester() -> None:
         nonlocal errors, timeouts
         request = nc.request
@@ -185,7 +194,7 @@ async def drive(
         while not stopping:
             started = clock()
             try:
-                msg = await request(subject, payload, timeout=timeout)
+                msg = await request(subject, make(), timeout=timeout)
             except NatsTimeout:
                 if measuring:
                     timeouts += 1

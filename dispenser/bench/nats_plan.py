@@ -86,6 +86,7 @@ class BenchOptions:
     json_path: Path | None = None
     profile_worker: Path | None = None
     worker_command: str | None = None
+    request_id: bool = False
     strict: bool = False
     quiet: bool = False
 
@@ -245,6 +246,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="CMD",
         help="start the worker with this command instead of `python -m dispenser serve` (to compare a "
         "variant; it gets the same DISPENSER_* environment)",
+    )
+    parser.add_argument(
+        "--request-id",
+        action="store_true",
+        help="also measure ids/1 with a fresh request_id on every request, alternating with the same body "
+        "without one (the cost of the fleet's replay record: docs/protocol.md)",
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")

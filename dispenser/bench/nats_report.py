@@ -178,6 +178,14 @@ def render_report(report: Report) -> str:
     headers = ["case", "in flight", "req/s", "IDs/s", "p50 ms", "p99 ms", "p999 ms", "vs echo", "vs sized"]
     headers += ["CPU resp/load/nats", "resp µs/req", "errors"]
     out.write(render_table(headers, rows) + "\n")
+    keyed = [c for c in cases if c.kind == "request_id"]
+    for plain, case in zip(keyed[::2], keyed[1::2], strict=True):
+        share = ratio(case.requests_per_s, plain.requests_per_s)
+        out.write(
+            f"request_id @{case.inflight}: {fmt_rate(case.requests_per_s)} req/s with a fresh one per request, "
+            f"{fmt_rate(plain.requests_per_s)} without ({fmt_ratio(share, percent=True)}); p999 "
+            f"{fmt_ms(case.p999_ms)} ms vs {fmt_ms(plain.p999_ms)} ms\n"
+        )
     switch_rows = [
         [
             c.name,

@@ -21,6 +21,7 @@ from dispenser.core.errors import (
     InvalidCount,
     MessageTooLarge,
     StoreUnavailable,
+    Unavailable,
 )
 from dispenser.core.tags import validate_tag
 from dispenser.messages import ErrorBody, IdRequest, Kind, Reply, decode_request, encode_reply
@@ -68,6 +69,7 @@ class Dispatcher:
         *,
         kind: Kind = "segment",
         replay_store: ReplayStore | None = None,
+        refuse_unsettled: bool = False,
     ) -> None:
         """Answer requests from ``source``.
 
@@ -79,12 +81,15 @@ class Dispatcher:
             kind: the generator's kind, part of the fleet-wide key of a ``request_id``.
             replay_store: where the fleet records answers to requests with a ``request_id``, so that a
                 retry on another worker gets the same IDs; ``None``: this worker's memory only.
+            refuse_unsettled: answer ``unavailable`` rather than IDs when ``replay_store`` cannot record
+                the answer (``limits.dedup_unsettled = "refuse"``).
         """
         self._source = source
         self._clock = clock
         self.limits = limits
         self.kind = kind
         self._replay_store = replay_store
+        self._refuse_unsettled = refuse_unsettled
         self._replays: ReplayCache[RangesBatch] = ReplayCache(dedup_ttl, clock.monotonic)
         self._bodies: dict[bytes, IdRequest] = {}
         self._tags: set[str] = set()
@@ -205,6 +210,12 @@ class Dispatcher:
             except TimeoutError:
                 raise StoreUnavailable("no answer before the request's deadline") from None
         except StoreUnavailable as exc:
+            if self._refuse_unsettled:
+                # Exact or nothing: the IDs drawn become a gap; the client retries with the same request_id.
+                raise Unavailable(
+                    f"the answer to request_id {request.request_id!r} could not be recorded ({exc.message}); "
+                    "retry with the same request_id"
+                ) from None
             # The IDs are in hand and unique whatever happens; failing the request would make every
             # client that sends request_ids (as retrying clients should) lose the double buffer's
             # runway with PostgreSQL. So answer, idempotent on this worker only, and say so.

@@ -89,3 +89,28 @@ async def test_a_large_answer_round_trips(stores: list[ReplayStore]) -> None:
     ranges = tuple((2**62 + 10 * n, 2**62 + 10 * n + 4) for n in range(2_000))
     assert (await stores[0].settle(KEY, 10_000, "ranges", ranges, 60)).ranges == ranges
     assert (await stores[1].settle(KEY, 10_000, "ranges", OURS, 60)).ranges == ranges
+
+
+async def test_many_keys_from_two_handles_in_opposite_orders_settle_one_answer_each(
+    stores: list[ReplayStore],
+) -> None:
+    """300 keys raced by two handles, one in order and one reversed (the Postgres one batches them).
+
+    Batches of two workers that share keys lock them in key order, so they cannot deadlock; copies of one
+    key in one handle's queue share one row.
+    """
+    keys = [("segment", "order", f"r-{n}") for n in range(300)]
+
+    async def settle_all(store: ReplayStore, order: list[tuple[str, str, str]], base: int) -> list[Settled]:
+        return list(
+            await asyncio.gather(
+                *(store.settle(key, 1, "ids", ((base + int(key[2][2:]),) * 2,), 60) for key in order)
+            )
+        )
+
+    first, second = await asyncio.gather(
+        settle_all(stores[0], keys, 1_000), settle_all(stores[1], keys[::-1], 5_000)
+    )
+    assert first == second[::-1]
+    for n, settled in enumerate(first):
+        assert settled.ranges in (((1_000 + n, 1_000 + n),), ((5_000 + n, 5_000 + n),))

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from dispenser.adapters.local.grants import GrantFile
+from dispenser.adapters.postgres.primary import PrimaryWatch
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import StoreUnavailable
@@ -86,6 +88,101 @@ async def test_a_restarted_worker_remembers_from_its_state_directory(pg_dsn: str
             assert (await store.next_segment("order")).segment.first == 51
     finally:
         restarted.close()
+
+
+async def test_a_first_connection_waits_the_grace_only_on_a_timeline_its_memory_has_not_seen(
+    pg_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 22 item 10: a restart or scale-out during a failover holds back like a worker that saw it.
+
+    Before, only a primary change seen within one run waited ``new_primary_grace``: a process's first
+    connection fetched at once, possibly before live peers on other hosts had repaired the new primary.
+    The grace cases use 0.5 s and assert at least that; the no-grace cases use 30 s and assert far less, so
+    no timing margin decides the outcome.
+    """
+    await migrate(pg_dsn)
+    async with await PostgresSegmentStore.connect(pg_dsn) as admin:
+        await admin.add_tag("order", 100)
+
+    async def first_fetch(grants: GrantFile, grace: float) -> float:
+        started = time.monotonic()
+        async with await PostgresSegmentStore.connect(
+            pg_dsn, grants=grants, new_primary_grace=grace
+        ) as store:
+            await store.next_segment("order")
+        return time.monotonic() - started
+
+    grants = GrantFile.open(tmp_path / "state")
+    try:
+        # A fresh memory on timeline 1 (the test server's): no promotion ever, nothing to wait for.
+        assert await first_fetch(grants, 30.0) < 15.0
+        system = await system_of(pg_dsn)
+        cluster = f"{system}/{pg_dsn.rpartition('/')[2]}"
+        server = grants.server(cluster)
+        assert server is not None
+        timeline = server.partition("/")[2]
+        # A restart onto the primary it last used: no grace.
+        assert await first_fetch(grants, 30.0) < 15.0
+        assert "first fetch held back" not in caplog.text
+        # A restart onto a later timeline than its memory's (played by an earlier one remembered): the grace.
+        await grants.set_server(cluster, f"{system}/{int(timeline) - 1}")
+        assert await first_fetch(grants, 0.5) >= 0.5
+        assert (
+            f"timeline this worker has not used (last: {system}/{int(timeline) - 1}): first fetch held"
+            in caplog.text
+        )
+        # A new worker (no memory of the cluster) reaching a primary that was promoted once at least.
+        fresh = GrantFile.open(tmp_path / "fresh")
+        try:
+            watch = PrimaryWatch("test", fresh)
+            assert watch._unseen_timeline(cluster, f"{system}/2")
+            assert not watch._unseen_timeline(cluster, f"{system}/1")
+        finally:
+            fresh.close()
+    finally:
+        grants.close()
+
+
+async def system_of(dsn: str) -> str:
+    conn = await asyncpg.connect(dsn)
+    try:
+        system: str = await conn.fetchval("SELECT system_identifier::text FROM pg_control_system()")
+        return system
+    finally:
+        await conn.close()
+
+
+async def test_a_primary_reached_on_an_open_connection_is_repaired_before_its_segment_goes_out(
+    pg_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 22 item 10: a pooler (PgBouncer) keeps the client socket across a failover, so no new connection.
+
+    The new primary is then seen only by what the fetch itself returns (its system identifier and timeline):
+    played here by making the watch and the memory name an earlier timeline of the same system while the
+    pool's connection stays open, and rolling ``max_id`` back as a lossy promotion would.
+    """
+    await migrate(pg_dsn)
+    grants = GrantFile.open(tmp_path / "state")
+    try:
+        async with await PostgresSegmentStore.connect(pg_dsn, grants=grants, max_size=1) as store:
+            await store.add_tag("order", 100)
+            for _ in range(3):
+                await store.next_segment("order")
+            watch = store.watch
+            assert watch is not None
+            assert watch.cluster is not None
+            assert watch.primary is not None
+            system, _, timeline = watch.primary.partition("/")
+            earlier = f"{system}/{int(timeline) - 1}"
+            await rewind(pg_dsn, "order", 101)
+            await grants.set_server(watch.cluster, earlier)
+            watch.primary = earlier
+            # The open connection now "reaches" a primary this worker never checked.
+            assert (await store.next_segment("order")).segment.first == 301  # not 101: [101, 300] went out
+            assert watch.primary == f"{system}/{timeline}"
+        assert "raised max_id of 'order' to 301" in caplog.text
+    finally:
+        grants.close()
 
 
 async def test_grants_of_one_cluster_are_never_repaired_into_another(

@@ -125,6 +125,39 @@ async def test_with_the_store_down_requests_are_answered_and_counted(
     assert set(reply_of(other.body).ids or []).isdisjoint(reply_of(first.body).ids or [])
 
 
+async def test_with_the_store_down_and_refuse_unsettled_only_recorded_answers_are_given() -> None:
+    """``limits.dedup_unsettled = refuse``: no answer the fleet has not recorded, so a retry anywhere is exact."""
+    segments = MemorySegmentStore()
+    await segments.add_tag("order", 100)
+    replays = MemoryReplayStore(time.monotonic)
+    allocators = [SegmentAllocator(segments, SystemClock(), AllocatorSettings()) for _ in range(2)]
+    try:
+        for allocator in allocators:
+            await allocator.refresh()
+        workers = [
+            Dispatcher(
+                a, SystemClock(), Limits(), kind="segment", replay_store=replays, refuse_unsettled=True
+            )
+            for a in allocators
+        ]
+        body = b'{"count": 3, "request_id": "r-1"}'
+        replays.fail_with = StoreUnavailable("down for the test")
+        refused = await workers[0].answer("order", decode_request(body))
+        assert refused.error is not None
+        assert refused.error.code == "unavailable"
+        assert refused.error.retryable
+        assert "retry with the same request_id" in refused.error.message
+        assert workers[0].replays_unsettled == 0
+        replays.fail_with = None
+        first = await workers[0].answer("order", decode_request(body))  # the retry, store back
+        again = await workers[1].answer("order", decode_request(body))  # and once more, elsewhere
+        assert first.error is None
+        assert again.body == first.body
+    finally:
+        for allocator in allocators:
+            await allocator.close()
+
+
 async def test_requests_without_request_id_never_touch_the_store(
     fleet: tuple[list[Dispatcher], MemoryReplayStore],
 ) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from dispenser.adapters.postgres.pool import lend
+from dispenser.adapters.postgres.pool import Pooled, lend
 from dispenser.core.errors import DispenserError
 
 __all__ = ["HEARTBEAT_INTERVAL", "beat"]
@@ -17,11 +17,17 @@ HEARTBEAT_INTERVAL = 1.0
 """Seconds between the connection checks of a store that remembers grants (see :func:`beat`)."""
 
 
-async def beat(ready: Callable[[], Awaitable[asyncpg.Pool[asyncpg.Record]]], timeout: float | None) -> None:
-    """Use a connection of the pool ``ready`` returns every :data:`HEARTBEAT_INTERVAL` seconds, for ever.
+async def beat(
+    ready: Callable[[], Awaitable[asyncpg.Pool[asyncpg.Record]]],
+    timeout: float | None,
+    check: Callable[[Pooled], Awaitable[None]],
+) -> None:
+    """Run ``check`` on a connection of the pool ``ready`` returns every :data:`HEARTBEAT_INTERVAL` seconds.
 
     A worker whose buffers hold IDs may not fetch for minutes; its grants must still be restored on a
-    new primary before the other workers fetch there. Errors are not reported here: the allocator
+    new primary before the other workers fetch there. A new connection is checked by the pool itself;
+    ``check`` (which primary this connection reaches now) covers a pooler that kept the socket across a
+    failover. Errors are not reported here: the allocator
     reports outages, this only gets a new connection opened (and checked) as soon as one can be.
     """
     while True:
@@ -34,4 +40,4 @@ async def beat(ready: Callable[[], Awaitable[asyncpg.Pool[asyncpg.Record]]], tim
             OSError,
         ):
             async with lend(await ready(), timeout) as conn:
-                await conn.execute("SELECT 1")
+                await check(conn)

@@ -10,14 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
 from dispenser.core.errors import StoreUnavailable
 from dispenser.ports import GrantMemory
 
-__all__ = ["PrimaryWatch"]
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+__all__ = ["Checked", "PrimaryWatch", "identity_of"]
+
+Checked: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[asyncpg.Record]"
+"""A new connection (the pool's ``init``) or one lent by the pool."""
+
+
+def identity_of(system: str, walfile: str) -> str:
+    """``<system identifier>/<timeline>`` from ``pg_control_system()`` and ``pg_walfile_name(…)``."""
+    return f"{system}/{int(walfile[:8], 16)}"
+
 
 # Which primary a connection reached: the cluster (system identifier, kept by physical replicas) and its
 # timeline (the WAL file name's first 8 hex digits; every promotion starts a new one). pg_walfile_name
@@ -59,9 +71,9 @@ class PrimaryWatch:
         self.cluster: str | None = None
         """``<system identifier>/<database>``: what the remembered grants are kept under (one cluster's)."""
         self.primary: str | None = None
-        """``<system identifier>/<timeline>`` of the primary the last new connection reached."""
+        """``<system identifier>/<timeline>`` of the primary last checked (a new connection, a fetch, a heartbeat)."""
 
-    async def on_connect(self, conn: asyncpg.Connection[Any]) -> None:
+    async def on_connect(self, conn: Checked) -> None:
         """Check (and repair) a new connection before the pool hands it out.
 
         Raises:
@@ -75,7 +87,7 @@ class PrimaryWatch:
                 "or every node of the cluster with target_session_attrs=read-write (see docs/ha.md)"
             )
         database: str = row["database"]
-        identity = f"{row['system']}/{int(row['walfile'][:8], 16)}"
+        identity = identity_of(row["system"], row["walfile"])
         self.database = database
         self.cluster = cluster = f"{row['system']}/{database}"
         loop = asyncio.get_running_loop()
@@ -85,13 +97,50 @@ class PrimaryWatch:
                 # A failover: every live worker repairs this primary from its memory on its next
                 # connection (within a heartbeat); none of ours fetches before they have had the time.
                 self._usable_at = loop.time() + self.grace
+            elif self.grace > 0 and self._unseen_timeline(cluster, identity):
+                # This process's first connection, to a primary on a timeline its memory has not seen: a
+                # restart or a scale-out during (or after) a failover. Live peers on other hosts may not
+                # have repaired it yet, so the same grace as for a failover seen within one run.
+                log.info(
+                    "PostgreSQL primary (system %s, timeline %s) is on a timeline this worker has not used "
+                    "(last: %s): first fetch held back %.1f s (postgres.new_primary_grace) for live peers "
+                    "to restore their grants",
+                    *identity.split("/"),
+                    self.grants.server(cluster) if self.grants is not None else None,
+                    self.grace,
+                )
+                self._usable_at = loop.time() + self.grace
             self.primary = identity
         await self._repair(conn, cluster, identity)
         wait = self._usable_at - loop.time()
         if wait > 0:
             await asyncio.sleep(wait)
 
-    async def _repair(self, conn: asyncpg.Connection[Any], cluster: str, identity: str) -> None:
+    def _unseen_timeline(self, cluster: str, identity: str) -> bool:
+        """Whether ``identity``'s timeline is later than the last one this worker's memory used in ``cluster``.
+
+        With no memory of the cluster at all (a new worker, a state directory without this cluster), only
+        timeline 1 is known to be safe: no promotion ever happened there, so no predecessor can have
+        granted what this primary lacks. Without a grant memory there is no repair to wait for.
+        """
+        if self.grants is None:
+            return False
+        timeline = int(identity.rpartition("/")[2])
+        last = self.grants.server(cluster)
+        if last is None:
+            return timeline > 1
+        return timeline > int(last.rpartition("/")[2])
+
+    async def check(self, conn: Checked) -> None:
+        """Check the primary a connection in use reaches now, as :meth:`on_connect` does a new one.
+
+        A pooler that keeps the client socket across a failover (PgBouncer in transaction mode) connects
+        the same socket to the new primary without a new connection of ours, so :meth:`on_connect` never
+        runs: the heartbeat and every fetch call this (or compare the identity the fetch returned) instead.
+        """
+        await self.on_connect(conn)
+
+    async def _repair(self, conn: Checked, cluster: str, identity: str) -> None:
         """Raise the rows a new primary of ``cluster`` lost back to what was granted on its predecessors.
 
         Only grants remembered for this cluster (same system identifier: a failover keeps it, a rebuilt or

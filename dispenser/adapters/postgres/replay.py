@@ -6,13 +6,20 @@ Why PostgreSQL rather than a JetStream key-value bucket: every segment worker al
 the winner's answer in the same round trip — a KV ``create`` would need a second read, and a retry of the
 read when the winner's write is not visible yet. Only requests that carry a ``request_id`` pay the round
 trip; the common path never touches this table.
+
+Group commit: the answers of requests that arrive while a statement is in flight are recorded together by
+the next one (one multi-row ``INSERT``, one commit), so a worker with many such requests in flight pays one
+commit per batch, not one per request, and no longer queues them on the pool's few connections. Each reply
+still waits for its own answer's commit: the promise is the same as one statement per request.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
+from dispenser.core.errors import StoreUnavailable
 from dispenser.ports import Settled
 
 __all__ = ["PostgresReplayStore"]
@@ -21,16 +28,33 @@ __all__ = ["PostgresReplayStore"]
 # *that* row, so the loser of a race learns the winner's answer in this round trip (DO NOTHING returns no
 # row, and a follow-up SELECT in the same statement could not see the winner's uncommitted insert). Each
 # column keeps its value unless the held answer has expired, in which case the new one replaces it.
-_SETTLE: Final = """
+#
+# Many answers at once (group commit). Ordered by key, so that two workers' batches lock the rows they share
+# in the same order (no deadlock between them). Ranges travel as array literals ('{1,100,201,300}'): unnest
+# cannot take an array of arrays of different lengths.
+_SETTLE_MANY: Final = """
 INSERT INTO dispenser_request AS held (kind, biz_tag, request_id, count, format, ranges, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+SELECT r.kind, r.tag, r.request_id, r.count, r.format, r.ranges::bigint[], now() + make_interval(secs => r.ttl)
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::float8[])
+       AS r(kind, tag, request_id, count, format, ranges, ttl)
+ ORDER BY r.kind, r.tag, r.request_id
 ON CONFLICT (kind, biz_tag, request_id) DO UPDATE SET
     count      = CASE WHEN held.expires_at <= now() THEN EXCLUDED.count      ELSE held.count      END,
     format     = CASE WHEN held.expires_at <= now() THEN EXCLUDED.format     ELSE held.format     END,
     ranges     = CASE WHEN held.expires_at <= now() THEN EXCLUDED.ranges     ELSE held.ranges     END,
     expires_at = CASE WHEN held.expires_at <= now() THEN EXCLUDED.expires_at ELSE held.expires_at END
-RETURNING count, format, ranges
+RETURNING held.kind, held.biz_tag, held.request_id, held.count, held.format, held.ranges
 """
+
+MAX_BATCH: Final = 512
+"""Most answers recorded by one statement (the rest wait for the next)."""
+
+WRITERS: Final = 2
+"""Statements in flight at once: while one waits for its commit, the next batch is already being written
+(PostgreSQL flushes concurrent commits together), and the pool keeps connections for segment fetches."""
+
+_Key = tuple[str, str, str]
+_Row = tuple[int, str, str, float]  # count, format, ranges as an array literal, ttl
 
 _SWEEP: Final = """
 WITH gone AS (DELETE FROM dispenser_request WHERE expires_at <= now() RETURNING 1)
@@ -48,6 +72,8 @@ class PostgresReplayStore:
     def __init__(self, store: PostgresSegmentStore) -> None:
         """Share ``store``'s pool (the caller closes the store)."""
         self._store = store
+        self._queue: dict[_Key, tuple[_Row, list[asyncio.Future[Settled]]]] = {}
+        self._writers: set[asyncio.Task[None]] = set()
 
     async def settle(
         self,
@@ -57,27 +83,73 @@ class PostgresReplayStore:
         ranges: tuple[tuple[int, int], ...],
         ttl: float,
     ) -> Settled:
-        """Record the answer unless a live one exists; return the recorded one (one round trip).
+        """Record the answer unless a live one exists; return the recorded one (group-committed).
 
         Raises:
             StoreUnavailable: PostgreSQL could not be reached or did not answer in time.
         """
-        kind, tag, request_id = key
-        flat = [bound for pair in ranges for bound in pair]
-        row = await self._store.fetchrow(
-            f"recording the answer to request_id {request_id!r} of tag {tag!r}",
-            _SETTLE,
-            kind,
-            tag,
-            request_id,
-            count,
-            format,
-            flat,
-            ttl,
-        )
-        assert row is not None  # an upsert always returns its row
-        held = row["ranges"]
-        return Settled(row["count"], row["format"], tuple(zip(held[::2], held[1::2], strict=True)))
+        literal = "{" + ",".join(str(bound) for pair in ranges for bound in pair) + "}"
+        future: asyncio.Future[Settled] = asyncio.get_running_loop().create_future()
+        queued = self._queue.get(key)
+        if queued is not None:
+            queued[1].append(future)  # copies of one request (one worker's cache makes them rare): one row
+        else:
+            self._queue[key] = ((count, format, literal, ttl), [future])
+        if len(self._writers) < WRITERS:
+            self._writers.add(asyncio.create_task(self._write(), name="replay-store-write"))
+        return await future
+
+    async def _write(self) -> None:
+        """Record what is queued, a batch per statement, until nothing is."""
+        try:
+            await self._write_queued()
+        finally:
+            # At once, not in a done callback: a settle() in between would count this writer as busy and
+            # leave its answer queued with no writer.
+            task = asyncio.current_task()
+            assert task is not None
+            self._writers.discard(task)
+
+    async def _write_queued(self) -> None:
+        while self._queue:
+            keys = list(self._queue)[:MAX_BATCH]
+            batch = {key: self._queue.pop(key) for key in keys}
+            try:
+                rows = await self._store.fetch(
+                    f"recording the answers to {len(batch)} request_id(s)",
+                    _SETTLE_MANY,
+                    [k[0] for k in keys],
+                    [k[1] for k in keys],
+                    [k[2] for k in keys],
+                    [batch[k][0][0] for k in keys],
+                    [batch[k][0][1] for k in keys],
+                    [batch[k][0][2] for k in keys],
+                    [batch[k][0][3] for k in keys],
+                )
+            except BaseException as exc:
+                failure = exc if isinstance(exc, Exception) else StoreUnavailable("the worker is stopping")
+                for _, futures in batch.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(failure)
+                if failure is not exc:
+                    raise
+                continue
+            held = {
+                (r["kind"], r["biz_tag"], r["request_id"]): Settled(
+                    r["count"], r["format"], tuple(zip(r["ranges"][::2], r["ranges"][1::2], strict=True))
+                )
+                for r in rows
+            }
+            for key, (_, futures) in batch.items():
+                settled = held.get(key)
+                for future in futures:
+                    if future.done():
+                        continue  # its request gave up (deadline); the record stands
+                    if settled is None:  # an upsert returns every row; never seen
+                        future.set_exception(RuntimeError(f"no row returned for {key!r}"))
+                    else:
+                        future.set_result(settled)
 
     async def sweep(self) -> int:
         """Delete expired answers (one round trip, served by the ``expires_at`` index).

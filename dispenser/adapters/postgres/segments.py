@@ -29,7 +29,7 @@ from dispenser.adapters.postgres import tags as tag_rows
 from dispenser.adapters.postgres.errors import dsn_secrets, host_count, map_store_errors, misconfigured
 from dispenser.adapters.postgres.heartbeat import beat
 from dispenser.adapters.postgres.pool import Pooled, lend, open_pool
-from dispenser.adapters.postgres.primary import PrimaryWatch
+from dispenser.adapters.postgres.primary import PrimaryWatch, identity_of
 from dispenser.adapters.postgres.replication import Replication, read_replication
 from dispenser.core.errors import StoreUnavailable, UnknownTag
 from dispenser.core.ids import Kind
@@ -43,12 +43,18 @@ __all__ = ["PostgresSegmentStore"]
 
 # One statement, so one round trip once asyncpg has prepared it on the connection (its statement cache
 # keeps it per connection). COALESCE lets the caller ask for a step other than the configured one (the
-# adaptive step) without a second query; the step used comes back so the segment bounds are exact.
+# adaptive step) without a second query; the step used comes back so the segment bounds are exact. The
+# primary's identity comes back too (system identifier, and the WAL file whose first 8 hex digits are the
+# timeline), in the same round trip: a pooler that keeps the client socket across a failover (PgBouncer in
+# transaction mode) reaches a new primary without a new connection of ours, so the check of every new
+# connection (PrimaryWatch.on_connect) never sees it; the fetch does. Measured cost: docs/ha.md.
 _NEXT_SEGMENT = """
 UPDATE leaf_alloc
    SET max_id = max_id + COALESCE($2::int, step), update_time = now()
  WHERE biz_tag = $1
-RETURNING max_id, step, COALESCE($2::int, step) AS step_used
+RETURNING max_id, step, COALESCE($2::int, step) AS step_used,
+          (SELECT system_identifier::text FROM pg_control_system()) AS system,
+          pg_walfile_name(pg_current_wal_lsn()) AS walfile
 """
 
 # The same, for a tag of a residue class (schema version 5, docs/datacenters.md): max_id moves by step x
@@ -60,7 +66,9 @@ UPDATE leaf_alloc
        update_time = now()
  WHERE biz_tag = $1
 RETURNING max_id, step, COALESCE($2::int, step) AS step_used,
-          COALESCE((SELECT stride FROM r), 1) AS stride, COALESCE((SELECT "offset" FROM r), 0) AS "offset"
+          COALESCE((SELECT stride FROM r), 1) AS stride, COALESCE((SELECT "offset" FROM r), 0) AS "offset",
+          (SELECT system_identifier::text FROM pg_control_system()) AS system,
+          pg_walfile_name(pg_current_wal_lsn()) AS walfile
 """
 
 log = logging.getLogger(__name__)
@@ -112,7 +120,9 @@ class PostgresSegmentStore:
         self._closed = False
         self._heartbeat: asyncio.Task[None] | None = None
         if watch is not None and watch.grants is not None:
-            self._heartbeat = asyncio.create_task(beat(self._ready, self._timeout), name="postgres-heartbeat")
+            self._heartbeat = asyncio.create_task(
+                beat(self._ready, self._timeout, watch.check), name="postgres-heartbeat"
+            )
 
     @classmethod
     async def connect(
@@ -234,16 +244,33 @@ class PostgresSegmentStore:
         """
         if step is not None:
             check_step(step)
+        watch = self.watch
         with self._errors(f"fetching the next segment of {tag!r}"):
             try:
                 async with lend(await self._ready(), self._timeout) as conn:
                     row = await self._fetch_segment(conn, tag, step)
+                    if row is not None and watch is not None and watch.primary is not None:
+                        reached = identity_of(row["system"], row["walfile"])
+                        if reached != watch.primary:
+                            # A primary this worker has not checked, reached on a connection it already
+                            # had (a pooler kept the socket across a failover): the range just granted
+                            # may repeat one its predecessor granted and lost. Skip it (a gap), repair
+                            # this primary as a new connection would (and wait out the grace), fetch again.
+                            log.warning(
+                                "PostgreSQL primary changed under an open connection (system %s, timeline "
+                                "%s; a pooler?): segment of %r ending at %d skipped, primary repaired first",
+                                *reached.split("/"),
+                                tag,
+                                row["max_id"],
+                            )
+                            await watch.check(conn)
+                            row = await self._fetch_segment(conn, tag, step)
             except asyncpg.NumericValueOutOfRangeError:
                 raise no_room(tag, step) from None
         if row is None:
             raise UnknownTag(tag)
-        if self.watch is not None:
-            await self.watch.granted(tag, row["max_id"])
+        if watch is not None:
+            await watch.granted(tag, row["max_id"])
         residue = Residue(row["stride"], row["offset"]) if "stride" in row else LEAF
         if residue.plain:
             return Allocation(Segment.from_max_id(row["max_id"], row["step_used"]), row["step"])
@@ -343,6 +370,16 @@ class PostgresSegmentStore:
         with self._errors(action):
             async with lend(await self._ready(), self._timeout) as conn:
                 return await conn.fetchrow(query, *args)
+
+    async def fetch(self, action: str, query: str, *args: object) -> list[asyncpg.Record]:
+        """Like :meth:`fetchrow`, for a statement that returns many rows.
+
+        Raises:
+            StoreUnavailable: PostgreSQL could not be reached or did not answer in time.
+        """
+        with self._errors(action):
+            async with lend(await self._ready(), self._timeout) as conn:
+                return await conn.fetch(query, *args)
 
     async def __aenter__(self) -> PostgresSegmentStore:
         return self
