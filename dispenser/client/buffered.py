@@ -1,25 +1,9 @@
 """The buffered client: Leaf's double buffer, one hop further, in the caller's process.
 
 ``await client.next_id("order")`` hands out the next ID of a range the client already holds; ranges come
-from the dispensers in the background (``format: "ranges"``), one request per range, so a service that
-needs an ID per event pays a network round trip per range, not per ID, and keeps going for a while when
-no worker answers.
-
-Per tag (segment kind), what decides is the workers' own refill engine
-(:class:`~dispenser.core.refill.Refill`: the double buffer, the rate meter, the step policy); this module
-is its async shell, with the workers as its source.
-
-The hot path is a cursor: :meth:`IdClient.next_id` returns ``position`` and moves it on, with no await of
-anything, while the cursor has IDs; the cursor is refilled from the buffer in runs
-(:meth:`~dispenser.core.segment.SegmentBuffer.take_run`) of about a millisecond's consumption, and only
-then is the meter told and the refill decision taken.
-
-Each refill carries a ``request_id``; an attempt that got no reply is sent again with the same one, so a
-lost reply costs no range (the fleet replays the answer it recorded). IDs held when the client goes away
-(its cursor, its buffer) are never handed out by anyone: they are skipped, as a worker's are.
-
-Snowflake IDs are not buffered: an ID's time would then be when the range was fetched, not when it was
-handed out, and ``decode`` would lie by up to the buffer's age. Each call is one request.
+from the workers in the background, sized and installed by the workers' own refill engine
+(:class:`~dispenser.core.refill.Refill`), of which this module is an async shell. How it buffers, retries
+and what it skips: ``docs/client.md``.
 """
 
 from __future__ import annotations
