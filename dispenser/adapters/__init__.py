@@ -3,4 +3,4 @@
 One package per technology; they never import each other (``pyproject.toml``'s import contracts).
 """
 
-__all__ = ["kafka", "local", "mysql", "nats", "postgres", "prometheus", "zookeeper"]
+__all__ = ["http", "kafka", "local", "mysql", "nats", "postgres", "prometheus", "zookeeper"]
