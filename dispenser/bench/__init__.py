@@ -12,3 +12,17 @@
 
 This package imports nothing heavy itself: ``python -m dispenser.bench.echo`` stays small.
 """
+
+__all__ = [
+    "client_bench",
+    "echo",
+    "kafka_bench",
+    "kafka_echo",
+    "nats_bench",
+    "nats_load",
+    "nats_plan",
+    "nats_report",
+    "servers",
+    "snowflake_inproc",
+    "stats",
+]

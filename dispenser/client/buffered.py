@@ -1,42 +1,16 @@
 """The buffered client: Leaf's double buffer, one hop further, in the caller's process.
 
 ``await client.next_id("order")`` hands out the next ID of a range the client already holds; ranges come
-from the dispensers in the background (``format: "ranges"``), one request per range, so a service that
-needs an ID per event pays a network round trip per range, not per ID, and keeps going for a while when
-no worker answers.
-
-Per tag (segment kind), what decides lives in the pure core, as on the workers:
-
-* a :class:`~dispenser.core.segment.SegmentBuffer` holds the ranges fetched: the refill is started when it
-  says :attr:`~dispenser.core.segment.SegmentBuffer.wants_fetch` (at the switch: as soon as a range starts
-  being used, the next one is asked for, so one whole range is in hand beyond the current one), at most
-  one at a time; :meth:`~dispenser.core.segment.SegmentBuffer.admissible` drops what lies below IDs
-  already held (two workers answer from two segments: a range from the one behind would break the order);
-* a :class:`~dispenser.core.rate.RateMeter` measures the client's own consumption, and
-  :class:`~dispenser.core.step.StepPolicy` sizes the next range: ``buffer_seconds`` x the rate (the peak
-  of the last minute, or the rate at which the last range went if that is higher), between
-  ``min_buffer`` and ``max_buffer``.
-
-The hot path is a cursor: :meth:`IdClient.next_id` returns ``position`` and moves it on, with no await of
-anything, while the cursor has IDs; the cursor is refilled from the buffer in runs
-(:meth:`~dispenser.core.segment.SegmentBuffer.take_run`) of about a millisecond's consumption, and only
-then is the meter told and the refill decision taken.
-
-Each refill carries a ``request_id``; an attempt that got no reply is sent again with the same one, so a
-lost reply costs no range (the fleet replays the answer it recorded). IDs held when the client goes away
-(its cursor, its buffer) are never handed out by anyone: they are skipped, as a worker's are.
-
-Snowflake IDs are not buffered: an ID's time would then be when the range was fetched, not when it was
-handed out, and ``decode`` would lie by up to the buffer's age. Each call is one request.
+from the workers in the background, sized and installed by the workers' own refill engine
+(:class:`~dispenser.core.refill.Refill`), of which this module is an async shell. How it buffers, retries
+and what it skips: ``docs/client.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, Self, overload
@@ -47,11 +21,14 @@ from dispenser.config import KafkaConfig, NatsConfig
 from dispenser.core.errors import InvalidTag
 from dispenser.core.ids import Range
 from dispenser.core.rate import RateMeter
-from dispenser.core.segment import NEED_SEGMENT, Segment, SegmentBuffer
-from dispenser.core.step import FleetView, StepPolicy
+from dispenser.core.refill import Overlap, Refill
+from dispenser.core.segment import NEED_SEGMENT
+from dispenser.core.step import StepPolicy
 from dispenser.core.tags import validate_tag
 from dispenser.messages import Format, IdRequest, Kind, Reply
+from dispenser.ports import Clock, SystemClock
 from dispenser.service.retry import Backoff
+from dispenser.service.timing import run_within, wait_event
 
 __all__ = ["BufferSettings", "ClientStats", "IdClient", "IdTransport", "next_run"]
 
@@ -63,8 +40,6 @@ _RUN_SECONDS_HIGH = 0.02
 """A cursor run that lasted more than this halves the next run (down to one ID)."""
 _MAX_RUN = 4096
 """The longest cursor run: the meter hears of consumption at least every this many IDs."""
-_MIN_RANGE_GAP = 0.001
-"""The shortest time between two refills used to measure the rate at which a range went."""
 _RATE_WINDOW = 1
 """Seconds per rate sample (the peak is the highest one-second average...)."""
 _PEAK_RETENTION = 60.0
@@ -146,55 +121,52 @@ class ClientStats:
 
 
 class _Tag:
-    """One tag's cursor, buffer, meter and refill (segment kind)."""
+    """One tag's cursor and refill engine (segment kind)."""
 
     __slots__ = (
-        "buffer",
         "changed",
         "end",
+        "engine",
         "failure",
         "fatal",
         "fatal_round",
         "ids_dropped",
         "ids_received",
-        "issued_at_refill",
-        "last_count",
-        "meter",
         "name",
         "position",
-        "refill_at",
         "refiller",
         "requests",
         "round",
         "run",
         "run_at",
-        "wanted",
     )
 
     def __init__(self, name: str, now: float) -> None:
         self.name = name
         self.position = 1  # the cursor: position > end means empty
         self.end = 0
-        self.buffer = SegmentBuffer(0.0)
-        self.meter = RateMeter(now, window=_RATE_WINDOW, retention=_PEAK_RETENTION)
+        self.engine = Refill(
+            RateMeter(now, window=_RATE_WINDOW, retention=_PEAK_RETENTION),
+            prefetch_threshold=0.0,
+            overlap=Overlap.SKIP,  # two workers answer from two segments: one may be behind
+        )
         self.changed = asyncio.Event()
         self.refiller: asyncio.Task[None] | None = None
         self.round = 0  # refills started
         self.failure: DispenserUnavailable | None = None  # the outage the refill is retrying through
         self.fatal: IdRequestError | None = None  # a non-retryable answer that ended refill ``fatal_round``
         self.fatal_round = 0
-        self.wanted = 0  # the IDs a waiting take needs in hand
-        self.last_count: int | None = None
-        self.refill_at: float | None = None
-        self.issued_at_refill = 0
         self.run = 1  # the next cursor run's length
         self.run_at = now
         self.requests = 0
         self.ids_received = 0
         self.ids_dropped = 0
 
+    def in_cursor(self) -> int:
+        return self.end - self.position + 1
+
     def held(self) -> int:
-        return self.end - self.position + 1 + self.buffer.remaining
+        return self.end - self.position + 1 + self.engine.remaining
 
     def notify(self) -> None:
         self.changed.set()
@@ -220,6 +192,8 @@ class IdClient:
     Args:
         transport: how to reach the dispensers (see :meth:`over_nats`, :meth:`over_kafka`).
         settings: buffer sizes and timeouts.
+        clock: whose time rates, timeouts and pauses are (default: the system's; tests pass a
+            :class:`~dispenser.testing.ManualClock`).
 
     Example::
 
@@ -228,9 +202,12 @@ class IdClient:
             ids = await client.take("order", 1000)
     """
 
-    def __init__(self, transport: IdTransport, settings: BufferSettings | None = None) -> None:
+    def __init__(
+        self, transport: IdTransport, settings: BufferSettings | None = None, clock: Clock | None = None
+    ) -> None:
         self.transport = transport
         self.settings = settings or BufferSettings()
+        self.clock: Clock = clock if clock is not None else SystemClock()
         self._policy = StepPolicy(
             segment_seconds=self.settings.buffer_seconds, max_step=self.settings.max_buffer, hysteresis=0.25
         )
@@ -282,7 +259,7 @@ class IdClient:
         timeout = self.settings.timeout
         try:
             # The NATS transport gives up at `timeout` by itself, with the cause; this bounds any transport.
-            await asyncio.wait_for(self.transport.start(), timeout + _START_BACKSTOP)
+            await run_within(self.clock, self.transport.start(), timeout + _START_BACKSTOP)
         except TimeoutError:
             raise DispenserUnavailable("timeout", f"the broker did not answer within {timeout:g} s") from None
         except OSError as exc:
@@ -390,7 +367,7 @@ class IdClient:
             ids_received=state.ids_received,
             ids_dropped=state.ids_dropped,
             ids_held=state.held(),
-            last_range=state.last_count,
+            last_range=state.engine.last_size,
         )
 
     # -- the slow path -----------------------------------------------------------------------------
@@ -401,7 +378,7 @@ class IdClient:
             if self._closed:
                 raise RuntimeError("the client is closed")
             _check_tag(tag)
-            state = self._tags[tag] = _Tag(tag, time.monotonic())
+            state = self._tags[tag] = _Tag(tag, self.clock.monotonic())
         return state
 
     async def _next_id_slow(self, tag: str, kind: Kind) -> int:
@@ -420,34 +397,33 @@ class IdClient:
 
     def _refill_cursor(self, state: _Tag) -> bool:
         """Move the next run from the buffer into the empty cursor; false if the buffer is empty too."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         state.run = next_run(state.run, now - state.run_at)
-        run = state.buffer.take_run(state.run)
-        if state.buffer.wants_fetch:
+        engine = state.engine
+        run = engine.take_run(state.run, now)
+        if engine.wants_fetch:
             self._start_refill(state)
         if run is NEED_SEGMENT:
             return False
-        first, last = run
-        state.position, state.end = first, last
+        state.position, state.end = run
         state.run_at = now
-        state.meter.record(now, last - first + 1, last - first + 1)
         return True
 
     async def _take_slow(self, tag: str, count: int) -> list[Range]:
         state = self._state(tag)
+        engine = state.engine
         while True:
-            in_cursor = state.end - state.position + 1
-            if in_cursor + state.buffer.remaining >= count:
+            in_cursor = state.in_cursor()
+            if in_cursor + engine.remaining >= count:
                 ranges: list[Range] = []
                 rest = count
                 if in_cursor > 0:
                     ranges.append((state.position, state.end))
                     rest -= in_cursor
                     state.position = state.end + 1
-                batch = state.buffer.take(rest)
+                batch = engine.take(rest, self.clock.monotonic())
                 assert batch is not NEED_SEGMENT  # checked above
-                state.meter.record(time.monotonic(), rest)
-                if state.buffer.wants_fetch:
+                if engine.wants_fetch:
                     self._start_refill(state)
                 for first, last in batch.ranges:
                     if ranges and ranges[-1][1] + 1 == first:
@@ -470,16 +446,14 @@ class IdClient:
             raise RuntimeError("the client is closed")
         if state.failure is not None:
             raise state.failure
-        state.wanted = max(state.wanted, count)
+        state.engine.need(count)
         if state.refiller is None:
             self._start_refill(state)
         waiting_for = state.round
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.timeout
+        clock = self.clock
+        deadline = clock.monotonic() + self.settings.timeout
         while True:
-            try:
-                await asyncio.wait_for(state.changed.wait(), deadline - loop.time())
-            except TimeoutError:
+            if not await wait_event(clock, state.changed, deadline - clock.monotonic()):
                 raise DispenserUnavailable(
                     "timeout", f"no IDs of {state.name!r} within {self.settings.timeout:g} s"
                 ) from None
@@ -494,50 +468,43 @@ class IdClient:
     def _start_refill(self, state: _Tag) -> None:
         if state.refiller is not None or self._closed:
             return
-        state.buffer.begin_fetch()
+        state.engine.start()
         state.round += 1
         state.fatal = None
         state.refiller = asyncio.create_task(self._refill(state), name=f"id-client-refill-{state.name}")
 
     def _range_size(self, state: _Tag, now: float) -> int:
         """The next range: ``buffer_seconds`` of the measured rate, by the workers' own step policy."""
-        rate = state.meter.rate(now)
-        peak = state.meter.peak(now)
-        recent = 0.0
-        if state.refill_at is not None:
-            elapsed = max(now - state.refill_at, _MIN_RANGE_GAP)
-            recent = (state.meter.ids_issued - state.issued_at_refill) / elapsed
-        fleet = FleetView(own_rate=rate, own_peak=peak, fleet_rate=rate, fleet_peak=peak, recent=recent)
-        size = self._policy.next_step(self.settings.min_buffer, state.last_count, fleet)
-        shortfall = state.wanted - state.held()
-        return min(max(size, shortfall), self.settings.max_request)
+        engine = state.engine
+        step = engine.step(self._policy, self.settings.min_buffer, engine.own_view(now))
+        size = engine.size(step, outside=state.in_cursor(), cap=self.settings.max_request)
+        assert size is not None  # a step is given
+        return size
 
     async def _refill(self, state: _Tag) -> None:
         settings = self.settings
-        backoff = Backoff(settings.retry_initial, settings.retry_max, jitter=0.2)
+        backoff = Backoff(settings.retry_initial, settings.retry_max, clock=self.clock, jitter=0.2)
+        engine = state.engine
         dropped_in_a_row = 0
         try:
             while True:
-                now = time.monotonic()
-                count = self._range_size(state, now)
-                state.refill_at = now
-                state.issued_at_refill = state.meter.ids_issued
+                count = self._range_size(state, self.clock.monotonic())
                 request = IdRequest(count=count, request_id=uuid.uuid4().hex, format="ranges")
                 reply = await self._attempts(state, request, backoff)
                 if reply is None:  # refused: no retry
                     return
-                state.last_count = count
                 assert reply.ranges is not None
-                admitted = self._install(state, reply.ranges, now)
+                arrival = engine.arrive(reply.ranges, self.clock.monotonic(), asked=count)
+                state.ids_received += arrival.received
+                state.ids_dropped += arrival.dropped
                 state.failure = None
                 backoff.reset()
-                if admitted and state.held() >= state.wanted:
-                    state.wanted = 0
+                if arrival.admitted and engine.satisfied(outside=state.in_cursor()):
                     return
                 # All of it below what we hold (a worker behind another), or a take needs more: again.
-                if admitted:
+                if arrival.admitted:
                     dropped_in_a_row = 0
-                    state.buffer.begin_fetch()
+                    engine.again()
                     state.notify()
                 else:
                     dropped_in_a_row += 1
@@ -557,8 +524,10 @@ class IdClient:
 
         Returns ``None`` when the workers refused it (``state.fatal`` says why).
         """
+        engine = state.engine
         while True:
             state.requests += 1
+            engine.attempt(self.clock.monotonic())
             try:
                 reply = await self.transport.request(
                     "segment", state.name, request, self.settings.request_timeout
@@ -579,41 +548,28 @@ class IdClient:
                 elif error.retryable:
                     failure = DispenserUnavailable(error.code, error.message)
                 else:
-                    state.buffer.fetch_failed()
+                    engine.give_up()
                     state.fatal = IdRequestError(error.code, error.message, False)
                     state.fatal_round = state.round
-                    state.wanted = 0
                     return None
             if state.failure is None:
                 log.warning("refill of %r failed, retrying until a worker answers: %s", state.name, failure)
             state.failure = failure
+            engine.failed()
             state.notify()
             await backoff.wait()
-
-    def _install(self, state: _Tag, ranges: Sequence[tuple[int, int]], now: float) -> bool:
-        """Put a reply's ranges into the buffer, above what it holds; whether any ID was kept."""
-        admitted = False
-        for first, last in ranges:
-            state.ids_received += last - first + 1
-            part = state.buffer.admissible(Segment(first, last))
-            if part is None:
-                state.ids_dropped += last - first + 1
-                continue
-            state.ids_dropped += part.first - first
-            state.buffer.install(part, now)
-            admitted = True
-        return admitted
+            engine.start()
 
     async def _request_direct(self, kind: Kind, tag: str, count: int) -> list[Range]:
         """One request, not buffered (snowflake IDs); a lost reply is asked again with the same ``request_id``."""
         _check_tag(tag)
         request = IdRequest(count=count, request_id=uuid.uuid4().hex, format="ranges")
-        deadline = time.monotonic() + self.settings.timeout
+        deadline = self.clock.monotonic() + self.settings.timeout
         while True:
             try:
                 reply = await self.transport.request(kind, tag, request, self.settings.request_timeout)
             except TimeoutError as exc:
-                if time.monotonic() < deadline:
+                if self.clock.monotonic() < deadline:
                     continue
                 raise DispenserUnavailable("timeout", f"{tag!r}: {exc or 'no reply in time'}") from None
             except OSError as exc:

@@ -1,18 +1,7 @@
 """Consumption rate of one tag on one worker: IDs and requests per second, and the peak that sizes segments.
 
-Pure: the caller passes the time (monotonic seconds) into every call. Counting is two additions on the hot
-path; the bookkeeping runs once per second, when a call finds that the second has changed.
-
-* **Buckets**: IDs and requests are counted per whole second. The last ``window`` completed seconds are
-  kept, so :meth:`RateMeter.rate` is their average.
-* **Peak**: the highest ``window``-second average seen within ``retention`` (Leaf's advice: a segment
-  should hold ten minutes of the *peak* rate, so that the double buffer outlives a database outage at
-  the busiest time). Averages count only once a whole window has been observed, so a start-up burst
-  does not pose as a peak. A sliding maximum (a deque of decreasing averages) keeps it O(1) amortised.
-* **The fleet's peak**: :class:`FleetPeak` remembers the highest sum of the live workers' peaks seen
-  within ``retention``. That, not a worker's own peak, is what is saved: a fleet restarted at any size
-  (two workers before, one after) starts at ``segment_seconds`` x the fleet's peak, and a worker whose
-  peers died sizes for the load they left it.
+Pure: the caller passes the time (monotonic seconds) into every call; counting is two additions on the
+hot path. What is measured and why: ``docs/operations.md`` ("The rule").
 """
 
 from __future__ import annotations

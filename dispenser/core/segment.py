@@ -1,24 +1,8 @@
 """Segments and Leaf's double buffer for one tag: which IDs to hand out, and when to fetch more.
 
-Rules of this module (everything that decides an ID lives here, nothing else does):
-
-* A :class:`Segment` is an inclusive range ``[first, last]`` granted by the store in one round trip.
-  Every ID handed out lies inside a segment that was installed, and each is handed out once: the
-  position only moves forward, and segments are consumed in the order they were installed.
-* :meth:`SegmentBuffer.take` is all-or-nothing. It returns a :class:`IdBatch` of ranges (a batch spans
-  segments when the current one runs out), or :data:`NEED_SEGMENT` without consuming anything when the
-  buffered IDs are not enough: the shell then waits on the one in-flight fetch and asks again.
-* :meth:`SegmentBuffer.take_run` serves a caller that hands IDs out one by one from a cursor (the
-  client's buffer, :mod:`dispenser.client`): up to ``limit`` IDs as one range of the current segment,
-  never spanning two, so the cursor is two integers.
-* Prefetch (Leaf's double buffer): once more than ``prefetch_threshold`` of the current segment is
-  used and no further segment is buffered, :attr:`SegmentBuffer.wants_fetch` turns true. The shell
-  starts a fetch, calls :meth:`begin_fetch`, and later :meth:`install` or :meth:`fetch_failed`.
-  At most one fetch is in flight per tag: ``wants_fetch`` is false while one is.
-* A buffer fed by several sources whose ranges need not increase (a client answered by two workers,
-  each drawing from a segment of its own) passes each range through :meth:`SegmentBuffer.admissible`
-  first: only the part above everything installed may be installed, the rest is skipped.
-* Time is passed in (``now`` in seconds, any monotonic origin); it is recorded for statistics only.
+Everything that decides an ID lives here: a :class:`SegmentBuffer` hands each ID of its installed
+segments out once, in increasing order, all-or-nothing per take. Pure: no I/O, no clock. The rules:
+``docs/segment.md`` ("The double buffer").
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """Snowflake IDs: the bit layout as data, and one worker's generator state, deciding without reading a clock.
 
-An ID is ``0 | timestamp | datacenter | worker | sequence``: the sign bit is always 0, so IDs are never
-negative. The timestamp field counts milliseconds since the layout's epoch (Twitter's and Leaf's 2010-11-04
-by default). The datacenter field is Twitter's (5 + 5 bits); Leaf folded it into the worker field, and its
-default width of 0 keeps Leaf's layout, bit for bit.
-
-:class:`SnowflakeState` is Leaf's ``SnowflakeIDGenImpl.get`` turned inside out: the caller passes the
-wall-clock reading ``now_ms`` to :meth:`SnowflakeState.take` and gets back either a :class:`Issued` of ID
-ranges or a :class:`WaitUntil` telling it when to come back; only the async shell reads clocks and sleeps.
-The shell's loop for ``n`` IDs is::
-
-    ranges, left = [], n
-    while left:
-        now = clock.wall_ms()
-        decision = state.take(now, left)                 # may raise ClockMovedBackwards & co.
-        if isinstance(decision, WaitUntil):
-            await clock.sleep((decision.ms - now) / 1000)  # never spins: decision.ms > now
-            continue
-        ranges += decision.ranges
-        left = decision.remaining
-
-(``clock`` is the shell's :class:`~dispenser.ports.Clock`; the real loop,
-:meth:`dispenser.service.snowflake.SnowflakeGenerator.take`, also bounds the wait by the request's deadline.)
-
-The state assumes one such loop at a time per worker (the shell holds a lock around it): a ``take`` after a
-``WaitUntil(reason="clock_back")`` is taken to be the promised re-check.
+An ID is ``0 | timestamp | datacenter | worker | sequence`` (``docs/snowflake.md``, "The layout").
+:meth:`SnowflakeState.take` is Leaf's ``SnowflakeIDGenImpl.get`` turned inside out: given the wall-clock
+reading, it returns :class:`Issued` ranges or a :class:`WaitUntil`; the shell's loop
+(:meth:`dispenser.service.snowflake.SnowflakeGenerator.take`) reads the clock, sleeps, and runs one take at
+a time per worker (a ``take`` after ``WaitUntil(reason="clock_back")`` is the promised re-check).
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """Retrying with capped exponential back-off, and stopping a retry loop when the process is asked to stop.
 
-Every hand-written retry loop of the worker (a segment fetch, taking IDs for a Kafka record, taking over
-a Kafka partition, re-registering a snowflake worker ID, delivering a Kafka reply) uses one
-:class:`Backoff`::
+Every hand-written retry loop of the worker (a segment fetch, a Kafka record's IDs, a partition take-over,
+a snowflake re-registration, a Kafka reply) uses one :class:`Backoff`::
 
     backoff = Backoff(0.1, 5.0, stop=stop)
     while True:
         try:
             return await backoff.attempt(fetch())  # Stopped, the attempt cancelled, once stop is set
         except StoreUnavailable as exc:
-            log.warning("fetch failed, retrying in %.1f s: %s", backoff.delay, exc)
             await backoff.wait()  # Stopped at once if stop is set meanwhile
 
-Why not a library: tenacity, backoff and stamina all retry a callable under their own loop, sleep with
-``asyncio.sleep`` (tenacity accepts another sleep, but checks its stop condition only after a failed
-attempt, so a stop during the sleep still runs one more attempt), and none can cancel an attempt that
-hangs (a broker or a database that does not answer) when a stop event is set. Our loops also differ in
-what they do between attempts (close a producer, count, give up on non-retriable errors, expire a
-request), which reads more plainly in the loop itself than in callbacks. What they share is this small
-object: the delays, the cap, and the stop event.
+Why not tenacity, backoff or stamina: ``docs/development.md`` ("Dependencies we lean on").
 """
 
 from __future__ import annotations

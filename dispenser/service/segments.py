@@ -25,16 +25,14 @@ from dataclasses import dataclass
 from dispenser.core.errors import DispenserError, StoreUnavailable, TagExhausted, UnknownTag
 from dispenser.core.ids import IdBatch
 from dispenser.core.rate import RateMeter
+from dispenser.core.refill import Overlap, Refill
 from dispenser.core.residue import LEAF
-from dispenser.core.segment import NEED_SEGMENT, BufferStats, SegmentBuffer
+from dispenser.core.segment import NEED_SEGMENT, BufferStats
 from dispenser.ports import Clock, SegmentStore
 from dispenser.service.retry import Backoff
 from dispenser.service.timing import run_within, wait_event
 
 __all__ = ["AllocatorSettings", "SegmentAllocator", "Sizer", "TagAllocator"]
-
-_MIN_MEASURED_GAP = 0.1
-"""Seconds two fetches must be apart for their gap to measure the consumption rate."""
 
 FETCH_RATE_SPAN = 60.0
 """Seconds over which :meth:`TagAllocator.fetches_per_minute` counts fetches."""
@@ -64,7 +62,10 @@ class AllocatorSettings:
 
 
 class TagAllocator:
-    """One tag's buffer, its single in-flight fetch and the requests waiting on it."""
+    """One tag's refill engine, its single in-flight fetch from the store, and the requests waiting on it.
+
+    The decisions are the engine's (:class:`~dispenser.core.refill.Refill`); this shell fetches and waits.
+    """
 
     def __init__(
         self,
@@ -79,15 +80,18 @@ class TagAllocator:
         meter: RateMeter | None = None,
     ) -> None:
         self.tag = tag
-        self.buffer = SegmentBuffer(settings.prefetch_threshold)
         self.residue = LEAF
         """The tag's residue class, from its first segment: the buffer holds its ordinals (Leaf's: the IDs)."""
-        self.step = step
-        """The configured step, once known (from the tag list or the last fetch)."""
-        self.last_step: int | None = None
-        """The size asked for at the last successful fetch."""
         self.meter = meter if meter is not None else RateMeter(clock.monotonic())
         """IDs handed out, per second."""
+        self.refill = Refill(
+            self.meter,
+            prefetch_threshold=settings.prefetch_threshold,
+            overlap=Overlap.REFUSE,  # one store row grants increasing segments: an overlap is a fault
+        )
+        self.buffer = self.refill.buffer
+        self.step = step
+        """The configured step, once known (from the tag list or the last fetch)."""
         self.fetches = 0
         """Segments fetched (one store round trip each, failures not counted)."""
         self.fetch_seconds = 0.0
@@ -100,8 +104,6 @@ class TagAllocator:
         # (a misconfigured tiny step) cannot grow it: past the bound the figure saturates, loudly high.
         self._fetched_at: collections.deque[float] = collections.deque(maxlen=1024)
         self._started_at = clock.monotonic()
-        self._last_fetch_at: float | None = None
-        self._issued_at_last_fetch = 0
         self._sizer = sizer
         self.last_error: DispenserError | None = None
         self._store = store
@@ -110,21 +112,25 @@ class TagAllocator:
         self._on_unknown = on_unknown
         self._fetcher: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
-        self._wanted = 0  # the largest count a waiter needs; sizes the next fetch
         self._closed = False
         self._failing_since = 0.0  # when the current streak of failed fetches began
         self._failures = 0
+
+    @property
+    def last_step(self) -> int | None:
+        """The size of the last segment fetched."""
+        return self.refill.last_size
 
     # -- the hot path ------------------------------------------------------------------------------
 
     def try_take(self, count: int) -> IdBatch | None:
         """Take from the buffer without waiting; ``None`` when it is short (then await :meth:`take`)."""
-        batch = self.buffer.take(count)
-        if self.buffer.wants_fetch:
+        refill = self.refill
+        batch = refill.take(count, self._clock.monotonic())
+        if refill.wants_fetch:
             self._start_fetch()
         if batch is NEED_SEGMENT:
             return None
-        self.meter.record(self._clock.monotonic(), count)
         return self.residue.batch(batch)
 
     async def take(self, count: int, deadline: float) -> IdBatch:
@@ -134,16 +140,16 @@ class TagAllocator:
             UnknownTag: the tag was removed from the store.
             StoreUnavailable: the deadline passed before a segment arrived.
         """
+        refill = self.refill
         while True:
-            batch = self.buffer.take(count)
-            if self.buffer.wants_fetch:
+            batch = refill.take(count, self._clock.monotonic())
+            if refill.wants_fetch:
                 self._start_fetch()
             if batch is not NEED_SEGMENT:
-                self.meter.record(self._clock.monotonic(), count)
                 return self.residue.batch(batch)
             if self._closed:
                 raise self.last_error or StoreUnavailable("the worker is shutting down")
-            self._wanted = max(self._wanted, count)
+            refill.need(count)
             self._start_fetch()
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
@@ -161,14 +167,7 @@ class TagAllocator:
         ``prefetch_threshold`` of it is used), so the time between two is about one segment's life: a rise
         in demand shows here at the next fetch, before any per-second average moves.
         """
-        if self._last_fetch_at is None:
-            return 0.0
-        elapsed = self._clock.monotonic() - self._last_fetch_at
-        # Fetches closer together than this were not paced by consumption (a start-up burst, a retry):
-        # dividing by their gap would invent a huge rate.
-        if elapsed < _MIN_MEASURED_GAP:
-            return 0.0
-        return (self.meter.ids_issued - self._issued_at_last_fetch) / elapsed
+        return self.refill.recent_rate(self._clock.monotonic())
 
     def fetches_per_minute(self) -> float:
         """Successful fetches per minute over the last :data:`FETCH_RATE_SPAN` seconds (or since start).
@@ -199,7 +198,7 @@ class TagAllocator:
 
     def _start_fetch(self) -> None:
         if self._fetcher is None and not self._closed:
-            self.buffer.begin_fetch()
+            self.refill.start()
             self._fetcher = asyncio.create_task(self._fetch(), name=f"fetch-segment-{self.tag}")
 
     def _notify(self) -> None:
@@ -210,24 +209,24 @@ class TagAllocator:
     async def _fetch(self) -> None:
         settings = self._settings
         backoff = Backoff(settings.retry_initial, settings.retry_max, clock=self._clock, jitter=0.2)
+        refill = self.refill
         try:
             while True:
                 step = self._next_step()
-                self._last_fetch_at = self._clock.monotonic()
-                self._issued_at_last_fetch = self.meter.ids_issued
+                refill.attempt(self._clock.monotonic())
                 started = time.perf_counter()
                 try:
                     allocation = await self._store.next_segment(self.tag, step)
                 except TagExhausted as exc:
                     # No retry can help: what is buffered is still served, then takes get this error.
                     self.fetch_errors += 1
-                    self.buffer.fetch_failed()
+                    refill.give_up()
                     self.last_error = exc
                     self._closed = True
                     log.error("%s", exc.message)
                     return
                 except UnknownTag as exc:
-                    self.buffer.fetch_failed()
+                    refill.give_up()
                     self.last_error = exc
                     self._closed = True
                     if self._on_unknown is not None:
@@ -235,7 +234,7 @@ class TagAllocator:
                     return
                 except Exception as exc:
                     self.fetch_errors += 1
-                    self.buffer.fetch_failed()
+                    refill.failed()
                     # One line per outage (a failover retries for seconds): the first failure at WARNING,
                     # the retries at DEBUG, then one line when it recovers.
                     level = logging.WARNING if self.last_error is None else logging.DEBUG
@@ -260,11 +259,11 @@ class TagAllocator:
                         )
                     self._notify()
                     await backoff.wait()
-                    self.buffer.begin_fetch()
+                    refill.start()
                     continue
                 self.step = allocation.configured_step
-                self.last_step = allocation.segment.size
-                self.steps.append(self.last_step)
+                segment = allocation.segment
+                self.steps.append(segment.size)
                 self.fetches += 1
                 self._fetched_at.append(self._clock.monotonic())
                 self.fetch_seconds += time.perf_counter() - started
@@ -286,7 +285,9 @@ class TagAllocator:
                     return
                 self.residue = allocation.residue
                 try:
-                    self.buffer.install(allocation.segment, self._clock.monotonic())
+                    refill.arrive(
+                        ((segment.first, segment.last),), self._clock.monotonic(), asked=segment.size
+                    )
                 except ValueError:
                     # The store granted a segment overlapping one we hold: two writers share the row
                     # wrongly. Serving it could repeat IDs; stop this tag instead.
@@ -304,30 +305,24 @@ class TagAllocator:
                         self._clock.monotonic() - self._failing_since,
                     )
                 self.last_error = None
-                if self.buffer.remaining >= self._wanted:
-                    self._wanted = 0
+                if refill.satisfied():
                     return
-                # A waiter needs more than this segment gave (a huge batch): fetch again at once (a
-                # fetch not paced by consumption, so it tells nothing of the rate).
-                self._last_fetch_at = None
+                # A waiter needs more than this segment gave (a huge batch): fetch again at once.
+                refill.again()
                 self._notify()
-                self.buffer.begin_fetch()
         finally:
             self._fetcher = None
             self._notify()
 
     def _next_step(self) -> int | None:
         """The size of the next segment: the sizer's (or the configured) step, or more when a waiter needs more."""
-        shortfall = self.buffer.shortfall(self._wanted)
-        if self.step is None:
-            return shortfall or None
         step = self.step
-        if self._sizer is not None:
+        if step is not None and self._sizer is not None:
             try:
                 step = max(step, self._sizer(self))
             except Exception:  # sizing is advice: a bug there must not stop the IDs
                 log.exception("sizing the next segment of %r failed; using the configured step", self.tag)
-        return max(step, shortfall)
+        return self.refill.size(step)
 
     async def close(self, reason: DispenserError | None = None) -> None:
         """Stop fetching; later takes that find the buffer short fail with ``reason``."""

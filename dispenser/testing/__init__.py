@@ -17,12 +17,16 @@ from dispenser.testing.fakes import (
     MemoryWorkerRegistry,
     MemoryWorkerTable,
 )
+from dispenser.testing.faultproxy import Direction, FaultProxy, ThreadedFaultProxy
 
 __all__ = [
+    "Direction",
+    "FaultProxy",
     "ManualClock",
     "MemoryReplayStore",
     "MemorySegmentStore",
     "MemoryWorkerRegistry",
     "MemoryWorkerTable",
+    "ThreadedFaultProxy",
     "settle",
 ]

@@ -12,6 +12,7 @@ from dispenser.client import BlockingIdClient, BufferSettings, DispenserUnavaila
 from dispenser.client.buffered import next_run
 from dispenser.messages import ErrorBody, IdRequest, Kind, Reply
 from dispenser.testing import settle
+from dispenser.testing.clock import ManualClock
 
 FAST = BufferSettings(retry_initial=0.005, retry_max=0.01, timeout=1.0, request_timeout=0.5)
 
@@ -259,3 +260,47 @@ def test_a_cursor_run_doubles_when_quick_halves_when_slow_and_stays_bounded() ->
     assert next_run(1, 10.0) == 1
     assert next_run(8, 0.0015, fast=0.002, slow=0.05) == 16  # the blocking client's thresholds
     assert next_run(8, 0.03, fast=0.002, slow=0.05) == 8
+
+
+class SilentTransport(MemoryTransport):
+    """A fleet that never answers: a request waits until the test opens ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def request(self, kind: Kind, tag: str, request: IdRequest, timeout: float) -> Reply:
+        """Wait for the gate, then answer as the memory fleet does."""
+        await self.gate.wait()
+        return await super().request(kind, tag, request, timeout)
+
+
+async def test_on_virtual_time_the_wait_ends_at_timeout_to_the_millisecond() -> None:
+    """The client's waits are its Clock's: with no answer, a call fails at ``timeout`` of virtual time."""
+    clock = ManualClock()
+    transport = SilentTransport()
+    async with IdClient(transport, BufferSettings(timeout=2.0), clock=clock) as client:
+        call = asyncio.ensure_future(client.next_id("order"))
+        await clock.advance(1.999)
+        assert not call.done()
+        await clock.advance(0.002)
+        with pytest.raises(DispenserUnavailable, match="within 2 s") as caught:
+            await call
+        assert caught.value.code == "timeout"
+        transport.gate.set()
+
+
+async def test_on_virtual_time_ranges_hold_buffer_seconds_of_the_rate() -> None:
+    """10,000 IDs per virtual second: the ranges settle at about buffer_seconds x the rate (3 s: ~30,000)."""
+    clock = ManualClock()
+    transport = MemoryTransport()
+    settings = BufferSettings(min_buffer=100, max_buffer=1_000_000, buffer_seconds=3.0)
+    async with IdClient(transport, settings, clock=clock) as client:
+        for _ in range(500):  # 5 virtual seconds
+            for _ in range(100):
+                await client.next_id("order")
+            await clock.advance(0.01)
+    counts = [r.count for r in transport.requests]
+    assert counts[0] == 100
+    assert 30_000 <= counts[-1] <= 30_000 * 1.25  # never under the target, within the hysteresis band
+    assert len(counts) < 20

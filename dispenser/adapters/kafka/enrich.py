@@ -1,34 +1,9 @@
 """``dispenser enrich``: consume a topic, give every record an ID, produce it, exactly once.
 
-Exactly once, with aiokafka (which sends no consumer-group generation with transactional offsets, so
-KIP-447 fencing is out of reach): **one transactional producer per input partition**, with the stable
-transactional ID ``<prefix>.<partition>``. Whoever owns input partition *p* writes its outputs, its
-dead letters and its consumed offset in one transaction of producer ``<prefix>.<p>``:
-
-* a new owner of *p* (after a rebalance, a crash, a restart) first calls ``init_transactions`` with that
-  ID, which aborts whatever the previous owner left open and fences it: a zombie can no longer commit;
-* only then does it read *p*'s committed offset, so it resumes exactly after the last committed
-  transaction, and records of an aborted one are processed again;
-* the offset is read strictly (:mod:`~dispenser.adapters.kafka.offsets`): an answer counts only if the
-  group coordinator gives one for *p* with no error, neither for the group nor for the partition, and
-  no transaction committing an offset for *p* is still pending (``require_stable``). Just after a broker
-  restart the coordinator is still loading and says so at the top level, which
-  ``AIOKafkaConsumer.committed()`` ignores and reports as ``None``, "never committed"; and after a broker
-  kill -9, ``init_transactions`` was measured to return while the previous owner's last commit still
-  waited for its markers, so the offset read then was the one from before it. Taken at their word, both
-  would enrich committed records twice. Unknown or pending is therefore never read as an answer: the
-  take-over is retried until the coordinator answers for real, with the offset that transaction committed.
-  (Checking the answer against the last ``leaf-source`` header in the output would only help against a
-  coordinator that answers wrongly *without* an error, which Kafka does not do; and that header can be
-  turned off.);
-* output read with ``isolation_level=read_committed`` therefore holds each input record exactly once.
-
-Order: input partition *p*'s records go, in order, to output partition ``p mod <output partitions>``
-(one producer writes them), so per-partition order is kept. IDs are taken in record order, so they
-increase along each partition too. A record that cannot be enriched goes to the dead-letter topic in the
-same transaction, with headers naming the reason and its source; the stream never stops on a bad record.
-When the ID source is unavailable (PostgreSQL down and the buffer dry), the partition waits and retries:
-no record is skipped and nothing is sent to the dead-letter topic for it.
+One transactional producer per input partition (``<prefix>.<partition>``) writes that partition's
+outputs, dead letters and consumed offset in one transaction; a new owner fences the previous one, then
+reads the offset strictly (:mod:`~dispenser.adapters.kafka.offsets`). Why it holds, the order kept and
+the dead letters: ``docs/kafka.md`` ("Stream enrichment").
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """A consumer group's committed offsets, read so that "unknown" is never mistaken for "never committed".
 
-aiokafka's ``AIOKafkaConsumer.committed()`` (and the admin client's ``list_consumer_group_offsets``) look
-only at the per-partition error codes of the OffsetFetch answer. Right after a broker restart the group
-coordinator is still loading ``__consumer_offsets`` and answers with a *top-level* error
-(COORDINATOR_LOAD_IN_PROGRESS) and no partitions at all, for ~0.1 to 0.6 s; aiokafka reads that as "no
-committed offset" and returns ``None``. An enricher taking over a partition in that window would start it
-over from the beginning and enrich every committed record a second time.
-
-:class:`CommittedOffsets` sends the OffsetFetch itself, through aiokafka's public ``AIOKafkaClient``, and
-accepts an answer only when both the top-level and the partition's error codes are 0 and the partition is
-in it; anything else raises (a :class:`~aiokafka.errors.KafkaError`, retriable for the coordinator's
-transient states), so the caller tries again instead of guessing. Only an error-free answer that lists the
-partition with offset -1 means "this group never committed an offset for it".
-
-The request is OffsetFetch v7 with ``require_stable`` (KIP-447), which aiokafka does not send (its versions
-stop at 3): while a transaction that commits an offset for the partition is still pending (committed by its
-producer but its markers not yet written), the coordinator answers UNSTABLE_OFFSET_COMMIT instead of the
-offset from before it. Measured here on Kafka 4.4: after a broker kill -9 right after a commit, a new
-producer with the same transactional ID can finish ``init_transactions`` while that commit is still
-undecided, for seconds or (a hanging transaction) for good; the pre-commit offset was read then and a
-committed transaction enriched again (in one fresh-clone suite run, two tests: 50 and 99 records; and in
-2 of 15 rounds of ``tools/ha/kafka_restart_eos.py --reader plain``). With ``require_stable`` the reader
-waits until the transaction is decided, and reads the offset it committed.
+:class:`CommittedOffsets` sends OffsetFetch v7 with ``require_stable`` itself (aiokafka's ``committed()``
+reads a coordinator still loading as "none", and sends no ``require_stable``) and accepts only an
+error-free answer that names the partition; anything else raises, so the caller retries. Why, and what
+was measured: ``docs/kafka.md`` ("What exactly once means here, and why it holds").
 """
 
 from __future__ import annotations

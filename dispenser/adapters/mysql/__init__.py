@@ -2,3 +2,5 @@
 
 Needs the ``leaf-import`` extra (``pip install 'leaf-dispenser[leaf-import]'``).
 """
+
+__all__ = ["leaf"]

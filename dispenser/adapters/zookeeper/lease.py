@@ -1,38 +1,9 @@
 """Recyclable snowflake worker IDs from ZooKeeper (``zookeeper-lease``): an ephemeral claim per worker ID.
 
-Layout under ``<root>/<name>/``:
-
-- ``lease/<worker_id>``: ephemeral; whoever created it holds the ID. Claiming is one ``create`` (tried in
-  ID order, skipping IDs listed as taken; ``NodeExists`` means someone was faster, so the next is tried).
-  The node vanishes when its session closes or expires, and the ID is free again.
-- ``high-water/<worker_id>``: persistent, ``{"ip", "port", "timestamp"}``; a max register of the last Unix
-  millisecond any holder reported as used under the ID. A new holder gets it as ``high_water_ms`` and must
-  not issue at or below it.
-
-**Why a holder stops before anyone else can take its ID.** ZooKeeper expires a session only after it has
-heard nothing on it for the negotiated session timeout ``T``: every request it receives resets the
-session's deadline to at least its arrival time plus ``T`` (expiry is checked in whole ticks, rounded
-*up*). The holder's keepalive sends a read of its lease node every ``T/6`` and, when the answer says the
-node is still owned by the claiming session (and the client is still on that session), records the monotonic
-time taken *before* sending as ``confirmed``. That request reached the server no earlier than
-``confirmed``, so the session, and with it the lease node, lives until at least ``confirmed + T``; no one
-else can create the node before then. :meth:`ZooKeeperLeaseRegistry.can_issue` is false from
-``confirmed + safe_fraction * T`` on (default 2/3), so the holder has stopped at least ``T/3`` before the
-earliest moment the ID can change hands. That margin absorbs the event loop's lateness in seeing the
-deadline pass and the rate difference between the two machines' clocks over ``T``; a new holder starts
-issuing at its own wall clock, which is past the old holder's last issued millisecond as long as the two
-wall clocks agree to better than ``T/3`` (the start-up peer-clock check bounds that), and past the
-recorded high water in any case. The check needs no clock agreement to be *safe against reuse of the ID*,
-only against reuse of the (ID, millisecond) pairs, which the high-water node covers up to the last report.
-
-Stopping is not lingering: once the lease is lost (the session expired, the node is gone or someone
-else's), :meth:`~ZooKeeperLeaseRegistry.report` raises ``LeaseLost`` and the shell calls
-:meth:`~ZooKeeperLeaseRegistry.register` again, which claims an ID afresh (maybe another) and returns its
-high water, which the shell must honour before issuing again. An unconfirmed but not lost lease (the
-connection is down, the session may live) comes back by itself when the keepalive gets through.
-
-**Timers:** the registry runs the keepalive task itself (the lease must be proved every ``T/6`` whatever
-the shell does); the shell calls :meth:`~ZooKeeperLeaseRegistry.report` on its own timer.
+A holder proves its session every ``T/6`` and stops issuing at ``2/3 T`` after its last proof, before
+ZooKeeper could expire the session and let anyone else claim the ID; a persistent high-water node per ID
+keeps the next holder above the last millisecond issued. The layout and the argument: ``docs/snowflake.md``
+("The ``zookeeper-lease`` mode").
 """
 
 from __future__ import annotations

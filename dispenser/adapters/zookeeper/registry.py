@@ -1,26 +1,10 @@
 """Snowflake worker IDs from ZooKeeper, Leaf's way, and what both ZooKeeper registries share.
 
-**Leaf's mode** (:class:`ZooKeeperRegistry`, ``zookeeper``): each worker address ``ip:port`` owns one
-persistent sequential node ``<root>/<name>/forever/<ip:port>-<10-digit sequence>``; the sequence number is
-its worker ID, kept for good and found again by the same address after a restart. The node's data is
-``{"ip", "port", "timestamp"}`` (``port`` a string, as Leaf's ``Endpoint`` writes it); :meth:`report` raises
-the timestamp (never lowers it) every few seconds. While alive, the worker also holds the ephemeral node
-``<root>/<name>/temporary/<ip:port>``, so peers can list who is live. Sequence numbers are never reused:
-once they pass the layout's largest worker ID, new addresses are refused with ``WorkerIdsExhausted``.
-
-ZooKeeper is a weak dependency here: once registered, the worker keeps issuing while ZooKeeper is down
-(:meth:`ZooKeeperRegistry.can_issue` stays true, since the ID is its own for good) and, when ZooKeeper is back,
-the next :meth:`~ZooKeeperRegistry.report` puts the ephemeral node back if the session was lost.
-
-**Timers:** the shell calls ``report(high_water_ms)`` on its own timer (every 3 s, Leaf's interval), since
-only it knows the high water; this mode runs no task of its own. (The lease registry in
-:mod:`dispenser.adapters.zookeeper.lease` does run one, to keep proving its lease.)
-
-**The session** (connection, digest credentials, ACLs, deadlines, error mapping, and why kazoo) lives in
-:mod:`dispenser.adapters.zookeeper.session` (ACLs in :mod:`~dispenser.adapters.zookeeper.acl`); its public
-names are importable from here too. The client library's
-session may be replaced by a new one when ZooKeeper expired the old (its ephemeral nodes gone), so the
-registries compare :attr:`~dispenser.adapters.zookeeper.session.ZkSession.session_id` values.
+:class:`ZooKeeperRegistry` (``zookeeper``): a persistent sequential node per ``ip:port`` under
+``forever/`` (its sequence is the worker ID, for good), an ephemeral one under ``temporary/`` while alive;
+the shell calls :meth:`~ZooKeeperRegistry.report` on its own timer. The session lives in
+:mod:`~dispenser.adapters.zookeeper.session` (its public names importable from here too). The modes and
+the weak dependency on ZooKeeper: ``docs/snowflake.md``.
 """
 
 from __future__ import annotations
