@@ -8,7 +8,7 @@ Synchronous on purpose (no event loop needed): pytest fixtures and the CLI start
 and stop them by the PID they started.
 """
 
-from dispenser.testing.servers._process import (
+from dispenser.testing.servers.process import (
     DevServerError,
     ServerNotFoundError,
     ServerStartError,
