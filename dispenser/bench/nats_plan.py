@@ -83,6 +83,12 @@ class BenchOptions:
     nats_url: str | None = None
     postgres_dsn: str | None = None
     subject_prefix: str = "leaf"
+    local: bool = False
+    """Start NATS, PostgreSQL and a worker here: the default, also without the flag."""
+    tag: str | None = None
+    """Measure the deployment at ``nats_url`` on this existing tag (nothing started)."""
+    create_tag: str | None = None
+    """Measure the deployment at ``nats_url`` on this tag, added to ``postgres_dsn`` and removed after."""
     json_path: Path | None = None
     profile_worker: Path | None = None
     worker_command: str | None = None
@@ -248,12 +254,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    from dispenser.bench.deployment import add_target_options  # noqa: PLC0415 - it imports BenchError from here
+
+    add_target_options(parser)
     return parser
 
 
 def parse_options(argv: Sequence[str]) -> BenchOptions:
     """Options from command-line arguments (exits with usage on bad ones, like argparse does)."""
-    args = _parser().parse_args(list(argv))
+    from dispenser.bench.deployment import deployment_of  # noqa: PLC0415 - it imports BenchError from here
+
+    parser = _parser()
+    args = parser.parse_args(list(argv))
+    deployment = deployment_of(parser, args)
+    if deployment is not None and (args.profile_worker is not None or args.worker_command is not None):
+        parser.error("--profile-worker and --worker-command start a worker here: not with --tag/--create-tag")
+    if deployment is not None and args.mode == "snowflake":
+        parser.error("a deployment is measured in segment mode only (--mode snowflake starts its own worker)")
     if args.profile_worker is not None:
         args.profile_worker = args.profile_worker.absolute()
     return BenchOptions(**vars(args))
