@@ -153,8 +153,8 @@ async def test_bench_measures_a_deployment_by_url_on_its_tags(
     assert all(c["ids_per_s"] > 0 for c in client_report["cases"])
     # Other clients' requests reach a deployment's workers too: not counted rather than wrong.
     assert all(c["requests_per_million_ids"] is None for c in client_report["cases"])
-    assert "bench-made" not in {tag.name for tag in tags}
-    assert "deployed" in {tag.name for tag in tags}
+    assert "bench-made" not in {tag.tag for tag in tags}
+    assert "deployed" in {tag.tag for tag in tags}
 
 
 @pytest.mark.parametrize(

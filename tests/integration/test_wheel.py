@@ -46,6 +46,24 @@ drivers = [name for name in sys.argv[2:] if importlib.util.find_spec(name) is no
 print(json.dumps({"ids": taken, "drivers": drivers}))
 """
 
+# The test kit from the installed wheel: its Java servers find their poms as package data (no checkout, no
+# tools/), and the modules the product imports are public. Java is not started (seconds of JVM).
+KIT = """
+import json
+from pathlib import Path
+from dispenser.testing.servers import kafka, zookeeper
+from dispenser.testing.servers.maven import packaged_pom
+from dispenser.testing.servers.process import free_port, port_is_free
+poms = {name: str(packaged_pom(name)) for name in ("zookeeper", "kafka")}
+texts = {name: Path(pom).read_text() for name, pom in poms.items()}
+print(json.dumps({
+    "poms": poms,
+    "defaults": [str(zookeeper.POM), str(kafka.POM)],
+    "versions": [zookeeper.ZOOKEEPER_VERSION in texts["zookeeper"], "kafka.version" in texts["kafka"]],
+    "port": port_is_free(free_port()),
+}))
+"""
+
 
 def _run(*command: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     # check=False: the callers assert on the status, with the output in the message.
@@ -140,3 +158,13 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
     later = [int(line) for line in got.stdout.split()]
     assert len(later) == 3
     assert min(later) > max(ids)
+
+    kit = await asyncio.to_thread(_run, bin_dir / "python", "-c", KIT, env={**os.environ, "PYTHONPATH": ""})
+    assert kit.returncode == 0, kit.stderr
+    found = json.loads(kit.stdout)
+    assert found["defaults"] == [found["poms"]["zookeeper"], found["poms"]["kafka"]]
+    for pom in found["poms"].values():
+        assert Path(pom).is_relative_to(site), pom  # the wheel's, not the checkout's
+    assert found["versions"] == [True, True]
+    assert found["port"] is True
+    assert {"dispenser/testing/servers/poms/zookeeper/pom.xml", "dispenser/testing/servers/poms/kafka/pom.xml"} <= set(names)
