@@ -360,6 +360,7 @@ def run(
     nats_url: str | None = None,
     postgres_dsn: str | None = None,
     quiet: bool = False,
+    *,
     deployment: Deployment | None = None,
 ) -> Report:
     """Start the servers and the worker (unless given), measure every case, stop what was started.
@@ -440,13 +441,13 @@ def _meta(
 
 
 def main(argv: Sequence[str]) -> int:
-    """``dispenser bench client [--duration S] [--warmup S] [--json PATH] [--nats-url U [--postgres-dsn D]]
-    [--local | --tag T | --create-tag T]``."""
+    """``dispenser bench client [OPTIONS]``: locally (``--local``) or a deployment (``--nats-url``, ``--tag``)."""
     parser = argparse.ArgumentParser(prog="dispenser bench client", description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per case (default 3)")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per case (default 1)")
     parser.add_argument(
-        "--nats-url", help="use this NATS server instead of starting one (with --tag: the deployment to measure)"
+        "--nats-url",
+        help="use this NATS server instead of starting one (with --tag: the deployment to measure)",
     )
     parser.add_argument(
         "--postgres-dsn", help="use this PostgreSQL instead of starting one (a tag is added, then removed)"
@@ -458,7 +459,9 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     deployment = deployment_of(parser, args)
     try:
-        report = run(args.duration, args.warmup, args.nats_url, args.postgres_dsn, args.quiet, deployment)
+        report = run(
+            args.duration, args.warmup, args.nats_url, args.postgres_dsn, args.quiet, deployment=deployment
+        )
     except BenchError as exc:
         print(f"dispenser bench: {exc}", file=sys.stderr)
         return 1

@@ -25,7 +25,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from dispenser.bench.nats_plan import BenchError
+from dispenser.bench.errors import BenchError
 
 __all__ = ["Deployment", "add_target_options", "check_answers", "deployment_of", "deployment_tag"]
 

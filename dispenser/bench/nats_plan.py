@@ -16,6 +16,9 @@ from typing import Literal
 
 import msgspec
 
+from dispenser.bench.deployment import add_target_options, deployment_of
+from dispenser.bench.errors import BenchError
+
 __all__ = [
     "STATE_DIR_IN_WORKDIR",
     "STEADY_START",
@@ -37,10 +40,6 @@ STEADY_START = 10**12
 tag in service for a while would, rather than growing from 1 digit as the run goes on."""
 SWITCH_START = 1
 """First ID of the switch-over tag; segments are ``[start + k * step, start + (k + 1) * step - 1]``."""
-
-
-class BenchError(RuntimeError):
-    """The benchmark could not run (a server or responder did not start, a responder went away)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,16 +253,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
-    from dispenser.bench.deployment import add_target_options  # noqa: PLC0415 - it imports BenchError from here
-
     add_target_options(parser)
     return parser
 
 
 def parse_options(argv: Sequence[str]) -> BenchOptions:
     """Options from command-line arguments (exits with usage on bad ones, like argparse does)."""
-    from dispenser.bench.deployment import deployment_of  # noqa: PLC0415 - it imports BenchError from here
-
     parser = _parser()
     args = parser.parse_args(list(argv))
     deployment = deployment_of(parser, args)

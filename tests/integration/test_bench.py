@@ -163,7 +163,10 @@ async def test_bench_measures_a_deployment_by_url_on_its_tags(
         (["bench", "nats", "--tag", "t"], "--nats-url"),
         (["bench", "client", "--create-tag", "t", "--nats-url", "nats://127.0.0.1:9"], "--postgres-dsn"),
         (["bench", "client", "--local", "--tag", "t"], "not allowed with"),
-        (["bench", "nats", "--tag", "t", "--nats-url", "nats://127.0.0.1:9", "--profile-worker", "p"], "worker"),
+        (
+            ["bench", "nats", "--tag", "t", "--nats-url", "nats://127.0.0.1:9", "--profile-worker", "p"],
+            "worker",
+        ),
     ],
 )
 def test_bench_deployment_options_that_do_not_add_up_are_usage_errors(

@@ -167,4 +167,7 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
         assert Path(pom).is_relative_to(site), pom  # the wheel's, not the checkout's
     assert found["versions"] == [True, True]
     assert found["port"] is True
-    assert {"dispenser/testing/servers/poms/zookeeper/pom.xml", "dispenser/testing/servers/poms/kafka/pom.xml"} <= set(names)
+    assert {
+        "dispenser/testing/servers/poms/zookeeper/pom.xml",
+        "dispenser/testing/servers/poms/kafka/pom.xml",
+    } <= set(names)

@@ -23,11 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dispenser.testing.servers.kafka_markers import DroppedMarkers, dropped_markers, write_markers
 from dispenser.testing.servers.kafka_wire import metadata
-from dispenser.testing.servers.maven import cache_dir, packaged_pom, fetch_command, fetch_jars, is_complete
+from dispenser.testing.servers.maven import cache_dir, fetch_command, fetch_jars, is_complete, packaged_pom
 from dispenser.testing.servers.process import LOOPBACK, ServerNotFoundError, ServerStartError, free_port
 from dispenser.testing.servers.server import ServerProcess
-from dispenser.testing.servers.kafka_markers import DroppedMarkers, dropped_markers, write_markers
 from dispenser.testing.servers.zookeeper import find_java
 
 __all__ = [

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from dispenser.testing.servers.group import ServerGroup
+from dispenser.testing.servers.kafka import KAFKA_VERSION, KafkaBroker, new_cluster_id
 from dispenser.testing.servers.kafka_wire import Metadata, PartitionState, find_coordinator, metadata
 from dispenser.testing.servers.process import LOOPBACK, ServerStartError, free_port
-from dispenser.testing.servers.kafka import KAFKA_VERSION, KafkaBroker, new_cluster_id
 
 __all__ = ["INTERNAL_TOPICS", "KafkaCluster"]
 

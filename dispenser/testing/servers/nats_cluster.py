@@ -14,8 +14,8 @@ import urllib.request
 from pathlib import Path
 
 from dispenser.testing.servers.group import ServerGroup
-from dispenser.testing.servers.process import LOOPBACK, ServerStartError, free_port
 from dispenser.testing.servers.nats import NatsServer
+from dispenser.testing.servers.process import LOOPBACK, ServerStartError, free_port
 
 __all__ = ["NatsCluster"]
 

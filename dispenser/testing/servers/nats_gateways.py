@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dispenser.testing.servers.group import ServerGroup
-from dispenser.testing.servers.process import LOOPBACK, ServerStartError, free_port
 from dispenser.testing.servers.nats import NatsServer
+from dispenser.testing.servers.process import LOOPBACK, ServerStartError, free_port
 
 __all__ = ["NatsGateways", "gateway_config"]
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dispenser.testing.servers.maven import cache_dir, packaged_pom, fetch_command, fetch_jars, is_complete
+from dispenser.testing.servers.maven import cache_dir, fetch_command, fetch_jars, is_complete, packaged_pom
 from dispenser.testing.servers.process import LOOPBACK, ServerNotFoundError
 from dispenser.testing.servers.server import ServerProcess
 
