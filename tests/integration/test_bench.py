@@ -138,8 +138,8 @@ async def test_bench_measures_a_deployment_by_url_on_its_tags(
     assert (nats_status, client_status) == (0, 0), out
 
     nats_report = json.loads(nats_json.read_text())
-    assert nats_report["meta"]["settings"]["servers"] == "a deployment"
-    assert nats_report["meta"]["deployment"] == {"tag": "deployed", "created": False}
+    assert nats_report["settings"]["servers"] == "a deployment"
+    assert nats_report["deployment"] == {"tag": "deployed", "created": False}
     cases = nats_report["cases"]
     # No echo of ours on an operator's NATS, no switch-over tag: the dispenser's throughput only.
     assert {(c["responder"], c["kind"], c["count"]) for c in cases} == {

@@ -65,10 +65,12 @@ print(json.dumps({
 """
 
 
-def _run(*command: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    *command: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     # check=False: the callers assert on the status, with the output in the message.
     return subprocess.run(
-        [str(c) for c in command], check=False, capture_output=True, text=True, timeout=240, env=env
+        [str(c) for c in command], check=False, capture_output=True, text=True, timeout=240, env=env, cwd=cwd
     )
 
 
@@ -139,7 +141,11 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
 
     await prepare(pg_dsn, [("demo", 1000)])
     async with running_worker(worker_config(nats_server.url, pg_dsn)):
-        used = await asyncio.to_thread(_run, bin_dir / "python", "-c", CLIENT, nats_server.url, *DRIVERS)
+        # Outside the checkout: `python -c` puts the working directory first on sys.path, and the checkout's
+        # dispenser/ would then be imported instead of the wheel's.
+        used = await asyncio.to_thread(
+            _run, bin_dir / "python", "-c", CLIENT, nats_server.url, *DRIVERS, cwd=tmp_path
+        )
         assert used.returncode == 0, used.stderr
         result = json.loads(used.stdout)
         got = await asyncio.to_thread(
@@ -159,7 +165,9 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
     assert len(later) == 3
     assert min(later) > max(ids)
 
-    kit = await asyncio.to_thread(_run, bin_dir / "python", "-c", KIT, env={**os.environ, "PYTHONPATH": ""})
+    kit = await asyncio.to_thread(
+        _run, bin_dir / "python", "-c", KIT, env={**os.environ, "PYTHONPATH": ""}, cwd=tmp_path
+    )
     assert kit.returncode == 0, kit.stderr
     found = json.loads(kit.stdout)
     assert found["defaults"] == [found["poms"]["zookeeper"], found["poms"]["kafka"]]
