@@ -20,7 +20,7 @@ import msgspec
 from dispenser.config import Config
 from dispenser.core.errors import TagExists
 from dispenser.testing.servers import KafkaBroker, NatsGateways, NatsServer, PostgresServer
-from dispenser.testing.servers._process import port_is_free
+from dispenser.testing.servers.process import port_is_free
 
 __all__ = ["DEMO_TAG", "prepare_demo", "run_dev"]
 

@@ -32,7 +32,7 @@ import uvloop
 from hypothesis import settings
 
 from dispenser.testing.servers import DevServerError, NatsServer, PostgresServer
-from dispenser.testing.servers._server import ServerProcess
+from dispenser.testing.servers.server import ServerProcess
 from tests.secret_scan import Leak, SecretScanHandler, scan_log_files
 from tests.secret_values import SECRETS
 

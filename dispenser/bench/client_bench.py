@@ -12,6 +12,10 @@ other against the same worker and tag:
 * ``IdClient.take(1000)``: a loop of ``await client.take(tag, 1000)`` (a list of 1,000 IDs);
 * ``BlockingIdClient.next_id`` from 1 and from 4 threads.
 
+With ``--tag`` or ``--create-tag`` (and ``--nats-url``), nothing is started: the cases run against the
+deployment there, on that tag (:mod:`dispenser.bench.deployment`), and the requests per million IDs are not
+counted (a deployment's workers answer other clients too).
+
 Every call is timed on its own (``time.perf_counter_ns`` around it); the loops yield to the event loop
 once every 1,000 calls, untimed, as a service awaiting anything does (a loop that never yields would
 starve the client's background refill, which then happens when the buffer is empty, inside a call).
@@ -40,6 +44,13 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client
 
+from dispenser.bench.deployment import (
+    Deployment,
+    add_target_options,
+    check_answers,
+    deployment_of,
+    deployment_tag,
+)
 from dispenser.bench.nats_load import Child, wait_ready
 from dispenser.bench.nats_plan import BenchError
 from dispenser.bench.servers import bench_servers, prepare_tags, remove_tags
@@ -65,8 +76,8 @@ class CaseResult:
     p99_us: float
     p999_us: float
     max_us: float
-    worker_requests: int
-    """Requests the worker answered during the case (its ``$SRV.STATS``)."""
+    worker_requests: int | None
+    """Requests the worker answered during the case (its ``$SRV.STATS``); ``None`` against a deployment."""
 
     @property
     def calls_per_s(self) -> float:
@@ -79,8 +90,10 @@ class CaseResult:
         return self.ids / self.seconds
 
     @property
-    def requests_per_million(self) -> float:
-        """Requests reaching the worker per million IDs."""
+    def requests_per_million(self) -> float | None:
+        """Requests reaching the worker per million IDs (``None``: not counted, against a deployment)."""
+        if self.worker_requests is None:
+            return None
         return self.worker_requests * 1_000_000 / max(1, self.ids)
 
     def as_dict(self) -> dict[str, object]:
@@ -123,7 +136,7 @@ class _Timer:
         self.started = 0.0
         self.seconds = 0.0
 
-    def result(self, name: str, worker_requests: int) -> CaseResult:
+    def result(self, name: str, worker_requests: int | None) -> CaseResult:
         ns = sorted(self.ns)
         return CaseResult(
             name=name,
@@ -206,22 +219,40 @@ def _blocking_case(client: BlockingIdClient, tag: str, threads: int, duration: f
     return timer
 
 
+def _per_million(result: CaseResult) -> str:
+    per_million = result.requests_per_million
+    return "not counted" if per_million is None else f"{per_million:,.1f}"
+
+
 async def _measure(
-    nats_url: str, tag: str, child: Child, duration: float, warmup: float, *, say: Callable[[str], None]
+    nats_url: str,
+    tag: str,
+    child: Child | None,
+    duration: float,
+    warmup: float,
+    *,
+    say: Callable[[str], None],
+    timeout: float = 5.0,
 ) -> list[CaseResult]:
+    """Every case on ``tag``; ``child`` is the worker started here, ``None`` against a deployment."""
     subject = f"leaf.segment.{tag}"
     nc = await nats.connect(nats_url, name="dispenser-bench-client", allow_reconnect=False)
     cases: list[CaseResult] = []
     try:
-        await wait_ready(nc, child, subject, b"")
+        if child is None:
+            await check_answers(nc, subject, b"", timeout)
+        else:
+            await wait_ready(nc, child, subject, b"")
 
         async def case(name: str, run: Callable[[], Awaitable[_Timer]]) -> None:
-            before = await _worker_requests(nc)
+            # Only the worker started here is ours alone: a deployment's count holds other clients' requests.
+            before = None if child is None else await _worker_requests(nc)
             timer = await run()
-            result = timer.result(name, await _worker_requests(nc) - before)
+            after = None if child is None else await _worker_requests(nc)
+            result = timer.result(name, None if after is None or before is None else after - before)
             say(
                 f"  {name:<32} {fmt_rate(result.ids_per_s):>12} IDs/s  p50 {fmt_us(result.p50_us):>7} µs  "
-                f"p99 {fmt_us(result.p99_us):>7} µs  {result.requests_per_million:,.1f} requests per 1M IDs"
+                f"p99 {fmt_us(result.p99_us):>7} µs  {_per_million(result)} requests per 1M IDs"
             )
             cases.append(result)
 
@@ -311,7 +342,7 @@ def render(report: Report) -> str:
                     fmt_us(c.p99_us),
                     fmt_us(c.p999_us),
                     fmt_us(c.max_us),
-                    f"{c.requests_per_million:,.1f}",
+                    _per_million(c),
                 ]
                 for c in report.cases
             ],
@@ -329,11 +360,16 @@ def run(
     nats_url: str | None = None,
     postgres_dsn: str | None = None,
     quiet: bool = False,
+    *,
+    deployment: Deployment | None = None,
 ) -> Report:
     """Start the servers and the worker (unless given), measure every case, stop what was started.
 
+    With ``deployment``, start nothing: measure the deployment on its tag (created and removed if asked).
+
     Raises:
-        BenchError: a server or the worker could not be started, or the worker went away.
+        BenchError: a server or the worker could not be started, the worker went away, or the deployment
+            does not answer on the tag.
     """
     from dispenser.testing.servers import DevServerError  # noqa: PLC0415
 
@@ -344,6 +380,13 @@ def run(
     tag = f"bench-client-{secrets.token_hex(3)}"
     started = datetime.datetime.now(datetime.UTC)
     load_before = os.getloadavg()
+    if deployment is not None:
+        with deployment_tag(deployment, 100_000) as tag:
+            say(f"deployment: NATS {deployment.nats_url}, tag {tag}")
+            cases = run_async(_measure(deployment.nats_url, tag, None, duration, warmup, say=say))
+        meta = _meta(started, load_before, duration, warmup)
+        meta["deployment"] = {"tag": tag, "created": deployment.create_dsn is not None}
+        return Report(cases, _targets(cases), meta)
     with tempfile.TemporaryDirectory(prefix="dispenser-bench-client-") as tmp:
         workdir = Path(tmp)
         if os.geteuid() == 0:
@@ -378,7 +421,13 @@ def run(
                     run_async(remove_tags(dsn, tags))
         except DevServerError as exc:
             raise BenchError(f"cannot start a server: {exc}") from exc
-    meta: dict[str, object] = {
+    return Report(cases, _targets(cases), _meta(started, load_before, duration, warmup))
+
+
+def _meta(
+    started: datetime.datetime, load_before: tuple[float, float, float], duration: float, warmup: float
+) -> dict[str, object]:
+    return {
         "date": started.isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -389,24 +438,30 @@ def run(
         "warmup": warmup,
         "buffer": asdict(BufferSettings()),
     }
-    return Report(cases, _targets(cases), meta)
 
 
 def main(argv: Sequence[str]) -> int:
-    """``dispenser bench client [--duration S] [--warmup S] [--json PATH] [--nats-url U --postgres-dsn D]``."""
+    """``dispenser bench client [OPTIONS]``: locally (``--local``) or a deployment (``--nats-url``, ``--tag``)."""
     parser = argparse.ArgumentParser(prog="dispenser bench client", description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per case (default 3)")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per case (default 1)")
-    parser.add_argument("--nats-url", help="use this NATS server instead of starting one")
+    parser.add_argument(
+        "--nats-url",
+        help="use this NATS server instead of starting one (with --tag: the deployment to measure)",
+    )
     parser.add_argument(
         "--postgres-dsn", help="use this PostgreSQL instead of starting one (a tag is added, then removed)"
     )
+    add_target_options(parser)
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
     args = parser.parse_args(list(argv))
+    deployment = deployment_of(parser, args)
     try:
-        report = run(args.duration, args.warmup, args.nats_url, args.postgres_dsn, args.quiet)
+        report = run(
+            args.duration, args.warmup, args.nats_url, args.postgres_dsn, args.quiet, deployment=deployment
+        )
     except BenchError as exc:
         print(f"dispenser bench: {exc}", file=sys.stderr)
         return 1

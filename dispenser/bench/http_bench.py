@@ -45,7 +45,7 @@ from dispenser.bench.servers import bench_servers, prepare_tags, remove_tags
 from dispenser.bench.stats import CaseResult, Target, ratio, write_json
 from dispenser.runner import run_async
 from dispenser.tables import fmt_ms, fmt_rate, fmt_ratio, fmt_us, render_table
-from dispenser.testing.servers._process import free_port
+from dispenser.testing.servers.process import free_port
 
 __all__ = ["RATE_TARGET", "BenchError", "main", "run"]
 

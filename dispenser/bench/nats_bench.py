@@ -48,6 +48,7 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client
 
+from dispenser.bench.deployment import Deployment, check_answers, deployment_tag
 from dispenser.bench.nats_load import (
     Child,
     ReplyCheck,
@@ -487,6 +488,9 @@ def run(options: BenchOptions) -> Report:
     """
     from dispenser.testing.servers import DevServerError  # noqa: PLC0415
 
+    deployment = _deployment_of(options)
+    if deployment is not None:
+        return _run_deployment(options, deployment)
     run_id = secrets.token_hex(3)
     plan = plan_for_mode(options, run_id)
     started = datetime.datetime.now(datetime.UTC)
@@ -509,7 +513,15 @@ def run(options: BenchOptions) -> Report:
                         run_async(remove_tags(dsn, plan.tags))
         except DevServerError as exc:
             raise BenchError(f"cannot start a server: {exc}") from exc
-    meta = {
+    servers = "external" if options.nats_url or options.postgres_dsn else "started by the bench"
+    return _report(options, cases, _meta(options, started, load_before, servers))
+
+
+def _meta(
+    options: BenchOptions, started: datetime.datetime, load_before: tuple[float, float, float], servers: str
+) -> dict[str, object]:
+    """What the run was: the host, the load average around it, the settings."""
+    return {
         "date": started.isoformat(timespec="seconds"),
         "host": {
             "cpus": os.cpu_count(),
@@ -529,18 +541,98 @@ def run(options: BenchOptions) -> Report:
             "switch_step": options.switch_step,
             "switch_count": options.switch_count,
             "min_switches": options.min_switches,
-            "servers": "external" if options.nats_url or options.postgres_dsn else "started by the bench",
+            "servers": servers,
             "profiled": options.profile_worker is not None,
             "worker_command": options.worker_command,
             "request_id": options.request_id,
         },
     }
+
+
+def _report(options: BenchOptions, cases: list[CaseResult], meta: dict[str, object]) -> Report:
     report = Report(cases, evaluate_targets(cases), meta)
     if options.profile_worker is not None:
         report.profile = profile_summary(options.profile_worker)
     if options.json_path is not None:
         write_json(options.json_path, report.as_dict())
     return report
+
+
+def _deployment_of(options: BenchOptions) -> Deployment | None:
+    """The deployment ``--tag``/``--create-tag`` name (with ``--nats-url``), or ``None`` for a local run."""
+    tag = options.tag or options.create_tag
+    if tag is None:
+        return None
+    if options.nats_url is None:
+        raise BenchError("--tag and --create-tag measure a deployment: give its --nats-url")
+    return Deployment(options.nats_url, tag, options.postgres_dsn if options.create_tag else None)
+
+
+def _run_deployment(options: BenchOptions, deployment: Deployment) -> Report:
+    """The throughput cases against a deployment: no echo, no switch-over tag, nothing started here."""
+    started = datetime.datetime.now(datetime.UTC)
+    load_before = os.getloadavg()
+    with deployment_tag(deployment, options.step) as tag:
+        _say(options, f"deployment: NATS {deployment.nats_url}, tag {tag}")
+        cases = run_async(_measure_deployment(options, deployment.nats_url, tag))
+    meta = _meta(options, started, load_before, "a deployment")
+    meta["deployment"] = {"tag": tag, "created": deployment.create_dsn is not None}
+    return _report(options, cases, meta)
+
+
+async def _measure_deployment(options: BenchOptions, nats_url: str, tag: str) -> list[CaseResult]:
+    """Each throughput body at each concurrency on ``<prefix>.segment.<tag>``, as a client of the deployment.
+
+    There is no echo to compare with (the deployment's NATS is not ours to load with one), so the report
+    holds the dispenser's figures and the targets that need no echo.
+    """
+    subject = f"{options.subject_prefix}.segment.{tag}"
+    nc = await nats.connect(nats_url, name="dispenser-bench", allow_reconnect=False)
+    cases: list[CaseResult] = []
+    try:
+        for inflight in options.inflight:
+            for body in THROUGHPUT_BODIES:
+                reply = await check_answers(nc, subject, body.encode(), options.timeout)
+                if count_ids(reply) != body.count:
+                    raise BenchError(f"the deployment answered {body.label} with {reply[:300]!r}")
+                best: Sample | None = None
+                for _ in range(options.repeat):
+                    window = await drive(
+                        nc,
+                        subject,
+                        body.encode(),
+                        inflight=inflight,
+                        warmup=options.warmup,
+                        duration=options.duration,
+                        timeout=options.timeout,
+                        check=sampled_count_check(body.count),
+                        watch={"loadgen": os.getpid()},
+                    )
+                    best = _better(best, window)
+                assert best is not None
+                case = make_case(
+                    name=f"deployment {body.label} @{inflight}",
+                    responder="dispenser",
+                    kind="throughput",
+                    mode="segment",
+                    subject=subject,
+                    body=body,
+                    inflight=inflight,
+                    step=None,
+                    sample=best,
+                    repetitions=options.repeat,
+                )
+                case.reply_bytes = len(reply)
+                _say(
+                    options,
+                    f"  {case.name:<38} {fmt_rate(case.requests_per_s):>9} req/s  p50 {fmt_ms(case.p50_ms):>6} ms  "
+                    f"p999 {fmt_ms(case.p999_ms):>7} ms  errors {case.errors + case.timeouts}",
+                )
+                cases.append(case)
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.close()
+    return cases
 
 
 # -- the command -------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from dispenser.bench.nats_plan import SWITCH_START, BenchError, Body
 from dispenser.bench.stats import CaseResult, summarize
 from dispenser.messages import Reply
-from dispenser.testing.servers._process import log_tail, stop_process
+from dispenser.testing.servers.process import log_tail, stop_process
 
 __all__ = [
     "Child",

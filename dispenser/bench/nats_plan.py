@@ -16,6 +16,9 @@ from typing import Literal
 
 import msgspec
 
+from dispenser.bench.deployment import add_target_options, deployment_of
+from dispenser.bench.errors import BenchError
+
 __all__ = [
     "STATE_DIR_IN_WORKDIR",
     "STEADY_START",
@@ -37,10 +40,6 @@ STEADY_START = 10**12
 tag in service for a while would, rather than growing from 1 digit as the run goes on."""
 SWITCH_START = 1
 """First ID of the switch-over tag; segments are ``[start + k * step, start + (k + 1) * step - 1]``."""
-
-
-class BenchError(RuntimeError):
-    """The benchmark could not run (a server or responder did not start, a responder went away)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +82,12 @@ class BenchOptions:
     nats_url: str | None = None
     postgres_dsn: str | None = None
     subject_prefix: str = "leaf"
+    local: bool = False
+    """Start NATS, PostgreSQL and a worker here: the default, also without the flag."""
+    tag: str | None = None
+    """Measure the deployment at ``nats_url`` on this existing tag (nothing started)."""
+    create_tag: str | None = None
+    """Measure the deployment at ``nats_url`` on this tag, added to ``postgres_dsn`` and removed after."""
     json_path: Path | None = None
     profile_worker: Path | None = None
     worker_command: str | None = None
@@ -255,12 +260,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    add_target_options(parser)
     return parser
 
 
 def parse_options(argv: Sequence[str]) -> BenchOptions:
     """Options from command-line arguments (exits with usage on bad ones, like argparse does)."""
-    args = _parser().parse_args(list(argv))
+    parser = _parser()
+    args = parser.parse_args(list(argv))
+    deployment = deployment_of(parser, args)
+    if deployment is not None and (args.profile_worker is not None or args.worker_command is not None):
+        parser.error("--profile-worker and --worker-command start a worker here: not with --tag/--create-tag")
+    if deployment is not None and args.mode == "snowflake":
+        parser.error("a deployment is measured in segment mode only (--mode snowflake starts its own worker)")
     if args.profile_worker is not None:
         args.profile_worker = args.profile_worker.absolute()
     return BenchOptions(**vars(args))

@@ -9,12 +9,13 @@ from pathlib import Path
 __all__ = ["bench_servers", "prepare_tags", "remove_tags"]
 
 
-async def prepare_tags(dsn: str, tags: Sequence[tuple[str, int, int]]) -> None:
-    """Migrate ``dsn`` and add the ``(tag, step, start)`` tags a run needs."""
-    from dispenser.adapters.postgres.schema import migrate  # noqa: PLC0415
+async def prepare_tags(dsn: str, tags: Sequence[tuple[str, int, int]], *, migrate: bool = True) -> None:
+    """Migrate ``dsn`` (unless told not to: a deployment's database) and add the ``(tag, step, start)`` tags."""
+    from dispenser.adapters.postgres.schema import migrate as migrate_schema  # noqa: PLC0415
     from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415 - segment mode only
 
-    await migrate(dsn)
+    if migrate:
+        await migrate_schema(dsn)
     async with await PostgresSegmentStore.connect(dsn) as store:
         for tag, step, start in tags:
             await store.add_tag(tag, step, start, "created by dispenser bench; safe to remove")

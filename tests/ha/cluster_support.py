@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import pytest
 
 from dispenser.testing.servers import DevServerError, KafkaCluster, NatsCluster, ZooKeeperEnsemble
-from dispenser.testing.servers._group import ServerGroup
+from dispenser.testing.servers.group import ServerGroup
 
 __all__ = ["kafka_cluster", "nats_cluster", "restored", "zk_ensemble"]
 

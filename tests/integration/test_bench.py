@@ -1,14 +1,18 @@
-"""Smoke test of `dispenser bench nats`: every case runs and lands in the JSON report. No timing assertions."""
+"""Smoke tests of `dispenser bench nats` and `bench client`, local and against a deployment. No timing assertions."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
+from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.cli import main
 from dispenser.testing.servers import NatsServer
+
+from .segment_support import prepare, running_worker, worker_config
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
@@ -99,3 +103,77 @@ def test_bench_client_reports_every_case(
     assert requests["nc.request per ID @1"] == 1_000_000
     assert requests["IdClient.next_id"] < 1_000
     assert len(report["targets"]) == 4
+
+
+async def test_bench_measures_a_deployment_by_url_on_its_tags(
+    nats_server: NatsServer, pg_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--tag` and `--create-tag` start nothing: the cases run against the worker already serving the URL.
+
+    The worker runs in this event loop; the bench, in a thread (it runs a loop of its own), finds it at
+    `--nats-url`. `bench nats --tag` takes IDs from an existing tag, `bench client --create-tag` adds its tag
+    to the deployment's database and removes it after.
+    """
+    await prepare(pg_dsn, [("deployed", 1_000_000)])
+    nats_json, client_json = tmp_path / "nats.json", tmp_path / "client.json"
+    async with running_worker(worker_config(nats_server.url, pg_dsn)):
+        nats_status = await asyncio.to_thread(
+            main,
+            [
+                *("bench", "nats", "--duration", "0.2", "--warmup", "0.05", "--inflight", "1", "--quiet"),
+                *("--nats-url", nats_server.url, "--tag", "deployed", "--json", str(nats_json)),
+            ],
+        )
+        client_status = await asyncio.to_thread(
+            main,
+            [
+                *("bench", "client", "--duration", "0.1", "--warmup", "0.02", "--quiet"),
+                *("--nats-url", nats_server.url, "--postgres-dsn", pg_dsn, "--create-tag", "bench-made"),
+                *("--json", str(client_json)),
+            ],
+        )
+        async with await PostgresSegmentStore.connect(pg_dsn) as store:
+            tags = await store.list_tags()
+    out = capsys.readouterr().out
+    assert (nats_status, client_status) == (0, 0), out
+
+    nats_report = json.loads(nats_json.read_text())
+    assert nats_report["settings"]["servers"] == "a deployment"
+    assert nats_report["deployment"] == {"tag": "deployed", "created": False}
+    cases = nats_report["cases"]
+    # No echo of ours on an operator's NATS, no switch-over tag: the dispenser's throughput only.
+    assert {(c["responder"], c["kind"], c["count"]) for c in cases} == {
+        ("dispenser", "throughput", count) for count in (1, 100, 10_000)
+    }
+    assert all(c["requests"] > 0 and c["errors"] == 0 for c in cases), cases
+
+    client_report = json.loads(client_json.read_text())
+    assert client_report["meta"]["deployment"] == {"tag": "bench-made", "created": True}
+    assert len(client_report["cases"]) == 6
+    assert all(c["ids_per_s"] > 0 for c in client_report["cases"])
+    # Other clients' requests reach a deployment's workers too: not counted rather than wrong.
+    assert all(c["requests_per_million_ids"] is None for c in client_report["cases"])
+    assert "bench-made" not in {tag.tag for tag in tags}
+    assert "deployed" in {tag.tag for tag in tags}
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["bench", "nats", "--tag", "t"], "--nats-url"),
+        (["bench", "client", "--create-tag", "t", "--nats-url", "nats://127.0.0.1:9"], "--postgres-dsn"),
+        (["bench", "client", "--local", "--tag", "t"], "not allowed with"),
+        (
+            ["bench", "nats", "--tag", "t", "--nats-url", "nats://127.0.0.1:9", "--profile-worker", "p"],
+            "worker",
+        ),
+    ],
+)
+def test_bench_deployment_options_that_do_not_add_up_are_usage_errors(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deployment needs its URL (and a database for a tag to create); --local excludes a tag."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err

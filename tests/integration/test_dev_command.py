@@ -13,7 +13,7 @@ import pytest
 
 from dispenser.cli import main
 from dispenser.testing.servers import free_port
-from dispenser.testing.servers._process import port_is_free
+from dispenser.testing.servers.process import port_is_free
 from tests.integration.dev_support import wait_for
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.slow]

@@ -25,7 +25,7 @@ from dispenser.testing.servers import (
     free_port,
 )
 from dispenser.testing.servers import mariadb as mariadb_module
-from dispenser.testing.servers._process import port_is_free
+from dispenser.testing.servers.process import port_is_free
 
 
 @contextmanager

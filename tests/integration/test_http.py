@@ -16,7 +16,7 @@ from dispenser.config import Config, load_config
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.messages import Reply
 from dispenser.testing.servers import NatsServer
-from dispenser.testing.servers._process import free_port
+from dispenser.testing.servers.process import free_port
 
 from .segment_support import prepare, running_worker, wait_until
 

@@ -46,11 +46,31 @@ drivers = [name for name in sys.argv[2:] if importlib.util.find_spec(name) is no
 print(json.dumps({"ids": taken, "drivers": drivers}))
 """
 
+# The test kit from the installed wheel: its Java servers find their poms as package data (no checkout, no
+# tools/), and the modules the product imports are public. Java is not started (seconds of JVM).
+KIT = """
+import json
+from pathlib import Path
+from dispenser.testing.servers import kafka, zookeeper
+from dispenser.testing.servers.maven import packaged_pom
+from dispenser.testing.servers.process import free_port, port_is_free
+poms = {name: str(packaged_pom(name)) for name in ("zookeeper", "kafka")}
+texts = {name: Path(pom).read_text() for name, pom in poms.items()}
+print(json.dumps({
+    "poms": poms,
+    "defaults": [str(zookeeper.POM), str(kafka.POM)],
+    "versions": [zookeeper.ZOOKEEPER_VERSION in texts["zookeeper"], "kafka.version" in texts["kafka"]],
+    "port": port_is_free(free_port()),
+}))
+"""
 
-def _run(*command: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+
+def _run(
+    *command: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     # check=False: the callers assert on the status, with the output in the message.
     return subprocess.run(
-        [str(c) for c in command], check=False, capture_output=True, text=True, timeout=240, env=env
+        [str(c) for c in command], check=False, capture_output=True, text=True, timeout=240, env=env, cwd=cwd
     )
 
 
@@ -121,7 +141,11 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
 
     await prepare(pg_dsn, [("demo", 1000)])
     async with running_worker(worker_config(nats_server.url, pg_dsn)):
-        used = await asyncio.to_thread(_run, bin_dir / "python", "-c", CLIENT, nats_server.url, *DRIVERS)
+        # Outside the checkout: `python -c` puts the working directory first on sys.path, and the checkout's
+        # dispenser/ would then be imported instead of the wheel's.
+        used = await asyncio.to_thread(
+            _run, bin_dir / "python", "-c", CLIENT, nats_server.url, *DRIVERS, cwd=tmp_path
+        )
         assert used.returncode == 0, used.stderr
         result = json.loads(used.stdout)
         got = await asyncio.to_thread(
@@ -140,3 +164,18 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
     later = [int(line) for line in got.stdout.split()]
     assert len(later) == 3
     assert min(later) > max(ids)
+
+    kit = await asyncio.to_thread(
+        _run, bin_dir / "python", "-c", KIT, env={**os.environ, "PYTHONPATH": ""}, cwd=tmp_path
+    )
+    assert kit.returncode == 0, kit.stderr
+    found = json.loads(kit.stdout)
+    assert found["defaults"] == [found["poms"]["zookeeper"], found["poms"]["kafka"]]
+    for pom in found["poms"].values():
+        assert Path(pom).is_relative_to(site), pom  # the wheel's, not the checkout's
+    assert found["versions"] == [True, True]
+    assert found["port"] is True
+    assert {
+        "dispenser/testing/servers/poms/zookeeper/pom.xml",
+        "dispenser/testing/servers/poms/kafka/pom.xml",
+    } <= set(names)

@@ -446,7 +446,7 @@ def test_relative_links_point_into_the_repository() -> None:
 
 
 def test_quoted_repository_paths_exist() -> None:
-    """A repository path in backticks (``tools/kafka/pom.xml``) or a ``*.md`` named exists; none is outside."""
+    """A repository path in backticks (``docs/kafka.md``) or a ``*.md`` named exists; none is outside."""
     for path in DOCS:
         for line in _lines(path):
             where = f"{path.relative_to(ROOT)}:{line.number}"

@@ -29,12 +29,12 @@ from dispenser.adapters.nats.peers import collect_peer_clocks
 from dispenser.bench.nats_load import Child
 from dispenser.core.peers import PeerReading
 from dispenser.testing.servers import NatsGateways, NatsServer, PostgresServer, ZooKeeperServer
-from dispenser.testing.servers._process import kill_process
-from dispenser.testing.servers._server import ServerProcess
 from dispenser.testing.servers.kafka import KafkaBroker
 from dispenser.testing.servers.kafka_cluster import KafkaCluster
 from dispenser.testing.servers.nats_cluster import NatsCluster
 from dispenser.testing.servers.patroni import PatroniCluster, PatroniNode
+from dispenser.testing.servers.process import kill_process
+from dispenser.testing.servers.server import ServerProcess
 from dispenser.testing.servers.zookeeper_ensemble import ZooKeeperEnsemble
 from soak.enrich import enricher_args
 from soak.faketime import FaketimeClock

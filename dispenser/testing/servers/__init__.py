@@ -8,14 +8,6 @@ Synchronous on purpose (no event loop needed): pytest fixtures and the CLI start
 and stop them by the PID they started.
 """
 
-from dispenser.testing.servers._process import (
-    DevServerError,
-    ServerNotFoundError,
-    ServerStartError,
-    free_port,
-    frozen,
-    process_tree,
-)
 from dispenser.testing.servers.kafka import KafkaBroker, fetch_kafka_jars
 from dispenser.testing.servers.kafka_cluster import KafkaCluster
 from dispenser.testing.servers.mariadb import MariaDBServer, find_mariadb
@@ -24,6 +16,14 @@ from dispenser.testing.servers.nats_cluster import NatsCluster
 from dispenser.testing.servers.nats_gateways import NatsGateways
 from dispenser.testing.servers.patroni import PatroniCluster, PatroniNode
 from dispenser.testing.servers.postgres import PostgresInstall, PostgresServer, find_postgres_installs
+from dispenser.testing.servers.process import (
+    DevServerError,
+    ServerNotFoundError,
+    ServerStartError,
+    free_port,
+    frozen,
+    process_tree,
+)
 from dispenser.testing.servers.zookeeper import ZooKeeperServer, fetch_zookeeper_jars
 from dispenser.testing.servers.zookeeper_ensemble import ZooKeeperEnsemble
 

@@ -1,8 +1,8 @@
 """A real Apache Kafka broker (KRaft, one node as broker and controller) on 127.0.0.1, from Maven Central jars.
 
-:func:`fetch_kafka_jars` runs ``mvn dependency:copy-dependencies`` on ``tools/kafka/pom.xml`` once into a cache
-directory; :class:`KafkaBroker` formats a storage directory and runs ``kafka.Kafka`` from those jars, with
-the settings measured to work on small machines (``../shared/KAFKA.md``): a 256 MiB heap with a 16 MiB log
+:func:`fetch_kafka_jars` runs ``mvn dependency:copy-dependencies`` once, into a cache directory, on the pom
+shipped in this package (``poms/kafka/pom.xml``, in the wheel too); :class:`KafkaBroker` formats a storage directory and runs ``kafka.Kafka`` from those jars, with
+the settings measured to work on small machines: a 256 MiB heap with a 16 MiB log
 cleaner buffer, one-partition internal topics, no initial rebalance delay, no automatic topic creation,
 short minimum consumer sessions so that tests of crashes take seconds, and a 3 s broker session so that a
 start after :meth:`~KafkaBroker.kill` is ready in ~5 s rather than ~12 s.
@@ -23,11 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dispenser.testing.servers._kafka_wire import metadata
-from dispenser.testing.servers._maven import cache_dir, fetch_command, fetch_jars, is_complete
-from dispenser.testing.servers._process import LOOPBACK, ServerNotFoundError, ServerStartError, free_port
-from dispenser.testing.servers._server import ServerProcess
 from dispenser.testing.servers.kafka_markers import DroppedMarkers, dropped_markers, write_markers
+from dispenser.testing.servers.kafka_wire import metadata
+from dispenser.testing.servers.maven import cache_dir, fetch_command, fetch_jars, is_complete, packaged_pom
+from dispenser.testing.servers.process import LOOPBACK, ServerNotFoundError, ServerStartError, free_port
+from dispenser.testing.servers.server import ServerProcess
 from dispenser.testing.servers.zookeeper import find_java
 
 __all__ = [
@@ -43,8 +43,8 @@ __all__ = [
 KAFKA_VERSION = os.environ.get("DISPENSER_KAFKA_VERSION", "4.4.0")
 """The Kafka release to run (``DISPENSER_KAFKA_VERSION``; 3.9.x works too and picks its logging profile)."""
 
-POM = Path(__file__).resolve().parents[3] / "tools" / "kafka" / "pom.xml"
-"""The pom whose dependencies are the broker's class path (present in a source checkout)."""
+POM = packaged_pom("kafka")
+"""The pom whose dependencies are the broker's class path: package data, in the wheel as in a checkout."""
 
 JARS_ENV = "DISPENSER_KAFKA_JARS"
 """Environment variable naming a directory of Kafka jars to use instead of fetching."""

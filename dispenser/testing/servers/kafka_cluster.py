@@ -1,7 +1,7 @@
 """Three (or more) combined KRaft Kafka nodes on 127.0.0.1, each broker and controller, each killable alone.
 
 Every member is a :class:`~dispenser.testing.servers.kafka.KafkaBroker` with its own node ID, sharing the
-controller quorum and the cluster ID, configured for high availability as measured in ``../shared/HA.md``:
+controller quorum and the cluster ID, configured for high availability (``docs/ha.md``):
 replication factor 3 and ``min.insync.replicas`` 2 for new and internal topics (the consumer offsets and
 the transaction log), and a 3 s broker session (heartbeat 0.5 s) so that a killed broker's partitions get
 new leaders in ~5 s rather than ~10 s. The log cleaner's buffer stays at 16 MiB (256 MiB heaps).
@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from dispenser.testing.servers._group import ServerGroup
-from dispenser.testing.servers._kafka_wire import Metadata, PartitionState, find_coordinator, metadata
-from dispenser.testing.servers._process import LOOPBACK, ServerStartError, free_port
+from dispenser.testing.servers.group import ServerGroup
 from dispenser.testing.servers.kafka import KAFKA_VERSION, KafkaBroker, new_cluster_id
+from dispenser.testing.servers.kafka_wire import Metadata, PartitionState, find_coordinator, metadata
+from dispenser.testing.servers.process import LOOPBACK, ServerStartError, free_port
 
 __all__ = ["INTERNAL_TOPICS", "KafkaCluster"]
 

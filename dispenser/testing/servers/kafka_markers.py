@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dispenser.testing.servers._kafka_wire import metadata, write_txn_markers
+from dispenser.testing.servers.kafka_wire import metadata, write_txn_markers
 
 __all__ = ["DroppedMarkers", "dropped_markers", "write_markers"]
 

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import quote
 
-from dispenser.testing.servers._process import (
+from dispenser.testing.servers.process import (
     LOOPBACK,
     ServerNotFoundError,
     ServerStartError,
     read_since,
 )
-from dispenser.testing.servers._server import ServerProcess
+from dispenser.testing.servers.server import ServerProcess
 
 __all__ = ["MariaDBInstall", "MariaDBServer", "find_mariadb"]
 

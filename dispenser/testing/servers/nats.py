@@ -9,8 +9,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dispenser.testing.servers._process import LOOPBACK, ServerNotFoundError, read_since
-from dispenser.testing.servers._server import ServerProcess
+from dispenser.testing.servers.process import LOOPBACK, ServerNotFoundError, read_since
+from dispenser.testing.servers.server import ServerProcess
 
 __all__ = ["NatsServer", "find_nats_server"]
 

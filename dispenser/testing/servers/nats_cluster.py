@@ -3,7 +3,7 @@
 Each member is a :class:`~dispenser.testing.servers.nats.NatsServer` with a ``cluster`` block (a route to
 every other member, on loopback) and the monitoring port, which tells when the routes are up (``/routez``).
 Clients given all the members' URLs reconnect to another member in milliseconds when theirs dies
-(``../shared/HA.md``); requests in flight at that moment are lost.
+(``docs/ha.md``, measured); requests in flight at that moment are lost.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from dispenser.testing.servers._group import ServerGroup
-from dispenser.testing.servers._process import LOOPBACK, ServerStartError, free_port
+from dispenser.testing.servers.group import ServerGroup
 from dispenser.testing.servers.nats import NatsServer
+from dispenser.testing.servers.process import LOOPBACK, ServerStartError, free_port
 
 __all__ = ["NatsCluster"]
 

@@ -15,9 +15,9 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from dispenser.testing.servers._group import ServerGroup
-from dispenser.testing.servers._process import LOOPBACK, ServerStartError, free_port
+from dispenser.testing.servers.group import ServerGroup
 from dispenser.testing.servers.nats import NatsServer
+from dispenser.testing.servers.process import LOOPBACK, ServerStartError, free_port
 
 __all__ = ["NatsGateways", "gateway_config"]
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dispenser.testing.servers._maven import cache_dir
-from dispenser.testing.servers._process import (
+from dispenser.testing.servers.maven import cache_dir
+from dispenser.testing.servers.process import (
     LOOPBACK,
     DevServerError,
     ProcessId,
@@ -51,7 +51,7 @@ from dispenser.testing.servers._process import (
     process_id,
     wait_gone,
 )
-from dispenser.testing.servers._server import ServerProcess
+from dispenser.testing.servers.server import ServerProcess
 from dispenser.testing.servers.zookeeper import ZooKeeperServer
 
 __all__ = [
@@ -64,7 +64,7 @@ __all__ = [
 
 PATRONI_VERSION = "4.1.5"
 PATRONI_REQUIREMENTS = (
-    # 4.1.5: the version measured in shared/HA.md (ZooKeeper DCS, strict synchronous mode, failsafe_mode).
+    # 4.1.5: the version docs/ha.md was tested with (ZooKeeper DCS, strict synchronous mode, failsafe_mode).
     f"patroni[zookeeper,psycopg3]=={PATRONI_VERSION}",
     # Patroni's driver; the binary wheel needs no libpq headers.
     "psycopg[binary]==3.3.9",

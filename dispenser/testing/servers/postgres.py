@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import quote
 
-from dispenser.testing.servers._process import (
+from dispenser.testing.servers.process import (
     LOOPBACK,
     DevServerError,
     ServerNotFoundError,
@@ -42,7 +42,7 @@ from dispenser.testing.servers._process import (
     kill_processes,
     wait_gone,
 )
-from dispenser.testing.servers._server import ServerProcess
+from dispenser.testing.servers.server import ServerProcess
 
 __all__ = ["PostgresInstall", "PostgresServer", "find_postgres_installs"]
 

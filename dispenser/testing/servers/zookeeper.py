@@ -1,7 +1,7 @@
 """A real Apache ZooKeeper server on 127.0.0.1 for tests, run with Java from jars fetched off Maven Central.
 
-:func:`fetch_zookeeper_jars` runs ``mvn dependency:copy-dependencies`` on ``tools/zookeeper/pom.xml`` once
-into a cache directory; :class:`ZooKeeperServer` runs ``ZooKeeperServerMain`` from those jars, standalone,
+:func:`fetch_zookeeper_jars` runs ``mvn dependency:copy-dependencies`` once, into a cache directory, on the
+pom shipped in this package (``poms/zookeeper/pom.xml``, in the wheel too); :class:`ZooKeeperServer` runs ``ZooKeeperServerMain`` from those jars, standalone,
 with a short ``tickTime`` so that session-expiry tests take seconds, not minutes.
 """
 
@@ -15,9 +15,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dispenser.testing.servers._maven import cache_dir, fetch_command, fetch_jars, is_complete
-from dispenser.testing.servers._process import LOOPBACK, ServerNotFoundError
-from dispenser.testing.servers._server import ServerProcess
+from dispenser.testing.servers.maven import cache_dir, fetch_command, fetch_jars, is_complete, packaged_pom
+from dispenser.testing.servers.process import LOOPBACK, ServerNotFoundError
+from dispenser.testing.servers.server import ServerProcess
 
 __all__ = [
     "ZOOKEEPER_VERSION",
@@ -31,8 +31,8 @@ __all__ = [
 ZOOKEEPER_VERSION = "3.9.4"
 """The ZooKeeper release the pom pins (keep both in step)."""
 
-POM = Path(__file__).resolve().parents[3] / "tools" / "zookeeper" / "pom.xml"
-"""The pom whose dependencies are the server's class path (present in a source checkout)."""
+POM = packaged_pom("zookeeper")
+"""The pom whose dependencies are the server's class path: package data, in the wheel as in a checkout."""
 
 JARS_ENV = "DISPENSER_ZOOKEEPER_JARS"
 """Environment variable naming a directory of ZooKeeper jars to use instead of fetching (e.g. a mirror)."""
@@ -54,12 +54,12 @@ def default_jar_dir() -> Path:
 def fetch_zookeeper_jars(dest: Path | None = None, *, pom: Path = POM, timeout: float = 600.0) -> Path:
     """Download the ZooKeeper server jars (and a logging binding) from Maven Central, once.
 
-    See :func:`dispenser.testing.servers._maven.fetch_jars`: a later call with the same pom returns at once,
+    See :func:`dispenser.testing.servers.maven.fetch_jars`: a later call with the same pom returns at once,
     without starting Maven.
 
     Args:
         dest: Directory for the jars; :func:`default_jar_dir` when omitted.
-        pom: The pom listing the jars (``tools/zookeeper/pom.xml`` of the source checkout).
+        pom: The pom listing the jars (:data:`POM`, the one shipped in this package).
         timeout: Seconds Maven may take.
 
     Returns:

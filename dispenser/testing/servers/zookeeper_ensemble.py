@@ -2,7 +2,7 @@
 
 Every member is a :class:`~dispenser.testing.servers.zookeeper.ZooKeeperServer` running ``QuorumPeerMain``
 with a ``myid`` file and the ensemble's ``server.N`` lines, from the same jars as the standalone server.
-Settings as measured in ``../shared/HA.md``: ``tickTime`` 1000 ms, ``initLimit`` 5, ``syncLimit`` 2, a 128 MiB
+Settings as in ``docs/ha.md`` (the ensemble's configuration): ``tickTime`` 1000 ms, ``initLimit`` 5, ``syncLimit`` 2, a 128 MiB
 heap per member. A leader kill costs clients well under a second (an election), and their sessions survive.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from dispenser.testing.servers._group import ServerGroup
-from dispenser.testing.servers._process import LOOPBACK, ServerStartError, free_port
+from dispenser.testing.servers.group import ServerGroup
+from dispenser.testing.servers.process import LOOPBACK, ServerStartError, free_port
 from dispenser.testing.servers.zookeeper import ZooKeeperServer, srvr
 
 __all__ = ["ENSEMBLE_JVM_OPTIONS", "ZooKeeperEnsemble"]

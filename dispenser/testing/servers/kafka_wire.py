@@ -2,7 +2,7 @@
 
 Metadata v1 (which brokers are alive, which broker leads each partition, the in-sync replicas),
 FindCoordinator v1 (which broker coordinates a consumer group or a transactional ID), both accepted by
-Kafka 3.9 and 4.x alike (``../shared/KAFKA.md`` §4); and WriteTxnMarkers v1, what a transaction
+Kafka 3.9 and 4.x alike; and WriteTxnMarkers v1, what a transaction
 coordinator sends to partition leaders to end a transaction, for markers a coordinator dropped
 (:meth:`dispenser.testing.servers.KafkaBroker.repair_dropped_markers`).
 """
@@ -14,7 +14,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dispenser.testing.servers._process import LOOPBACK
+from dispenser.testing.servers.process import LOOPBACK
 
 __all__ = ["Metadata", "PartitionState", "find_coordinator", "metadata", "write_txn_markers"]
 

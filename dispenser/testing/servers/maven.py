@@ -1,6 +1,7 @@
 """Jars from Maven Central: ``mvn dependency:copy-dependencies`` of a pom, once, into a cache directory.
 
-The Java servers (ZooKeeper, Kafka) run from the jars a pom of ``tools/`` lists. A fetch goes into a scratch
+The Java servers (ZooKeeper, Kafka) run from the jars a pom lists; the poms ship inside this package
+(``poms/<server>/pom.xml``, package data of the wheel), found with :func:`packaged_pom`. A fetch goes into a scratch
 directory that is renamed into place with a stamp holding the pom's digest and the Maven arguments, so a
 later call with the same pom and arguments returns at once without starting Maven, and a half-finished
 fetch is never mistaken for a complete one. Concurrent fetches take turns on a lock file.
@@ -16,11 +17,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from importlib import resources
 from pathlib import Path
 
-from dispenser.testing.servers._process import DevServerError, ServerNotFoundError
+from dispenser.testing.servers.process import DevServerError, ServerNotFoundError
 
-__all__ = ["cache_dir", "fetch_command", "fetch_jars", "is_complete"]
+__all__ = ["cache_dir", "fetch_command", "fetch_jars", "is_complete", "packaged_pom"]
 
 _STAMP = ".complete"
 
@@ -29,6 +31,31 @@ def cache_dir(name: str) -> Path:
     """``$XDG_CACHE_HOME/leaf-dispenser/<name>`` (``~/.cache`` when the variable is unset)."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "leaf-dispenser" / name
+
+
+def packaged_pom(server: str) -> Path:
+    """The pom for ``server`` (``zookeeper``, ``kafka``) shipped in this package, as a file Maven can read.
+
+    Installed from the wheel or run from a checkout alike, the pom is package data
+    (``dispenser/testing/servers/poms/<server>/pom.xml``). An import from a zip archive has no file to give
+    Maven, so the pom is then copied into the cache directory, once per content.
+
+    Raises:
+        ServerNotFoundError: the package holds no pom for ``server``.
+    """
+    resource = resources.files(__package__).joinpath("poms", server, "pom.xml")
+    if not resource.is_file():
+        raise ServerNotFoundError(f"no pom for {server} in {__package__} (poms/{server}/pom.xml)")
+    if isinstance(resource, Path):
+        return resource
+    data = resource.read_bytes()
+    copy = cache_dir(f"poms/{server}-{hashlib.sha256(data).hexdigest()[:16]}") / "pom.xml"
+    if not copy.is_file():
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        scratch = copy.with_name(f"pom.xml.{os.getpid()}")
+        scratch.write_bytes(data)
+        scratch.rename(copy)  # atomic: a concurrent reader sees the whole pom or none
+    return copy
 
 
 def _digest(pom: Path, args: Sequence[str]) -> str:
@@ -77,7 +104,7 @@ def fetch_jars(
     """
     if not pom.is_file():
         raise ServerNotFoundError(
-            f"{pom} not found: the {what} jars are fetched from a source checkout of leaf-dispenser"
+            f"{pom} not found: the pom listing the {what} jars (the package's own is packaged_pom())"
         )
     if is_complete(dest, pom, args):
         return dest

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Generic, Self, TypeVar
 
-from dispenser.testing.servers._process import (
+from dispenser.testing.servers.process import (
     ServerStartError,
     file_size,
     free_port,

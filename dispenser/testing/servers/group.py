@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, Self, TypeVar
 
-from dispenser.testing.servers._process import DevServerError, ServerStartError
-from dispenser.testing.servers._server import ServerProcess
+from dispenser.testing.servers.process import DevServerError, ServerStartError
+from dispenser.testing.servers.server import ServerProcess
 
 __all__ = ["ServerGroup"]
 
