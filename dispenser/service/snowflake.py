@@ -351,7 +351,9 @@ class SnowflakeGenerator:
             self._relocating = asyncio.create_task(self._register_again(), name="snowflake-register")
 
     async def _register_again(self) -> None:
-        backoff = Backoff(0.2, 5.0, clock=self._clock)  # the task is cancelled on stop
+        backoff = Backoff(
+            0.2, 1.0, clock=self._clock
+        )  # cancelled on stop; 1 s: each retry is one ZooKeeper call
         while True:
             try:
                 lease = await self._registry.register()
@@ -376,7 +378,9 @@ class SnowflakeGenerator:
                     )
                     self._state = self._new_state(lease)
                     self._wait_until_ms = None
-                with contextlib.suppress(DispenserError, OSError):
-                    await self._reserve(self._clock.wall_ms())
-                self._paused = False
+            # Outside the lock: the write may wait for ZooKeeper up to its op timeout (a frozen server), and
+            # requests must not queue behind it; they get `lease_lost` at once while still paused.
+            with contextlib.suppress(DispenserError, OSError):
+                await self._reserve(self._clock.wall_ms())
+            self._paused = False
             return

@@ -28,7 +28,7 @@ from nats.aio.client import Client
 from dispenser.adapters.nats.peers import collect_peer_clocks
 from dispenser.bench.nats_load import Child
 from dispenser.core.peers import PeerReading
-from dispenser.testing.servers import NatsGateways, NatsServer, PostgresServer, ZooKeeperServer
+from dispenser.testing.servers import NatsGateways, NatsServer, PostgresServer, ZooKeeperServer, frozen
 from dispenser.testing.servers.kafka import KafkaBroker
 from dispenser.testing.servers.kafka_cluster import KafkaCluster
 from dispenser.testing.servers.nats_cluster import NatsCluster
@@ -45,6 +45,7 @@ from soak.plan import (
     WORKERS,
     ClockStep,
     Fault,
+    FreezeLeader,
     KillEnricher,
     KillLeader,
     KillWorker,
@@ -361,6 +362,8 @@ class SoakCluster:
                 self.enricher_restarts += 1
             case KillLeader(server=name):
                 notes |= await self._kill_leader(name, nc, began)
+            case FreezeLeader(server=name, hold_s=hold_s):
+                notes |= await self._freeze_leader(name, hold_s, nc, began)
             case Rejoin(server=name):
                 notes["rejoined_s"] = await asyncio.to_thread(self._rejoin, name)
             case ClockStep(delta_ms=delta_ms):
@@ -418,6 +421,80 @@ class SoakCluster:
                 notes["failover_s"] = "no new leader within 60 s"
         else:
             raise SoakError(f"kill -9 of the {name} leader needs the ha topology")
+        return notes
+
+    async def _freeze_leader(
+        self, name: ServerName, hold_s: float, nc: Client, began: float
+    ) -> dict[str, Any]:
+        """SIGSTOP the member :meth:`_kill_leader` would kill, for ``hold_s`` s; SIGCONT; figures of the hang.
+
+        ``failover_s`` (PostgreSQL, ZooKeeper, Kafka): seconds until another member leads, asked of the
+        others only (the frozen one would not answer); ``thawed_s``: seconds after the thaw until the
+        cluster is whole again (PostgreSQL: the woken zombie demoted and every node streaming; NATS: every
+        worker answering ``$SRV.PING``).
+        """
+        notes: dict[str, Any] = {}
+        deadline = began + hold_s
+        if name == "postgres" and isinstance(self.postgres, PatroniCluster):
+            patroni = self.postgres
+            node = await asyncio.to_thread(patroni.leader)
+            postmaster = node.postmaster() if node is not None else None
+            if node is None or node.pid is None or postmaster is None:
+                raise SoakError("no PostgreSQL leader to freeze")
+            notes["frozen"] = node.name
+            with frozen(node.pid, postmaster[0]):
+                new = await asyncio.to_thread(_writable_leader_other_than, patroni, node, hold_s)
+                if new is not None:
+                    notes["failover_s"] = round(time.monotonic() - began, 2)
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            thawed = time.monotonic()
+            await asyncio.to_thread(patroni.wait_healthy, 120.0)
+            notes["thawed_s"] = round(time.monotonic() - thawed, 2)
+        elif name == "zookeeper" and isinstance(self.zookeeper, ZooKeeperEnsemble):
+            ensemble = self.zookeeper
+            member = await asyncio.to_thread(ensemble.leader)
+            notes["frozen"] = member.hosts
+            member.freeze()
+            try:
+                await asyncio.to_thread(_zk_leader_other_than, ensemble, member, hold_s)
+                notes["failover_s"] = round(time.monotonic() - began, 2)
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            finally:
+                member.thaw()
+            thawed = time.monotonic()
+            await asyncio.to_thread(_zk_settled, ensemble, 60.0)
+            notes["thawed_s"] = round(time.monotonic() - thawed, 2)
+        elif name == "nats" and isinstance(self.nats, NatsCluster):
+            nats_member = await asyncio.to_thread(_busiest, self.nats)
+            notes["frozen"] = nats_member.url
+            nats_member.freeze()
+            try:
+                await asyncio.sleep(hold_s)
+            finally:
+                nats_member.thaw()
+            notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
+        elif name == "kafka" and self.kafka is not None:
+            kafka = self.kafka
+            victim: KafkaBroker = await asyncio.to_thread(kafka.leader_of, KAFKA_REQUEST_TOPIC, 0)
+            notes["frozen"] = victim.bootstrap
+            victim.freeze()
+            try:
+                while time.monotonic() < deadline:
+                    leading = await asyncio.to_thread(_leader_or_none, kafka, KAFKA_REQUEST_TOPIC)
+                    if leading is not None and leading is not victim:
+                        notes["failover_s"] = round(time.monotonic() - began, 2)
+                        break
+                    await asyncio.sleep(0.1)
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            finally:
+                victim.thaw()
+            thawed = time.monotonic()
+            await asyncio.to_thread(
+                kafka.wait_in_sync, [KAFKA_REQUEST_TOPIC, KAFKA_REPLY_TOPIC], timeout=60.0
+            )
+            notes["thawed_s"] = round(time.monotonic() - thawed, 2)
+        else:
+            raise SoakError(f"freezing the {name} leader needs the ha topology")
         return notes
 
     def _rejoin(self, name: ServerName) -> float:
@@ -498,6 +575,44 @@ def _busiest(cluster: NatsCluster) -> NatsServer:
 
     counts = [connections(port) for port in cluster.monitor_ports]
     return cluster.member(counts.index(max(counts)) + 1)
+
+
+def _writable_leader_other_than(
+    cluster: PatroniCluster, old: PatroniNode, timeout: float
+) -> PatroniNode | None:
+    """The node other than ``old`` that leads with a writable PostgreSQL, once one does (None: not within ``timeout``).
+
+    ``old`` is not asked: it is frozen and would not answer.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for node in cluster.nodes:
+            if node is old or not node.running:
+                continue
+            if node.api("/primary")[0] == 200 and node.sql("SELECT pg_is_in_recovery()") == "f":
+                return node
+        time.sleep(0.1)
+    return None
+
+
+def _zk_leader_other_than(ensemble: ZooKeeperEnsemble, old: ZooKeeperServer, timeout: float) -> None:
+    """Wait up to ``timeout`` s until a member other than ``old`` leads."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(m is not old and m.mode(timeout=0.5) == "leader" for m in ensemble.members):
+            return
+        time.sleep(0.1)
+
+
+def _zk_settled(ensemble: ZooKeeperEnsemble, timeout: float) -> None:
+    """Wait until every member answers and exactly one leads (a thawed old leader has rejoined)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        modes = list(ensemble.modes().values())
+        if None not in modes and modes.count("leader") == 1:
+            return
+        time.sleep(0.1)
+    raise SoakError(f"the ZooKeeper ensemble did not settle within {timeout:g} s: {ensemble.modes()}")
 
 
 def _leader_or_none(kafka: KafkaCluster, topic: str) -> KafkaBroker | None:

@@ -90,6 +90,25 @@ class PhaseStats:
         end = self.ended if self.ended is not None else time.monotonic()
         return end - self.started
 
+    last_failed_sent: float | None = None
+    """``time.monotonic()`` when the last request that got no IDs was sent (see :attr:`cost_s`)."""
+
+    def failed(self, sent: float) -> None:
+        """Note a request sent at ``sent`` (monotonic) that got no IDs."""
+        if self.last_failed_sent is None or sent > self.last_failed_sent:
+            self.last_failed_sent = sent
+
+    @property
+    def cost_s(self) -> float:
+        """Seconds the phase's fault cost: from the phase's start to the sending of its last failed request.
+
+        Every request sent after that got its IDs. 0 when none failed (a request cut off by the fault but
+        sent before it counts as 0 s).
+        """
+        if self.last_failed_sent is None:
+            return 0.0
+        return max(0.0, self.last_failed_sent - self.started)
+
     @property
     def failed_requests(self) -> int:
         """Requests that got no IDs: error replies, timeouts and transport errors."""
@@ -256,17 +275,20 @@ class LoadGenerator:
             request = requests.next()
             subject = f"{self.prefix}.{request.kind}.{request.tag}"
             phase.requests += 1
+            sent = time.monotonic()
             started = clock()
             try:
                 msg = await nc.request(subject, request.body(), timeout=timeout)
             except NatsTimeout:
                 phase = self._outcome_phase(phase)
                 phase.timeouts += 1
+                phase.failed(sent)
                 requests.failed(request)
                 continue
             except NoRespondersError:
                 phase = self._outcome_phase(phase)
                 phase.no_responders += 1
+                phase.failed(sent)
                 requests.failed(request)
                 await asyncio.sleep(_NO_RESPONDER_PAUSE_S)
                 continue
@@ -276,6 +298,7 @@ class LoadGenerator:
                 # "unable to perform operation on <TCPTransport closed=True>"); the next request reconnects.
                 phase = self._outcome_phase(phase)
                 phase.transport[type(exc).__name__] += 1
+                phase.failed(sent)
                 requests.failed(request)
                 await asyncio.sleep(_NO_RESPONDER_PAUSE_S)
                 continue
@@ -285,6 +308,8 @@ class LoadGenerator:
                 msg.data, msg.headers, tag=request.tag, count=request.count, fmt=request.format
             )
             self._count(phase, request, checked)
+            if checked.outcome != "ids":
+                phase.failed(sent)
             if checked.outcome == "error" and not checked.reason and checked.retryable:
                 requests.failed(request)
 
@@ -306,6 +331,7 @@ class LoadGenerator:
             request = requests.next()
             phase.requests += 1
             phase.kafka_requests += 1
+            sent = time.monotonic()
             started = time.perf_counter_ns()
             try:
                 reply = await client.request(
@@ -314,11 +340,13 @@ class LoadGenerator:
             except TimeoutError:
                 phase = self._outcome_phase(phase)
                 phase.timeouts += 1
+                phase.failed(sent)
                 requests.failed(request)
                 continue
             except OSError as exc:  # the request could not be sent (a broker is away)
                 phase = self._outcome_phase(phase)
                 phase.transport[f"kafka {type(exc).__name__}"] += 1
+                phase.failed(sent)
                 requests.failed(request)
                 await asyncio.sleep(_NO_RESPONDER_PAUSE_S)
                 continue
@@ -333,6 +361,8 @@ class LoadGenerator:
                 nats=False,
             )
             self._count(phase, request, checked)
+            if checked.outcome != "ids":
+                phase.failed(sent)
             if checked.outcome == "error" and not checked.reason and checked.retryable:
                 requests.failed(request)
 

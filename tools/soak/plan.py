@@ -9,6 +9,7 @@ __all__ = [
     "PROFILES",
     "ClockStep",
     "Fault",
+    "FreezeLeader",
     "KillLeader",
     "KillWorker",
     "LoseDatacenter",
@@ -177,6 +178,26 @@ class KillEnricher:
         return "kill -9 enricher"
 
 
+@dataclass(frozen=True, slots=True)
+class FreezeLeader:
+    """SIGSTOP the member :class:`KillLeader` would kill for ``hold_s`` seconds, then SIGCONT it (``ha`` only).
+
+    A hang, not a crash: its sockets stay open and nothing answers, so clients notice by their deadlines
+    only. PostgreSQL: the Patroni leader's Patroni and postmaster trees (Patroni fails over meanwhile; on
+    waking, the old leader is a zombie until its Patroni demotes it). The phase waits until the thawed
+    member serves again (PostgreSQL: every node streams).
+    """
+
+    server: ServerName
+    hold_s: float
+
+    @property
+    def label(self) -> str:
+        """What the table shows."""
+        role = {"postgres": "primary", "zookeeper": "leader", "nats": "busiest", "kafka": "leader"}
+        return f"freeze {self.server} {role[self.server]} {self.hold_s:g} s"
+
+
 Fault = (
     KillWorker
     | StopServer
@@ -188,6 +209,7 @@ Fault = (
     | KillEnricher
     | LoseDatacenter
     | RestoreDatacenter
+    | FreezeLeader
 )
 
 
@@ -312,6 +334,26 @@ def _long() -> Profile:
     return Profile(name="long", phases=tuple(phases), min_ids=200_000_000, max_extra_s=300)
 
 
+def _hang_cycle(round_no: int, scale: float) -> list[Phase]:
+    """One pass over the clustered hangs: each member frozen, then thawed, with time to recover after.
+
+    Each hold is longer than the time the clients need to give up on the frozen member (PostgreSQL: a
+    failover, ~7 s with 6 s ZooKeeper sessions; NATS: two missed 2 s pings; ZooKeeper: an election;
+    Kafka: the 3 s broker session and the clients' request timeout), so that the hang is felt as such.
+    """
+    suffix = "" if round_no == 1 else f" #{round_no}"
+
+    def s(seconds: float) -> float:
+        return round(seconds * scale, 1)
+
+    return [
+        Phase(f"pg-freeze{suffix}", s(16), FreezeLeader("postgres", hold_s=12.0)),
+        Phase(f"nats-freeze{suffix}", s(12), FreezeLeader("nats", hold_s=8.0)),
+        Phase(f"zk-freeze{suffix}", s(8), FreezeLeader("zookeeper", hold_s=5.0)),
+        Phase(f"kafka-freeze{suffix}", s(12), FreezeLeader("kafka", hold_s=8.0)),
+    ]
+
+
 def _ha_cycle(round_no: int, killed: WorkerName, scale: float) -> list[Phase]:
     """One pass over the clustered faults: each kill is followed by a phase in which the member rejoins."""
     suffix = "" if round_no == 1 else f" #{round_no}"
@@ -335,13 +377,16 @@ def _ha_cycle(round_no: int, killed: WorkerName, scale: float) -> list[Phase]:
     ]
 
 
-def _ha(rounds: int, scale: float, min_ids: int) -> Profile:
+def _ha(rounds: int, scale: float, min_ids: int, *, hangs: bool) -> Profile:
+    # Hangs (issue 22): only in the `ha` profile run by hand, since they would add ~40 s to CI's soak stage.
     # segment_seconds 20: a failover (~6-10 s with 6 s ZooKeeper sessions) must cost a tag holding IDs
     # nothing, so the buffers hold more than a failover's worth (issue 16, item 4).
     phases = [Phase("steady", round(8 * scale, 1))]
     victims: tuple[WorkerName, ...] = ("segment-1", "segment-2", "snowflake")
     for round_no in range(1, rounds + 1):
         phases += _ha_cycle(round_no, victims[(round_no - 1) % len(victims)], scale)
+        if hangs and round_no == 1:  # once: each hang holds its member for seconds
+            phases += _hang_cycle(round_no, scale)
     phases.append(Phase("recovered", round(8 * scale, 1), must_be_clean=True))
     return Profile(
         name="ha" if rounds > 1 else "ha-short",
@@ -372,13 +417,14 @@ def _dc() -> Profile:
 PROFILES: dict[str, Profile] = {
     "short": _short(),
     "long": _long(),
-    "ha-short": _ha(1, 0.5, 10_000_000),
-    "ha": _ha(2, 1.0, 100_000_000),
+    "ha-short": _ha(1, 0.5, 10_000_000, hangs=False),
+    "ha": _ha(2, 1.0, 100_000_000, hangs=True),
     "dc": _dc(),
 }
 """``short``: about 54 s of load (CI); ``long``: about 14 minutes (by hand); ``ha``: every clustered
-failover twice on the clustered stack (by hand, ~3 minutes of load); ``ha-short``: each once (CI); ``dc``:
-a datacenter lost and restored twice, two NATS servers joined by gateways (CI, ~36 s of load)."""
+failover twice and every hang (a member frozen with SIGSTOP) once on the clustered stack (by hand, ~4
+minutes of load); ``ha-short``: each failover once (CI); ``dc``: a datacenter lost and restored twice, two
+NATS servers joined by gateways (CI, ~36 s of load)."""
 
 
 def scaled(profile: Profile, factor: float) -> Profile:

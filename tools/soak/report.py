@@ -123,6 +123,7 @@ def phase_dict(stats: PhaseStats) -> dict[str, Any]:
         "timeouts": stats.timeouts,
         "no_responders": stats.no_responders,
         "transport": dict(stats.transport),
+        "cost_s": round(stats.cost_s, 2),
         "malformed": stats.malformed,
         "bad_errors": stats.bad_errors,
         "must_be_clean": stats.phase.must_be_clean,
@@ -227,6 +228,9 @@ def _notes(notes: dict[str, Any]) -> str:
     rejoined = notes.get("rejoined_s")
     if rejoined is not None:
         parts.append(f"whole again after {rejoined:.1f} s")
+    thawed = notes.get("thawed_s")
+    if thawed is not None:
+        parts.append(f"whole {thawed:.1f} s after the thaw")
     seen = notes.get("clock_seen_ms")
     if seen is not None:
         parts.append("clocks " + " ".join(f"w{w}:{ms:+d}ms" for w, ms in seen.items()))
@@ -254,6 +258,7 @@ def render(report: SoakReport) -> str:
                 _counts(p["errors"]),
                 str(p["timeouts"]),
                 str(p["no_responders"] + sum(p["transport"].values())),
+                f"{p['cost_s']:.1f}" if p["cost_s"] else "-",
                 fmt_ms(p["p50_ms"]),
                 fmt_ms(p["p99_ms"]),
                 fmt_ms(p["p999_ms"]),
@@ -276,10 +281,11 @@ def render(report: SoakReport) -> str:
             "",
             "",
             "",
+            "",
         ]
     )
     headers = ["phase", "fault", "s", "requests", "seg IDs", "sf IDs", "errors by code", "timeouts"]
-    headers += ["no-resp", "p50 ms", "p99 ms", "p999 ms", "notes"]
+    headers += ["no-resp", "cost s", "p50 ms", "p99 ms", "p999 ms", "notes"]
     out = io.StringIO()
     meta = report.meta
     out.write(

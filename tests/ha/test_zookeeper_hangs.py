@@ -1,0 +1,200 @@
+"""Issue 22 item 6 for ZooKeeper: a frozen server and a one-way partition cost a snowflake worker no more than a kill.
+
+The workers of ``test_zookeeper_ensemble`` (two per mode: ``zookeeper`` and ``zookeeper-lease``), each
+given the three servers through a :class:`~dispenser.testing.FaultProxy` per server, so that a test can
+cut one direction of the link to one server. Under load, in turn:
+
+1. the ensemble's leader is frozen (SIGSTOP: its sockets stay open, nothing answers) until the two others
+   elect a new one, then thawed;
+2. the server worker z1 (``zookeeper`` mode) is connected to is frozen until z1's session is on another
+   server, then thawed;
+3. the link of worker l1 (``zookeeper-lease`` mode) to its server is cut one way (server to client: the
+   server still hears the worker's pings, the worker hears nothing) until l1's session is elsewhere.
+
+Snowflake IDs need no ZooKeeper on the hot path, so no worker may stop answering beyond the 1 s request
+timeout: a lease holder keeps issuing while its lease is unconfirmed for less than ``2/3 T`` (4 s of a 6 s
+session), and kazoo gives up on a silent server after ``2/3 T`` too, then reconnects, which confirms the
+lease again. Every worker keeps its session and its worker ID; no ID is issued twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from dispenser.app import Worker
+from dispenser.testing.faultproxy import FaultProxy
+from dispenser.testing.servers import NatsServer, ZooKeeperEnsemble, ZooKeeperServer
+from tests.ha.cluster_support import restored
+from tests.ha.load_support import load, until
+from tests.ha.test_zookeeper_ensemble import SESSION_TIMEOUT, TAG, registry_of, session_of, subject_gaps
+from tests.integration.segment_support import running_worker
+from tests.integration.snowflake_support import lease_owner, snowflake_config, worker_id_of
+
+pytestmark = [pytest.mark.ha, pytest.mark.zookeeper, pytest.mark.nats]
+
+LEASE_WAIT = 8.0
+"""Seconds a ``zookeeper-lease`` worker may refuse around a hang: its lease stops at 2/3 T (4 s) without a
+confirmation, and the confirmation needs kazoo to give up on the silent server (2/3 T too) and reach another."""
+
+
+@pytest.fixture
+async def proxies(zk_ensemble: ZooKeeperEnsemble) -> AsyncIterator[list[FaultProxy]]:
+    """A fault proxy in front of each ensemble member, in the members' order."""
+    async with AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(FaultProxy(("127.0.0.1", member.port)))
+            for member in zk_ensemble.members
+        ]
+
+
+@pytest.fixture
+async def workers(
+    nats_server: NatsServer, proxies: list[FaultProxy], tmp_path: Path
+) -> AsyncIterator[dict[str, Worker]]:
+    """Two workers per ZooKeeper mode, reaching the ensemble through the proxies."""
+    name = f"ha22-{uuid.uuid4().hex[:8]}"
+    hosts = ",".join(f"{host}:{port}" for host, port in (p.address for p in proxies))
+    async with AsyncExitStack() as stack:
+        started: dict[str, Worker] = {}
+        for prefix, mode in (
+            ("z1", "zookeeper"),
+            ("z2", "zookeeper"),
+            ("l1", "zookeeper-lease"),
+            ("l2", "zookeeper-lease"),
+        ):
+            config = snowflake_config(
+                nats_server.url,
+                tmp_path / prefix,
+                name=f"{name}-{mode}",
+                mode=mode,
+                prefix=prefix,
+                zookeeper_hosts=hosts,
+                zookeeper_session_timeout=SESSION_TIMEOUT,
+                zookeeper_connect_timeout=5.0,
+                address=f"10.0.0.{len(started) + 1}:8080",
+            )
+            started[prefix] = await stack.enter_async_context(running_worker(config))
+        yield started
+
+
+def elected_other_than(ensemble: ZooKeeperEnsemble, old: ZooKeeperServer) -> ZooKeeperServer:
+    """Wait (blocking) until a member other than ``old`` leads, and return it."""
+    while (leader := ensemble.leader()) is old:
+        time.sleep(0.1)
+    return leader
+
+
+def settled(ensemble: ZooKeeperEnsemble) -> bool:
+    """Every member answers, one of them leads."""
+    modes = list(ensemble.modes().values())
+    return None not in modes and modes.count("leader") == 1
+
+
+async def test_frozen_servers_and_a_one_way_cut_keep_every_worker_issuing(
+    nats_server: NatsServer,
+    zk_ensemble: ZooKeeperEnsemble,
+    proxies: list[FaultProxy],
+    workers: dict[str, Worker],
+) -> None:
+    ids = {prefix: worker_id_of(w) for prefix, w in workers.items()}
+    sessions = {prefix: session_of(w) for prefix, w in workers.items()}
+    subjects = [f"{prefix}.snowflake.{TAG}" for prefix in workers]
+    figures: list[str] = []
+
+    async def server_of(prefix: str) -> ZooKeeperServer | None:
+        return await asyncio.to_thread(zk_ensemble.member_with_session, sessions[prefix])
+
+    def answered_after(subject: str, moment: float) -> bool:
+        return any(r.subject == subject and r.sent > moment for per in seen.successes for r in per)
+
+    def all_answered_after(moment: float) -> bool:
+        return all(answered_after(s, moment) for s in subjects)
+
+    async def moved(prefix: str, off: ZooKeeperServer, timeout: float) -> float:
+        """Seconds until ``prefix``'s session is on a server other than ``off``.
+
+        Asked in a thread: ``cons`` to a frozen server waits out its 1 s socket timeout, which would hold
+        up the loop the workers and requesters share.
+        """
+        started = time.monotonic()
+        while (found := await server_of(prefix)) in (None, off):
+            assert time.monotonic() - started < timeout, f"{prefix}'s session still on {found}"
+            await asyncio.sleep(0.1)
+        return time.monotonic() - started
+
+    def failures_since(at: float) -> str:
+        errors = [f"{t - at:.2f} s {code}" for t, code in seen.errors_at if t >= at]
+        timeouts = [f"{t - at:.2f} s" for t in seen.timeouts if t >= at]
+        return f"errors {errors[:6]} ({len(errors)}), timeouts {timeouts[:6]} ({len(timeouts)})"
+
+    with restored(zk_ensemble):
+        async with load([[nats_server.url]] * 4, subjects, one_subject_each=True) as seen:
+            await until(
+                lambda: all(subject_gaps(seen, s, 0) < 1 for s in subjects), 10, "every worker answers"
+            )
+            for fault in ("leader frozen", "z1's server frozen", "l1's link cut server-to-client"):
+                # Every call that may block runs in a thread: a `srvr` or `cons` to a frozen server waits
+                # out its socket timeout, and the loop is the workers' and the requesters' too.
+                if fault == "leader frozen":
+                    victim = await asyncio.to_thread(zk_ensemble.leader)
+                else:
+                    found = await server_of("z1" if fault.startswith("z1") else "l1")
+                    assert found is not None, f"{fault}: the worker's session is on no server"
+                    victim = found
+                proxy = proxies[zk_ensemble.members.index(victim)]
+                at = time.monotonic()
+                if fault.endswith("cut server-to-client"):
+                    proxy.cut("downstream")
+                else:
+                    victim.freeze()
+                try:
+                    if fault == "leader frozen":
+                        await asyncio.to_thread(elected_other_than, zk_ensemble, victim)
+                        what = "new leader"
+                    else:
+                        await moved("z1" if fault.startswith("z1") else "l1", victim, 15)
+                        what = "session moved"
+                    moved_in = time.monotonic() - at
+                finally:
+                    proxy.heal()
+                    victim.thaw()
+                healed = time.monotonic()
+                # Every worker answers again; the longest wait each had, the tail up to its first answer
+                # after the heal included.
+                await until(partial(all_answered_after, healed), 15, f"{fault}: all answer")
+                gaps = {s.split(".")[0]: subject_gaps(seen, s, at - 1) for s in subjects}
+                figures.append(
+                    f"{fault} ({victim.hosts}): {what} after {moved_in:.2f} s; longest wait per worker "
+                    + ", ".join(f"{p} {g:.2f} s" for p, g in gaps.items())
+                    + f"; {failures_since(at)}"
+                )
+                print(f"\n{figures[-1]}")
+                # `zookeeper` mode: no ZooKeeper on the hot path, so no wait beyond the request timeout.
+                assert max(gaps["z1"], gaps["z2"]) < 1, gaps
+                # `zookeeper-lease` mode: a lease unconfirmed for 2/3 T (4 s) stops issuing (`lease_lost`,
+                # retryable) until the worker is confirmed again through another server.
+                assert max(gaps["l1"], gaps["l2"]) < LEASE_WAIT, gaps
+                await until(lambda: settled(zk_ensemble), 20, f"{fault}: the ensemble whole again")
+    print("\nZooKeeper hangs:\n  " + "\n  ".join(figures))
+    print(
+        f"  {seen.answered()} requests, {len(seen.ids)} IDs, {len(seen.timeouts)} timeouts, errors {dict(seen.errors)}"
+    )
+    for fleet in ("z", "l"):  # each mode's fleet: no ID twice (the two fleets share worker IDs 0 and 1)
+        issued = [i for per in seen.successes for r in per if r.subject.startswith(fleet) for i in r.ids]
+        assert len(issued) == len(set(issued)), f"fleet {fleet}: {len(issued) - len(set(issued))} duplicates"
+    assert seen.malformed == []
+    assert seen.not_retryable == []
+    assert set(seen.errors) <= {"lease_lost"}, seen.errors
+    assert {p: worker_id_of(w) for p, w in workers.items()} == ids
+    assert {p: session_of(w) for p, w in workers.items()} == sessions
+    names = {p: registry_of(w).name for p, w in workers.items()}
+    for prefix in ("l1", "l2"):
+        assert await lease_owner(zk_ensemble.hosts, names[prefix], ids[prefix]) == sessions[prefix]
