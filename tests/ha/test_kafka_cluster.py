@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -27,7 +28,7 @@ from aiokafka.errors import KafkaError
 from dispenser.adapters.kafka.clients import ensure_topics
 from dispenser.adapters.kafka.enrich import SOURCE_HEADER, Enricher, EnrichSettings
 from dispenser.client import KafkaIdClient
-from dispenser.config import Config
+from dispenser.config import Config, KafkaConfig
 from dispenser.service.enrichment import Placement
 from dispenser.testing.servers import KafkaCluster
 from tests.ha.cluster_support import restored
@@ -39,6 +40,7 @@ pytestmark = [pytest.mark.ha, pytest.mark.kafka, pytest.mark.postgres]
 
 TAG = "order"
 PARTITIONS = 2
+REQUEST_TIMEOUT_MS = 5000
 STALL_BOUND = 30.0
 """Seconds any flow may stand still after a kill: generous (measured: about the 3 s broker session plus
 metadata refreshes); it proves the flow resumes by itself."""
@@ -199,6 +201,29 @@ def source_of(record: Record) -> tuple[int, int]:
 async def test_broker_kills_keep_exactly_once_and_unique_ids(
     kafka_cluster: KafkaCluster, pg_dsn: str
 ) -> None:
+    await broker_fault(kafka_cluster, pg_dsn, "kill")
+
+
+# `manual` (run with `scripts/test -m manual tests/ha/test_kafka_cluster.py -k frozen`): ~35 s, over the
+# HA unit's budget, and it passed 1 of the 2 runs tried with the 5 s request timeout (the other failed
+# before the freeze, on a machine loaded by a soak run; its cause was not seen).
+@pytest.mark.manual
+async def test_a_frozen_broker_keeps_exactly_once_and_unique_ids(
+    kafka_cluster: KafkaCluster, pg_dsn: str
+) -> None:
+    """Issue 22 item 6: the same broker frozen (SIGSTOP) instead of killed, thawed once both flows resumed.
+
+    Its sockets stay open and nothing answers: every client must give up on it by a deadline (the
+    request timeout) rather than by a reset, and the controller fences it after its 3 s broker session.
+    With aiokafka's 30 s (the default of ``kafka.request_timeout_ms``) the flows did not resume within
+    30 s; with 5 s (set here) they resumed 5.5 s after the freeze (enrichment stood still 5.3 s,
+    request/reply 3.3 s), every record enriched exactly once.
+    """
+    await broker_fault(kafka_cluster, pg_dsn, "freeze")
+
+
+async def broker_fault(kafka_cluster: KafkaCluster, pg_dsn: str, fault: Literal["kill", "freeze"]) -> None:
+    """Kill or freeze the enricher's transaction coordinator (also a partition leader) under both flows."""
     await prepare(pg_dsn, [(TAG, 1000)])
     bootstrap = kafka_cluster.bootstrap
     topic_in, topic_out = unique("ha8.raw"), unique("ha8.enriched")
@@ -209,6 +234,11 @@ async def test_broker_kills_keep_exactly_once_and_unique_ids(
         kafka_request_topic=unique("ha8.requests"),
         kafka_reply_topic=unique("ha8.replies"),
         kafka_group_id=unique("ha8.serve"),
+        # A frozen broker answers nothing: a request to it ends only at this timeout (the default of 30 s
+        # held a flow for longer than the test waits). The kill test keeps the default, as before.
+        kafka_request_timeout_ms=REQUEST_TIMEOUT_MS
+        if fault == "freeze"
+        else KafkaConfig().request_timeout_ms,
     )
     settings = EnrichSettings(
         input_topic=topic_in,
@@ -237,41 +267,52 @@ async def test_broker_kills_keep_exactly_once_and_unique_ids(
                 TopicReader(bootstrap, topic_out) as out,
                 requesting(config, 4) as seen,
             ):
-                enriched = Progress(lambda: len(out.records))
-                answered = Progress(lambda: len(seen.answered))
-                await until(
-                    lambda: len(out.records) > 200 and len(seen.answered) > 50, 60, "both flows running"
-                )
-                # The dispenser created the output, dead-letter, request and reply topics: 3 replicas each.
-                await asyncio.to_thread(kafka_cluster.wait_in_sync, topics)
-                replicas = {topic: len(kafka_cluster.partition(topic).replicas) for topic in topics}
-                assert kafka_cluster.transaction_coordinator(settings.transactional_id(0)) is victim
-                assert kafka_cluster.partition(topic_in, 0).leader == victim.node_id
-                internal = [*topics, "__transaction_state", "__consumer_offsets"]
-                led = sorted(
-                    f"{t}-{p}"
-                    for (t, p), state in kafka_cluster.metadata(internal).partitions.items()
-                    if state.leader == victim.node_id
-                )
-                killed_at = time.monotonic()
-                await asyncio.to_thread(victim.kill)
-                # A worker starting now creates its topics while the metadata still lists the dead broker
-                # (until its 3 s session ends), which the admin requests may be sent to: they must get through.
-                late = [unique("ha8.late") for _ in range(3)]
-                for topic in late:
-                    assert await ensure_topics(config.kafka, {topic: 1}) == [topic]
-                created_in = time.monotonic() - killed_at
-                await until(
-                    both_grew_since(enriched, answered, killed_at + 0.5),
-                    STALL_BOUND,
-                    "enrichment and request/reply after the kill",
-                )
-                # The broker comes back while the flows go on and the output is checked.
-                restarting = asyncio.create_task(asyncio.to_thread(kafka_cluster.start))
-                await asyncio.sleep(2)
-                stalls = enriched.stall(killed_at), answered.stall(killed_at)
-                await enriched.close()
-                await answered.close()
+                # Thawed before anything unwinds: the clients' closes would wait on the frozen broker.
+                with contextlib.ExitStack() as thawed:
+                    enriched = Progress(lambda: len(out.records))
+                    answered = Progress(lambda: len(seen.answered))
+                    await until(
+                        lambda: len(out.records) > 200 and len(seen.answered) > 50, 60, "both flows running"
+                    )
+                    # The dispenser created the output, dead-letter, request and reply topics: 3 replicas each.
+                    await asyncio.to_thread(kafka_cluster.wait_in_sync, topics)
+                    replicas = {topic: len(kafka_cluster.partition(topic).replicas) for topic in topics}
+                    assert kafka_cluster.transaction_coordinator(settings.transactional_id(0)) is victim
+                    assert kafka_cluster.partition(topic_in, 0).leader == victim.node_id
+                    internal = [*topics, "__transaction_state", "__consumer_offsets"]
+                    led = sorted(
+                        f"{t}-{p}"
+                        for (t, p), state in kafka_cluster.metadata(internal).partitions.items()
+                        if state.leader == victim.node_id
+                    )
+                    killed_at = time.monotonic()
+                    if fault == "kill":
+                        await asyncio.to_thread(victim.kill)
+                    else:
+                        victim.freeze()
+                        thawed.callback(victim.thaw)  # also on failure: restored() starts only the dead
+                    # A worker starting now creates its topics while the metadata still lists the dead broker
+                    # (until its 3 s session ends), which the admin requests may be sent to: they must get through.
+                    late = [unique("ha8.late") for _ in range(3)]
+                    for topic in late:
+                        assert await ensure_topics(config.kafka, {topic: 1}) == [topic]
+                    created_in = time.monotonic() - killed_at
+                    await until(
+                        both_grew_since(enriched, answered, killed_at + 0.5),
+                        STALL_BOUND,
+                        "enrichment and request/reply after the kill",
+                    )
+                    resumed_in = time.monotonic() - killed_at
+                    # The broker comes back while the flows go on and the output is checked.
+                    if fault == "kill":
+                        restarting = asyncio.create_task(asyncio.to_thread(kafka_cluster.start))
+                    else:
+                        victim.thaw()
+                        restarting = asyncio.create_task(asyncio.sleep(0))
+                    await asyncio.sleep(2)
+                    stalls = enriched.stall(killed_at), answered.stall(killed_at)
+                    await enriched.close()
+                    await answered.close()
             # Every input record, read back from the input topic, must come out exactly once.
             async with TopicReader(bootstrap, topic_in, committed=False) as source:
                 await source.wait_caught_up(30)
@@ -282,7 +323,8 @@ async def test_broker_kills_keep_exactly_once_and_unique_ids(
             await enriching
         await restarting
     print(
-        f"\nKafka broker kill: node {victim.node_id} (transaction coordinator; leading {', '.join(led)}): "
+        f"\nKafka broker {fault}: node {victim.node_id} (transaction coordinator; leading {', '.join(led)}): "
+        f"both flows grew again {resumed_in:.2f} s after; "
         f"enrichment stood still {stalls[0]:.2f} s, request/reply {stalls[1]:.2f} s; "
         f"3 topics created just after the kill in {created_in:.2f} s; "
         f"{len(inputs)} records in, {len(outputs)} out; request/reply {len(seen.answered)} answers, "
