@@ -252,6 +252,25 @@ async def test_a_counter_gone_back_is_skipped_with_a_pause_not_a_spin() -> None:
     assert stats.ids_dropped >= 200
 
 
+async def test_a_source_far_behind_is_passed_in_one_request_not_range_by_range() -> None:
+    """Ranges far below what is held: the next request asks for the whole gap at once (issue 23's frozen datacenter).
+
+    A worker behind by 50,000 IDs, asked range by range for the client's 100, would take 500 requests to catch
+    up; the client asks for enough to pass what it holds instead (the IDs skipped are gaps, never repeats).
+    """
+    transport = MemoryTransport()
+    settings = BufferSettings(min_buffer=100, max_buffer=100, retry_initial=0.005, retry_max=0.01)
+    async with IdClient(transport, settings) as client:
+        seen = await client.take("order", 50_000)
+        await settle()
+        transport.positions[0] = 1  # every worker now answers from far below what the client holds
+        before = len(transport.requests)
+        seen += [await client.next_id("order") for _ in range(300)]
+        after = len(transport.requests)
+    assert all(a < b for a, b in itertools.pairwise(seen))
+    assert after - before <= 6, f"{after - before} requests to pass a gap of 50,000 IDs"
+
+
 def test_a_cursor_run_doubles_when_quick_halves_when_slow_and_stays_bounded() -> None:
     assert next_run(8, 0.0005) == 16
     assert next_run(8, 0.005) == 8
