@@ -251,6 +251,39 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             terminalreporter.write_line(f"SECRET LEAKED: {leak}", red=True)
 
 
+# Stages ---------------------------------------------------------------------------------------------------
+
+LONG_TESTS = (
+    # Each over ~9 s of its own on an idle 2-core machine (fresh-clone run of 2026-11-25, --durations): they
+    # run in CI's second stage (.ci/run: `scripts/test -m long`), with the clustered suite (tests/ha), so
+    # that `scripts/test`, the suite developers wait on, stays under 4 minutes.
+    "tests/integration/test_kafka_restarts.py",
+    "tests/integration/test_kafka_enrich_stop.py",
+    "tests/integration/test_datacenters.py",
+    "tests/integration/test_wheel.py",
+    "tests/integration/test_bench.py",
+    "tests/integration/test_bench_http.py",
+    "tests/integration/test_bench_alternatives.py",
+    "tests/integration/test_dev_command.py::test_dev_with_kafka_serves_over_the_request_topic",
+    "tests/integration/test_dev_command.py::test_dev_with_two_datacenters_serves_callers_in_each",
+    "tests/integration/test_kafka_enrich.py::test_exactly_once_through_three_sigkills",
+    "tests/integration/test_kafka_enrich.py::test_an_enricher_killed_during_a_rebalance",
+    "tests/integration/test_rates.py::test_steady_load_sizes_segments_to_s_times_r",
+    "tests/integration/test_rates.py::test_the_database_gone_at_the_worst_moment",
+    "tests/integration/test_kafka_requests.py::test_broker_down_while_serving_then_back",
+    "tests/integration/test_kafka_server.py::test_restart_keeps_ports_and_data_and_kill_is_survived",
+    "tests/integration/test_client_buffer.py::test_eight_clients_draw_a_million_ids_each_through_a_worker_kill",
+)
+"""Node ID prefixes of the tests marked ``long`` (besides every test in ``tests/ha/``)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark ``long`` the tests of :data:`LONG_TESTS` and of ``tests/ha/``, before ``-m`` selects."""
+    if item.nodeid.startswith(("tests/ha/", *LONG_TESTS)):
+        item.add_marker(pytest.mark.long)
+
+
 # Order ----------------------------------------------------------------------------------------------------
 
 
