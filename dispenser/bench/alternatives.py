@@ -43,9 +43,9 @@ from typing import Any
 import asyncpg
 import nats
 
-from dispenser.bench.nats_load import Child, wait_ready
+from dispenser.bench.nats_load import Child, serving_worker, wait_ready
 from dispenser.bench.nats_plan import BenchError
-from dispenser.bench.servers import bench_servers, prepare_tags, remove_tags
+from dispenser.bench.servers import bench_servers
 from dispenser.bench.stats import percentile, write_json
 from dispenser.client import BufferSettings, IdClient
 from dispenser.core.snowflake import Issued, SnowflakeLayout, SnowflakeState
@@ -546,32 +546,11 @@ def run(
                 if dsn is None:
                     raise BenchError("no PostgreSQL to run against")
                 say(f"servers: NATS {url}, PostgreSQL {dsn}")
-                tags = [(tag, 100_000, 1)]
-                run_async(prepare_tags(dsn, tags))
-                env = dict(os.environ) | {
-                    "DISPENSER_NATS_URL": url,
-                    "DISPENSER_POSTGRES_DSN": dsn,
-                    "DISPENSER_LOG_LEVEL": "WARNING",
-                    "DISPENSER_SNOWFLAKE_ENABLED": "false",
-                    "XDG_STATE_HOME": str(workdir / "state"),
-                }
-                child = Child(
-                    "dispenser worker",
-                    [sys.executable, "-m", "dispenser", "serve"],
-                    workdir / "worker.log",
-                    env,
-                )
-                child.start()
-                try:
+                with serving_worker(url, dsn, workdir, [(tag, 100_000, 1)], say) as child:
                     say("the dispenser: buffered client, request per ID")
                     dispenser_cases, client_holders = run_async(
                         _dispenser_cases(url, tag, child, duration, warmup)
                     )
-                finally:
-                    status = child.stop()
-                    if status not in (None, 0):
-                        say(f"dispenser worker exited with status {status}:\n{child.tail()}")
-                    run_async(remove_tags(dsn, tags))
                 say("PostgreSQL: sequences, then storage")
                 pg_cases, seq_holders, storage = run_async(_postgres_part(dsn, duration, warmup, rows))
         except DevServerError as exc:

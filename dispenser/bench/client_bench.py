@@ -51,9 +51,9 @@ from dispenser.bench.deployment import (
     deployment_of,
     deployment_tag,
 )
-from dispenser.bench.nats_load import Child, wait_ready
+from dispenser.bench.nats_load import Child, serving_worker, wait_ready
 from dispenser.bench.nats_plan import BenchError
-from dispenser.bench.servers import bench_servers, prepare_tags, remove_tags
+from dispenser.bench.servers import bench_servers
 from dispenser.bench.stats import percentile, write_json
 from dispenser.client import BlockingIdClient, BufferSettings, IdClient
 from dispenser.runner import run_async
@@ -396,29 +396,8 @@ def run(
                 if dsn is None:  # not reachable: need_postgres is the default
                     raise BenchError("no PostgreSQL to run against")
                 say(f"servers: NATS {url}, PostgreSQL {dsn}")
-                tags = [(tag, 100_000, 1)]
-                run_async(prepare_tags(dsn, tags))
-                env = dict(os.environ) | {
-                    "DISPENSER_NATS_URL": url,
-                    "DISPENSER_POSTGRES_DSN": dsn,
-                    "DISPENSER_LOG_LEVEL": "WARNING",
-                    "DISPENSER_SNOWFLAKE_ENABLED": "false",
-                    "XDG_STATE_HOME": str(workdir / "state"),
-                }
-                child = Child(
-                    "dispenser worker",
-                    [sys.executable, "-m", "dispenser", "serve"],
-                    workdir / "worker.log",
-                    env,
-                )
-                child.start()
-                try:
+                with serving_worker(url, dsn, workdir, [(tag, 100_000, 1)], say) as child:
                     cases = run_async(_measure(url, tag, child, duration, warmup, say=say))
-                finally:
-                    status = child.stop()
-                    if status not in (None, 0):
-                        say(f"dispenser worker exited with status {status}:\n{child.tail()}")
-                    run_async(remove_tags(dsn, tags))
         except DevServerError as exc:
             raise BenchError(f"cannot start a server: {exc}") from exc
     return Report(cases, _targets(cases), _meta(started, load_before, duration, warmup))

@@ -9,11 +9,13 @@ turns a sample into the report's case record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,8 +26,10 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from dispenser.bench.nats_plan import SWITCH_START, BenchError, Body
+from dispenser.bench.servers import prepare_tags, remove_tags
 from dispenser.bench.stats import CaseResult, summarize
 from dispenser.messages import Reply
+from dispenser.runner import run_async
 from dispenser.testing.servers.process import log_tail, stop_process
 
 __all__ = [
@@ -38,6 +42,7 @@ __all__ = [
     "drive",
     "make_case",
     "sampled_count_check",
+    "serving_worker",
     "wait_ready",
 ]
 
@@ -347,3 +352,33 @@ def make_case(
             round(cpu["responder"] / rate * 1e6, 2) if "responder" in cpu and rate > 0 else None
         ),
     )
+
+
+@contextlib.contextmanager
+def serving_worker(
+    url: str, dsn: str, workdir: Path, tags: Sequence[tuple[str, int, int]], say: Callable[[str], None]
+) -> Iterator[Child]:
+    """A ``dispenser serve`` child process on ``url`` and ``dsn``, with ``tags`` added for it (removed after).
+
+    Segment mode only, logs at WARNING, its state under ``workdir``. On exit the worker is stopped (an
+    unclean exit is said, with the tail of its log) and the tags removed.
+    """
+    run_async(prepare_tags(dsn, tags))
+    env = dict(os.environ) | {
+        "DISPENSER_NATS_URL": url,
+        "DISPENSER_POSTGRES_DSN": dsn,
+        "DISPENSER_LOG_LEVEL": "WARNING",
+        "DISPENSER_SNOWFLAKE_ENABLED": "false",
+        "XDG_STATE_HOME": str(workdir / "state"),
+    }
+    child = Child(
+        "dispenser worker", [sys.executable, "-m", "dispenser", "serve"], workdir / "worker.log", env
+    )
+    child.start()
+    try:
+        yield child
+    finally:
+        status = child.stop()
+        if status not in (None, 0):
+            say(f"dispenser worker exited with status {status}:\n{child.tail()}")
+        run_async(remove_tags(dsn, tags))
