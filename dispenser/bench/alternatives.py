@@ -1,26 +1,8 @@
 """``dispenser bench alternatives``: the dispenser beside what a team would use instead, in one run.
 
-What runs, all on this machine and in one process (on uvloop), one case after the other: one NATS server
-and one PostgreSQL server (started here in a temporary directory, or ``--nats-url`` / ``--postgres-dsn``),
-one dispenser worker (``python -m dispenser serve``, a process of its own, stopped by its PID) serving a
-tag from that PostgreSQL, and these cases:
-
-* **in process, no coordination**: the dispenser's own snowflake core (``SnowflakeState.take(now, 1)``
-  with the real clock: what a snowflake embedded in the service costs per ID, worker ID assignment
-  aside), UUIDv7 (``uuid_utils.uuid7()``) and ULID (``ulid.ULID()``); and an empty call, timed the same
-  way, which is the timer's own cost, included in every figure;
-* **the dispenser**: the buffered client (``IdClient.next_id``, ``IdClient.take(tag, 1000)``) and a
-  request per ID (``nc.request``, 1 and 4 in flight) against the worker;
-* **a PostgreSQL sequence** through asyncpg (a prepared ``SELECT nextval(…)``), ``CACHE 1`` and
-  ``CACHE 1000``, from one connection and from four at once, and a batch of 1,000 in one statement
-  (``SELECT nextval(…) FROM generate_series(1, 1000)``), on the same PostgreSQL server the worker uses.
-
-Every call is timed on its own (``time.perf_counter_ns`` around it). Each case reports calls/s, IDs/s and
-the p50/p99/max of one call in microseconds. Then, not speeds: what a restart skips and whether IDs from
-two holders come in time order (a ``CACHE 1000`` sequence over two connections, two buffered clients),
-and the size of a table and its primary-key index holding ``--rows`` keys: ``bigint`` in increasing
-order (segment or snowflake IDs), ``uuid`` holding UUIDv7s, and ``uuid`` holding random UUIDv4s.
-The whole run takes about 40 seconds with the defaults (under 60 s, servers' start-up included).
+The buffered client, a request per ID, PostgreSQL sequences, UUIDv7, ULID and an embedded snowflake, on
+one machine in one process; then time order, restart gaps and key storage. What runs and what the figures
+mean: ``docs/why.md``.
 """
 
 from __future__ import annotations

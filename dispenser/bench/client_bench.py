@@ -1,26 +1,7 @@
 """``dispenser bench client``: the buffered client against a request per ID, in one process.
 
-What runs, all on this machine: one NATS server and one PostgreSQL server (started here in a temporary
-directory, or ``--nats-url`` / ``--postgres-dsn``), one dispenser worker (``python -m dispenser serve``, a
-process of its own, stopped by its PID), and the cases below in this process, on uvloop, one after the
-other against the same worker and tag:
-
-* ``nc.request per ID @1``: a loop of ``await nc.request(subject, b"")`` (an empty body is one ID), one
-  in flight: what a service pays today for an ID per event;
-* ``nc.request per ID @64``: 64 such loops on one connection, the most one process gets that way;
-* ``IdClient.next_id``: a loop of ``await client.next_id(tag)``;
-* ``IdClient.take(1000)``: a loop of ``await client.take(tag, 1000)`` (a list of 1,000 IDs);
-* ``BlockingIdClient.next_id`` from 1 and from 4 threads.
-
-With ``--tag`` or ``--create-tag`` (and ``--nats-url``), nothing is started: the cases run against the
-deployment there, on that tag (:mod:`dispenser.bench.deployment`), and the requests per million IDs are not
-counted (a deployment's workers answer other clients too).
-
-Every call is timed on its own (``time.perf_counter_ns`` around it); the loops yield to the event loop
-once every 1,000 calls, untimed, as a service awaiting anything does (a loop that never yields would
-starve the client's background refill, which then happens when the buffer is empty, inside a call).
-Each case reports calls/s, IDs/s, the p50/p99/p999 of one call in microseconds, and the requests the worker
-answered per million IDs handed out (the worker's own count, from ``$SRV.STATS``).
+Local (servers and a worker started here) or against a deployment (:mod:`dispenser.bench.deployment`).
+The cases, how calls are timed and the figures: ``docs/benchmarks.md`` ("The buffered client").
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Where a benchmark runs: here (``--local``, servers and a worker started by the bench) or a deployment.
 
-``--local`` (the default) starts NATS, PostgreSQL and a worker on this machine: the figures of
-``docs/benchmarks.md``, reproducible from a checkout with one command. A deployment is measured as its
-clients see it: ``--nats-url`` names it, and nothing is started. The bench then needs a tag, and takes
-IDs from it; the operator consents by naming it:
-
-* ``--tag T``: an existing tag of the deployment. Every ID the bench takes is lost to the tag's users (a
-  gap, never a duplicate), so choose a tag made for it.
-* ``--create-tag T --postgres-dsn D``: the bench adds ``T`` to the deployment's database (which it does not
-  migrate) before the run and removes it after; the deployment's workers find it on the first request.
-
-The default stays local so that a bench aimed at an operator's deployment is always a decision written on
-the command line, never the result of a ``DISPENSER_NATS_URL`` left in the environment.
+A deployment is named by ``--nats-url`` and needs ``--tag`` or ``--create-tag`` (the operator's consent to
+lose its IDs); the default stays local. See ``docs/benchmarks.md`` ("Local or a deployment").
 """
 
 from __future__ import annotations

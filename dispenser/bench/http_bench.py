@@ -1,23 +1,7 @@
 """``dispenser bench http``: Leaf's HTTP API of a worker against a trivial aiohttp handler, in one run.
 
-What runs, all on this machine:
-
-* one NATS server and one PostgreSQL server, started here in a temporary directory (or the ones named by
-  ``--nats-url`` / ``--postgres-dsn``), stopped at the end;
-* the trivial handler (:mod:`dispenser.bench.http_echo`: the same library, route shape and settings,
-  answering a constant) and the dispenser worker (``python -m dispenser serve`` with ``http.port``, segments
-  and snowflake on), each in a process of its own, both stopped by the PID we started;
-* the load generator: `wrk <https://github.com/wg/wrk>`_ (Debian package ``wrk``), one thread, N
-  connections kept alive, each sending its next request as soon as the previous one is answered. A C load
-  generator on one core leaves the other to the server measured; a Python client would be slower than the
-  server and measure itself.
-
-Cases, each warmed up once, then measured in ``--repeat`` rounds (every case once per round, every other
-round in the reverse order); reported: the median window of each case, and the median over the rounds of
-its requests/s over the echo's in the same round (a load that comes and goes on a shared machine weighs
-on both of a pair). Also the server's CPU per request (median), whose ratio is much steadier. The cases:
-the echo; Leaf's form for a segment ID and for a snowflake ID; the batch form (``?count=100``). The target: Leaf's segment form at 64 connections answers at least 0.9 of the echo's
-requests/s.
+The worker and :mod:`dispenser.bench.http_echo` each in a process of their own, loaded by ``wrk``; the
+cases, the rounds, the target and the figures: ``docs/benchmarks.md`` ("HTTP").
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
 """``dispenser bench kafka``: the dispenser's Kafka paths against their trivial baselines, on one broker.
 
-What runs, all on this machine:
-
-* one Kafka broker and one PostgreSQL server, started here in a temporary directory (or the ones named
-  by ``--bootstrap`` / ``--postgres-dsn``), stopped at the end;
-* **request/reply**: the echo responder (:mod:`dispenser.bench.kafka_echo`) and the dispenser
-  (``python -m dispenser serve`` with ``kafka.enabled``), each a process of its own on its own topics; the
-  load generator in this process: one producer, one reply consumer, N requester coroutines each sending a
-  request (Spring's headers) and awaiting its reply before the next; 1 and 64 in flight. Both get the
-  same body, ``{"tag": "bench", "count": 1}``.
-* **enrichment**: an input topic of ``--records`` small JSON records (one partition), copied to a fresh
-  output topic (a) by the plain transactional copy loop below — consume ``read_committed``, produce (in
-  producer batches, as the enricher does), send the offsets, commit every N records — and (b) by the dispenser's :class:`~dispenser.adapters.kafka.enrich.Enricher`,
-  which does the same and also takes IDs from the segment allocator and puts one into each record. Both
-  run in this process, alternating, at commit batches of 100 and 1,000; the rate counts records from the
-  first committed transaction to the last.
-
-aiokafka waits a fixed 20 ms after a transaction commits before the next one may add partitions
-(``aiokafka.producer.sender.BACKOFF_OVERRIDE``, KAFKA-5477's behaviour): at 100 records per transaction
-that floor dominates both loops. ``--backoff-override 0.005`` patches it (a private constant, here only, for
-both loops alike) to show how much.
+Request/reply against :mod:`dispenser.bench.kafka_echo`, and the enricher against a plain transactional
+copy loop (``--backoff-override`` patches aiokafka's 20 ms commit backoff for both). What runs and the
+figures: ``docs/benchmarks.md`` ("Kafka").
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """``dispenser bench nats``: the dispenser worker against a trivial echo responder, over one NATS server.
 
-What runs, all on this machine:
-
-* one NATS server and one PostgreSQL server, started here in a temporary directory (or the ones named
-  by ``--nats-url`` / ``--postgres-dsn``), stopped at the end;
-* the echo responder (:mod:`dispenser.bench.echo`) and the dispenser worker (``python -m dispenser
-  serve``), each in a process of its own, both started here and stopped by the PID we started;
-* the load generator, in this process on uvloop: N requester coroutines sharing one connection, each
-  sending with ``nc.request`` (nats-py's shared reply inbox) and waiting for the reply before the next.
-
-Cases (each warmed up, then measured for a fixed duration):
-
-* throughput: echo and dispenser, 1 and 64 requests in flight, bodies ``{"count": 1}``,
-  ``{"count": 100}`` and ``{"count": 10000, "format": "ranges"}``. The echo gets the very same bodies.
-  Where the dispenser's reply is much larger than the body (100 IDs as JSON), a "sized" echo that answers
-  with as many bytes as the dispenser does tells the worker's own cost from what the payload costs the
-  client and the server.
-* switch-over: a tag with a small step (1,000 IDs, 10 per request: a new segment every 100 requests),
-  against a reference run of the same body on the large-step tag. A reply that holds the first ID of a
-  segment landed on a switch-over; its latency is compared with the other replies of the same run.
-
-The modes are the dispenser's generators. ``segment`` is the one there is; ``snowflake`` has its place in
-:func:`~dispenser.bench.nats_plan.plan_for_mode` and will use ``<prefix>.snowflake.<tag>`` without the
-switch-over cases.
-
 This module runs the servers, the responders and the cases (:func:`run`) and is the command
 (:func:`main`). The parts: :mod:`~dispenser.bench.nats_plan` (options, bodies, mode plans),
 :mod:`~dispenser.bench.nats_load` (responder processes, load generator, samples, reply checks),
-:mod:`~dispenser.bench.nats_report` (targets, report, tables).
+:mod:`~dispenser.bench.nats_report` (targets, report, tables). What runs, the cases and the figures:
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

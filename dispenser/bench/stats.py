@@ -1,10 +1,7 @@
 """Numbers for the benchmarks: latency percentiles, the record of one case, targets, JSON.
 
-The text tables are :mod:`dispenser.tables`, shared with ``watch`` and the soak.
-
-The JSON report is one object: ``{"schema_version": 1, "date": …, "host": {…}, "settings": {…},
-"cases": [case, …], "targets": [target, …]}`` where every case and target is a flat dict (the fields of
-:class:`CaseResult` and :class:`Target`), so ``pandas.DataFrame(report["cases"])`` just works.
+The text tables are :mod:`dispenser.tables`, shared with ``watch`` and the soak. The JSON report's shape
+(flat case and target records) is in ``docs/benchmarks.md`` ("JSON").
 """
 
 from __future__ import annotations
