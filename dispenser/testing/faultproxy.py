@@ -1,26 +1,8 @@
 """A TCP fault proxy for tests: put it between a client and a server, then slow, freeze, cut or reset the link.
 
-What Toxiproxy gives Go and Java projects, in the test's own process and without a daemon. Faults that
-production brings before crashes do (a frozen VM, a partition, a full disk) are neither a clean close nor
-a refused connection: connections stay open and nothing comes. :class:`FaultProxy` makes them on demand::
-
-    async with FaultProxy(("127.0.0.1", nats.port)) as proxy:
-        worker_config = ...(url=proxy.url("nats"))
-        proxy.latency(0.02)            # 20 ms each way, per chunk
-        proxy.blackhole()              # accept, never answer; stop forwarding on open connections
-        proxy.cut("downstream")        # the client still talks, hears nothing
-        proxy.reset()                  # every open connection ends with a TCP reset
-        proxy.heal()                   # pass everything again
-
-Directions: ``upstream`` is client to server, ``downstream`` server to client. A blocked direction is
-*held*, not dropped: the proxy stops reading from that side, so bytes wait in the kernel's buffers as they
-would behind a frozen process or a partition, and flow again, in order, after :meth:`FaultProxy.heal`
-(TCP would retransmit them). Latency delays each chunk by the given seconds from when it was read,
-pipelined (throughput is unchanged; a request/reply round trip costs both directions' latency).
-
-The proxy runs on the event loop that starts it. Tests that drive the client from another process (a
-worker started with ``dispenser serve``) use it the same way; synchronous tests, with no loop of their own,
-use :class:`ThreadedFaultProxy`, which runs one on a loop in a thread and has the same methods.
+What Toxiproxy gives Go and Java projects, in the test's own process and without a daemon;
+:class:`ThreadedFaultProxy` runs one on a loop in a thread for synchronous tests. The methods, the
+directions and what a held direction means: ``docs/testing.md`` ("Hangs and partitions: the fault proxy").
 """
 
 from __future__ import annotations

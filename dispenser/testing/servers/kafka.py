@@ -1,15 +1,8 @@
 """A real Apache Kafka broker (KRaft, one node as broker and controller) on 127.0.0.1, from Maven Central jars.
 
-:func:`fetch_kafka_jars` runs ``mvn dependency:copy-dependencies`` once, into a cache directory, on the pom
-shipped in this package (``poms/kafka/pom.xml``, in the wheel too); :class:`KafkaBroker` formats a storage directory and runs ``kafka.Kafka`` from those jars, with
-the settings measured to work on small machines: a 256 MiB heap with a 16 MiB log
-cleaner buffer, one-partition internal topics, no initial rebalance delay, no automatic topic creation,
-short minimum consumer sessions so that tests of crashes take seconds, and a 3 s broker session so that a
-start after :meth:`~KafkaBroker.kill` is ready in ~5 s rather than ~12 s.
-
-Given a :class:`SecureListener`, the broker also listens with SASL_SSL on a port of its own: TLS with a
-certificate the test made (PEM files, no keystore tool) and SCRAM users created when the storage is formatted;
-and, with its ``client_ca``, with SSL on another port, for clients presenting a certificate.
+:func:`fetch_kafka_jars` fetches the jars once with the pom shipped in this package; :class:`KafkaBroker`
+runs ``kafka.Kafka`` from them, plaintext and, given a :class:`SecureListener`, SASL_SSL and SSL too. Its
+settings and why: ``docs/testing.md`` ("How the servers run", "Secured servers").
 """
 
 from __future__ import annotations

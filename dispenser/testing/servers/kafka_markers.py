@@ -1,19 +1,8 @@
 """Transaction markers a restarted Kafka broker's coordinator dropped, found in its log and written after all.
 
-Seen on a single KRaft node (broker and controller in one process, as :class:`KafkaBroker` runs it) killed
-while a transaction was being committed: on restart the node first takes up its old leadership of
-``__transaction_state``, loads the transaction in ``PrepareCommit`` and sends its markers, at a moment
-when its metadata has no leader for the transaction's partitions (it is not yet unfenced). Kafka takes
-that for deleted partitions and skips them (its log: "Couldn't find leader endpoint for partitions ...
-these partitions are likely deleted already and hence can be skipped"), then records the transaction as
-complete. The partitions keep the transaction open forever: a *hanging transaction*; read_committed
-readers stop at it, and the consumer group's offset in it stays pending (``docs/kafka.md``).
-
-:func:`dropped_markers` reads those events from the broker's log (the transaction coordinator logs at
-INFO, see :class:`KafkaBroker`); :func:`write_markers` writes the markers as the coordinator decided them
-(commit or abort), to each partition's leader, as the coordinator itself would have. That is the repair
-an operator makes with ``kafka-transactions.sh abort`` (which can only abort; aborting every partition of
-the transaction, the group's offset included, keeps exactly-once too: the records are processed again).
+:func:`dropped_markers` reads the coordinator's "Couldn't find leader endpoint" events from the broker's
+log; :func:`write_markers` writes the markers as the coordinator decided them, to each partition's leader.
+Why a restart leaves hanging transactions, and the operator's repair: ``docs/kafka.md``.
 """
 
 from __future__ import annotations

