@@ -1,18 +1,9 @@
 """Where an ID goes in a record, and which records cannot take one: the decisions of ``dispenser enrich``.
 
 No Kafka here: a record is ``(key, value, headers)``. :func:`transformer` builds, once per stream, the
-function that puts an ID into a record, or answers a :class:`Rejection` with a stable code for a record
-that cannot take one; the caller sends those to the dead-letter topic instead of stopping the stream.
-The caller takes one ID per record before it knows which records will be rejected: a rejected record's
-ID is skipped, never reissued (like the unused IDs of a crashed worker), and one ID-source round trip
-serves the whole batch.
-
-Placements:
-    ``field``: a JSON object field, by dotted path (``id``, ``order.id``). The value must be a JSON object
-    and every parent on the path must exist and be an object; the last name is set (replaced if present).
-    The value is re-encoded (msgspec): keys keep their order (a new field goes last), numbers their value.
-    ``header``: a header (e.g. ``leaf-id``) holding the ID in ASCII decimal; the value is untouched.
-    ``key``: the record key becomes the ID in ASCII decimal; the value is untouched.
+function that puts an ID into a record (a JSON ``field``, a ``header`` or the ``key``), or answers a
+:class:`Rejection` with a stable code for the dead-letter topic. The placements and why a rejected
+record's ID is skipped: ``docs/kafka.md``.
 """
 
 from __future__ import annotations

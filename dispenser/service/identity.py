@@ -1,17 +1,9 @@
 """The guard against two live workers issuing under one (datacenter, worker) ID, whatever the configuration.
 
-Every snowflake worker answers its peers' checks on the clock subject with its claim (datacenter, worker,
-a nonce of its run, its phase), and sends its own claim with its checks: at start, and every
-``snowflake.peer_recheck_interval`` while it serves. The rules, and why they are safe, are in
-docs/snowflake.md ("Two workers on one ID"):
-
-* a **starting** worker that hears any live rival (in an answer, or in a rival's check) refuses;
-* a **serving** worker that hears a rival that is *starting* keeps serving (that rival hears this worker's
-  answer and refuses); one that hears a rival that is *serving* refuses: both do, since neither can prove
-  the ID was its own first, and IDs may already have repeated;
-* a refusal is for the rest of the run: restart the worker once the configuration is fixed.
-
-No broker here: the wiring passes the claims in (:meth:`IdentityGuard.heard`) and sends :meth:`claim`.
+Snowflake workers exchange claims (datacenter, worker, a nonce of the run, its phase) on the clock subject,
+at start and every ``snowflake.peer_recheck_interval``. No broker here: the wiring passes the claims in
+(:meth:`IdentityGuard.heard`) and sends :meth:`claim`. The rules, and why they are safe:
+``docs/snowflake.md`` ("Two workers on one ID").
 """
 
 from __future__ import annotations

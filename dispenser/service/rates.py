@@ -1,14 +1,9 @@
 """Consumption rates across the fleet: this worker's meters, its peers' events, and the adaptive step.
 
-* :class:`RateBook` owns one :class:`~dispenser.core.rate.RateMeter` per (kind, tag), builds this worker's
-  :class:`~dispenser.messages.RateEvent` for each tag, keeps the latest event of every live peer, and is
-  the allocator's :data:`~dispenser.service.segments.Sizer`: the next segment's step comes from
-  :class:`~dispenser.core.step.StepPolicy` applied to this worker's rates and its peers'.
-* :class:`RatePublisher` is the loop: every ``interval`` seconds, publish each tag's event through the
-  sinks (NATS, Kafka) and, every ``persist_interval``, save the peaks so a restarted worker starts from
-  them.
-
-No broker here: sinks are callables, peers' events arrive through :meth:`RateBook.observe`.
+:class:`RateBook` keeps this worker's meters and its peers' latest events and is the allocator's
+:data:`~dispenser.service.segments.Sizer`; :class:`RatePublisher` publishes each tag's event every
+``interval`` and saves the peaks every ``persist_interval``. No broker here: sinks are callables. The
+adaptive step: ``docs/operations.md``.
 """
 
 from __future__ import annotations

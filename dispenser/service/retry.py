@@ -1,16 +1,8 @@
 """Retrying with capped exponential back-off, and stopping a retry loop when the process is asked to stop.
 
-Every hand-written retry loop of the worker (a segment fetch, a Kafka record's IDs, a partition take-over,
-a snowflake re-registration, a Kafka reply) uses one :class:`Backoff`::
-
-    backoff = Backoff(0.1, 5.0, stop=stop)
-    while True:
-        try:
-            return await backoff.attempt(fetch())  # Stopped, the attempt cancelled, once stop is set
-        except StoreUnavailable as exc:
-            await backoff.wait()  # Stopped at once if stop is set meanwhile
-
-Why not tenacity, backoff or stamina: ``docs/development.md`` ("Dependencies we lean on").
+Every hand-written retry loop of the worker uses one :class:`Backoff` (:meth:`Backoff.attempt` and
+:meth:`Backoff.wait` raise :class:`Stopped` once ``stop`` is set). Why not tenacity, backoff or stamina:
+``docs/development.md`` ("Dependencies we lean on").
 """
 
 from __future__ import annotations

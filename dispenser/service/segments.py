@@ -1,16 +1,8 @@
 """The segment allocator: drives one :class:`SegmentBuffer` per tag against a :class:`SegmentStore`.
 
-What it adds to the pure buffer is time and I/O:
-
-* at most one fetch per tag in flight, started in the background once the buffer wants one;
-* a request that finds the buffer short waits (up to its deadline) on that fetch instead of failing,
-  where Leaf answers error -3;
-* a failed fetch is retried with capped exponential backoff until it succeeds, so the tag recovers by
-  itself when the store is back; waiters get :class:`StoreUnavailable` only when their deadline passes;
-* tags appear and disappear as the store's table changes: a periodic refresh, and one at once when a
-  request names a tag this worker has not seen;
-* every take is counted in the tag's :class:`~dispenser.core.rate.RateMeter`, and the size of each fetch
-  comes from a :data:`Sizer` (the adaptive step, :mod:`dispenser.service.rates`) when one is given.
+It adds time and I/O to the pure refill engine: one background fetch per tag, requests waiting on it up to
+their deadline, retries with capped backoff, tags found by a periodic refresh and at once on an unknown
+tag. See ``docs/segment.md`` ("The double buffer", "The refill engine").
 """
 
 from __future__ import annotations

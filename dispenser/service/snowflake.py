@@ -1,22 +1,8 @@
 """The snowflake shell: drives one :class:`SnowflakeState` with the real clock, a registry and a state file.
 
-Safety rules, each for a known way Leaf can repeat an ID:
-
-* **High-water reservation (Leaf #216).** Before issuing an ID stamped later than the *reserved* mark,
-  the worker records a new mark ``now + reserve_ahead`` in the local state file (and in the registry);
-  a background task renews it every ``report_interval``. After a crash, the recorded mark is therefore
-  never below an issued ID, and a restart issues nothing at or below it — however far the clock went
-  back in between. A clean shutdown records the exact last millisecond in the local cache, with the mark it
-  had reserved: the registries keep only their highest mark, and a restart that finds theirs no higher
-  than that reservation starts from the exact millisecond instead of waiting the reservation out.
-* **Start-up clock check.** Refuse when the clock is behind the recorded mark by more than the
-  reservation can explain (``max_startup_wait_ms``); otherwise wait until the clock passes the mark before
-  serving. (The check against the live peers' clocks, :func:`dispenser.core.peers.check_peer_clocks`, is
-  made by the wiring before the generator is built.)
-* **Leases.** Before every take, ``registry.can_issue()``: in ``zookeeper-lease`` mode it turns false
-  before ZooKeeper can hand the ID to someone else. Then requests get ``lease_lost`` (retryable) while a
-  background task registers again, possibly under another worker ID, honouring that ID's high water.
-* **Run-time rollback.** The pure core waits out ≤ 5 ms once and refuses more; the shell sleeps, never spins.
+It adds the safety rules, each for a known way Leaf can repeat an ID: the high-water reservation (Leaf
+#216), the start-up clock check, leases, and waiting out a short run-time rollback (it sleeps, never
+spins). The rules in full: ``docs/snowflake.md`` ("Clock rules: never an ID twice").
 """
 
 from __future__ import annotations
