@@ -1,22 +1,8 @@
 """What ``dispenser import-leaf`` does with each of Leaf's tags: where it starts, and whether it may.
 
 Pure decisions (no driver, no I/O): the rows read from Leaf's MySQL ``leaf_alloc`` and the dispenser's own
-``max_id`` of each tag go in, one :class:`Planned` per tag comes out. The reasoning, in full in
-``docs/migrating-from-leaf.md``:
-
-* Leaf grants a segment with ``UPDATE leaf_alloc SET max_id = max_id + step`` (``step`` is the row's, or
-  the adapted one) and then hands out ``[max_id - step, max_id)``: every ID a Leaf server ever handed out,
-  or holds in memory (its current segment and its prefetched next one), is below the ``max_id`` committed
-  by the fetch that granted it, and ``max_id`` only grows. So once every Leaf server has stopped, Leaf's
-  highest possible ID is ``max_id - 1``, and a dispenser tag whose stored ``max_id`` (its first ID) is
-  ``max_id`` would already be safe.
-* The import adds a margin on top: one more segment of the largest size a Leaf server fetches, for a
-  Leaf server that was not stopped, or whose last fetch committed just after the import read the row.
-  Leaf's ``SegmentIDGenImpl`` doubles its step while segments last under 15 minutes, up to
-  ``MAX_STEP = 1,000,000``, and never below the row's ``step``, which may itself be larger: a fetch takes
-  at most ``max(step, 1,000,000)`` IDs.
-* A tag the dispenser already has is never lowered. One already at or above the safe start is left alone
-  (so a second run changes nothing); one below it is refused unless forced, then raised.
+``max_id`` of each tag go in, one :class:`Planned` per tag comes out. The safe start (Leaf's ``max_id``
+plus one largest Leaf segment), and why a tag is never lowered: ``docs/migrating-from-leaf.md``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Residue classes: a tag whose IDs are ``offset`` modulo ``stride``, so that databases never share an ID.
 
-The topology without a shared database (docs/datacenters.md): each datacenter has a PostgreSQL of its own
-and hands out one residue class of a tag's IDs (tinyid's ``delta``/``remainder``, Flickr's
-``auto_increment_increment``/``auto_increment_offset``). With the same ``stride`` and a different
-``offset`` in each datacenter, two datacenters' IDs never meet, whatever either database's ``max_id``.
-
-Rules of this module:
-
-* ``leaf_alloc.max_id`` keeps its meaning for every tag: a high water of **IDs** (every ID handed out lies
-  below it), so that a repair that raises it (``GREATEST``) or a removed tag's high water stay right. A
-  fetch of ``step`` IDs moves it by ``step * stride``: any ``step * stride`` consecutive integers hold
-  exactly ``step`` members of each residue class, so :meth:`Residue.grant` never needs ``max_id`` aligned.
-* The double buffer (:mod:`dispenser.core.segment`) stays contiguous: it buffers **ordinals** ``k``, and
-  ID ``k * stride + offset`` is the ``k``-th member of the class. :meth:`Residue.to_ordinals` turns a
-  granted segment into the buffer's, :meth:`Residue.ids` turns what the buffer hands out back into IDs.
-  The map is increasing, so IDs stay increasing in each datacenter (trend-increasing, as Leaf's are).
-* ``stride = 1, offset = 0`` is Leaf's tag: every map is the identity.
+``leaf_alloc.max_id`` stays a high water of IDs (a fetch of ``step`` IDs moves it by ``step * stride``),
+and the double buffer holds ordinals: :meth:`Residue.to_ordinals` and :meth:`Residue.ids` map between
+them; ``stride = 1, offset = 0`` is Leaf's tag. See ``docs/datacenters.md`` (topology 3).
 """
 
 from __future__ import annotations
