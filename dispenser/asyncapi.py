@@ -1,18 +1,8 @@
 """The AsyncAPI 3.0 document of every NATS subject and Kafka topic (``docs/asyncapi.yaml``), built from the code.
 
-Nothing in it is written by hand twice: the subjects come from :mod:`dispenser.messages`' subject
-functions and the default settings (:class:`~dispenser.config.Config`), the header names from the adapters
-that set and read them, the payload schemas from the same msgspec Structs as ``schemas/*.schema.json``
-(:data:`~dispenser.messages.WIRE_TYPES`; in the draft-07 dialect of AsyncAPI's schemas, :func:`draft7`).
-``dispenser schemas`` writes it, ``dispenser schemas --check``
-fails when it drifts, and ``tests/unit/test_asyncapi.py`` validates it against the AsyncAPI 3.0.0 schema.
-
-The document describes the dispenser's side: it *receives* ID requests and *sends* replies, rate events
-and enriched records. Addresses are those of the default configuration (prefix ``leaf``); the settings
-that change them are named in each channel's description.
-
-The document is put together from one small piece per channel (the channel, the operations on it and
-the messages it brings in); :func:`to_yaml` writes it with PyYAML.
+Subjects, settings, header names and payload schemas all come from the code (:mod:`dispenser.messages`,
+:class:`~dispenser.config.Config`, the adapters), one small piece per channel; :func:`to_yaml` writes it
+with PyYAML. ``dispenser schemas --check`` fails when it drifts. See ``docs/protocol.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Wire messages: every request and reply is a msgspec Struct, with encoders and decoders built once.
 
-JSON is the default encoding; a client that sends the header ``Content-Type: application/msgpack`` gets
-its request decoded as msgpack and its reply encoded as msgpack.
-
-Schema evolution (msgspec's rules, which keep old clients and workers talking to new ones):
-
-* a new field must have a default, so messages without it still decode;
-* never change a field's type or meaning, never reuse a removed field's name;
-* requests forbid unknown fields (a misspelt ``cuont`` is an error, not a silent single ID), so a client
-  may send a new field only to workers that know it;
-* ``schemas/`` holds the JSON Schemas generated from these Structs (``dispenser schemas``), and
-  ``docs/asyncapi.yaml`` the AsyncAPI document of every subject and topic (``dispenser.asyncapi``);
-  a test fails when they drift.
-
-The NATS subjects are built here too (:func:`id_subject`, :func:`rate_subject`, :func:`clock_subject`),
-so that the workers, the clients and the AsyncAPI document spell them the same way.
+JSON by default, msgpack for a request with ``Content-Type: application/msgpack``. The NATS subjects are
+built here too (:func:`id_subject`, :func:`rate_subject`, :func:`clock_subject`), so that the workers,
+the clients and the AsyncAPI document spell them the same way. The rules for changing a message:
+``docs/protocol.md`` ("Evolving the messages").
 """
 
 from __future__ import annotations
