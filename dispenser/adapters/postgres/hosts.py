@@ -1,15 +1,8 @@
 """Finding the primary among a multi-host DSN's hosts: every host tried at once, the first primary wins.
 
-asyncpg tries a DSN's hosts one after the other under one shared timeout, so a host that accepts TCP but
-never answers (a frozen VM, a partition, a stopped postmaster) eats the whole timeout on every connection
-attempt, and a failover to the next host is never seen. Here each host has its own attempt, all started
-together, each under the connect timeout: the first to answer as a primary wins and the others are dropped.
-A host that answers as a standby (or refuses, or is starting up) is asked again every
-:data:`RETRY_INTERVAL` seconds within the same timeout, so a standby promoted meanwhile is found within that
-interval (docs/ha.md, "A hung primary").
-
 Only DSNs that name two or more hosts and ask for a primary (``target_session_attrs=read-write`` or
-``primary``) are handled here; anything else goes to ``asyncpg.connect`` unchanged.
+``primary``) are handled here; anything else goes to ``asyncpg.connect`` unchanged. Why, and what a standby
+is asked every :data:`RETRY_INTERVAL`: ``docs/ha.md`` ("A hung primary").
 """
 
 from __future__ import annotations

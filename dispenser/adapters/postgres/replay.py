@@ -1,16 +1,8 @@
 """The fleet's answers to requests with a ``request_id``, in PostgreSQL (``dispenser_request``).
 
-Why PostgreSQL rather than a JetStream key-value bucket: every segment worker already holds a pool to it
-(no new server, no JetStream to enable and size), Kafka-only workers have no NATS at all, and one
-``INSERT … ON CONFLICT DO UPDATE … RETURNING`` is an atomic first-writer-wins that also hands the loser
-the winner's answer in the same round trip — a KV ``create`` would need a second read, and a retry of the
-read when the winner's write is not visible yet. Only requests that carry a ``request_id`` pay the round
-trip; the common path never touches this table.
-
-Group commit: the answers of requests that arrive while a statement is in flight are recorded together by
-the next one (one multi-row ``INSERT``, one commit), so a worker with many such requests in flight pays one
-commit per batch, not one per request, and no longer queues them on the pool's few connections. Each reply
-still waits for its own answer's commit: the promise is the same as one statement per request.
+One ``INSERT … ON CONFLICT DO UPDATE … RETURNING`` decides the race and hands the loser the winner's
+answer; the answers of requests arriving while a statement is in flight are group-committed by the next.
+Why PostgreSQL and not a JetStream bucket: ``docs/protocol.md`` ("request_id across the fleet").
 """
 
 from __future__ import annotations

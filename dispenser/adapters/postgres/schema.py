@@ -1,14 +1,7 @@
 """The PostgreSQL schema and its versioned migrations (``dispenser_schema_version`` records what ran).
 
-Rules:
-
-* Migrations are append-only: a released version's SQL never changes; a change is a new version.
-* Each runs once, in version order, inside one transaction with the others still pending, so a failed
-  migration leaves the schema as it was (PostgreSQL's DDL is transactional).
-* Two processes may migrate at once: a transaction-level advisory lock makes the second wait, and it then
-  finds nothing left to do.
-* Version 1 keeps an existing Leaf ``leaf_alloc`` table and its rows (``CREATE TABLE IF NOT EXISTS``), so
-  users move from Leaf by pointing the dispenser at the same database.
+Migrations are append-only, run in one transaction under an advisory lock, and keep an existing Leaf
+``leaf_alloc``: ``docs/segment.md`` ("The table").
 """
 
 from __future__ import annotations

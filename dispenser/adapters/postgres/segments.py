@@ -1,18 +1,10 @@
 """The segment store over PostgreSQL (asyncpg): Leaf's ``leaf_alloc`` table, one round trip per segment.
 
-The schema itself is created by :func:`dispenser.adapters.postgres.schema.migrate`. Around the store, one
-module per concern: :mod:`~dispenser.adapters.postgres.errors` (the driver's failures, the password kept out),
-:mod:`~dispenser.adapters.postgres.pool`, :mod:`~dispenser.adapters.postgres.primary` (which primary a
-connection reached, and its repair), :mod:`~dispenser.adapters.postgres.heartbeat`,
-:mod:`~dispenser.adapters.postgres.tags`, :mod:`~dispenser.adapters.postgres.peaks` and
-:mod:`~dispenser.adapters.postgres.replication`.
-
-High availability (docs/ha.md): the DSN may name every node of a cluster with
-``target_session_attrs=read-write``; each new connection goes to whichever node is the primary. A fetch
-that fails for any reason is in doubt (the primary may have committed the UPDATE and died before answering):
-its range is never handed out, and the allocator fetches again, on the new primary once there is one.
-With a :class:`~dispenser.ports.GrantMemory`, every granted ``max_id`` is remembered before the segment is
-handed out, and a new primary is repaired from it before any fetch (see :class:`PrimaryWatch`).
+Around the store, one module per concern: :mod:`~dispenser.adapters.postgres.errors`,
+:mod:`~dispenser.adapters.postgres.pool`, :mod:`~dispenser.adapters.postgres.primary`,
+:mod:`~dispenser.adapters.postgres.heartbeat`, :mod:`~dispenser.adapters.postgres.tags`,
+:mod:`~dispenser.adapters.postgres.peaks` and :mod:`~dispenser.adapters.postgres.replication`. A fetch in
+doubt is never handed out, and a new primary is repaired from the remembered grants: ``docs/ha.md``.
 """
 
 from __future__ import annotations

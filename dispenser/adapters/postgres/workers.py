@@ -1,17 +1,8 @@
 """Snowflake worker IDs from PostgreSQL (``postgres`` mode), for teams without ZooKeeper.
 
-One row per worker address in ``dispenser_snowflake_worker`` (:data:`WORKER_TABLE_DDL`): the address keeps
-its worker ID for good, like Leaf's persistent ZooKeeper node, and the row carries the high-water timestamp
-that :meth:`PostgresWorkerRegistry.report` raises (never lowers). A new address gets the smallest unused ID
-in one ``INSERT … SELECT`` run under a transaction-level advisory lock, so two workers starting at once
-take turns; the ``UNIQUE`` constraint on ``worker_id`` backs the lock up.
-
-Like ``zookeeper`` mode, the database is a weak dependency once registered: :meth:`~PostgresWorkerRegistry.can_issue`
-stays true while it is down, since the ID is this address's for good. ``updated_at`` (the database's clock)
-shows operators which workers still report.
-
-The table is created here, idempotently, on the first :meth:`~PostgresWorkerRegistry.register`; the DDL
-can join the versioned migrations of :mod:`dispenser.adapters.postgres.schema` as it stands.
+One row per worker address in ``dispenser_snowflake_worker`` (:data:`WORKER_TABLE_DDL`), created here on the
+first :meth:`~PostgresWorkerRegistry.register`; the address keeps its worker ID for good. How an ID is
+assigned, and why the database is a weak dependency once registered: ``docs/snowflake.md``.
 """
 
 from __future__ import annotations
