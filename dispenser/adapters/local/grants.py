@@ -1,18 +1,9 @@
 """The segment grants a worker remembers in its state directory (:class:`~dispenser.ports.GrantMemory`).
 
-With asynchronous replication, a promoted replica may lack the last ``max_id`` updates of the old primary,
-and would grant those ranges again. Each worker therefore remembers, per cluster and tag, the highest
-``max_id`` it was granted, and raises the rows of a primary it has not seen before back to it (see
-:mod:`dispenser.adapters.postgres.primary`). A cluster is keyed ``<system identifier>/<database>``: a
-failover keeps PostgreSQL's system identifier, a new cluster (a rebuilt database, another stack) has its
-own, so grants of one are never "repaired" into another.
-
-One file per worker, ``segment-grants-<address>.json``, written atomically and durably before the segment
-is handed out (see :func:`~dispenser.adapters.local.statefile.write_atomically`). The address comes from a
-slot this process locks (:class:`~dispenser.adapters.local.statefile.WorkerIdentity`), so a restarted worker
-finds its own file again and two live workers never write the same one. :meth:`GrantFile.remembered`
-reads every worker's file in the directory: grants of a worker that shares the directory count even while
-it is down.
+The highest ``max_id`` granted per cluster (``<system identifier>/<database>``) and tag, written atomically
+and durably before the segment is handed out, so that a promoted replica that lost the last updates is
+raised back to it (:mod:`dispenser.adapters.postgres.primary`). See ``docs/ha.md``
+(``segment.remember_grants``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The local snowflake state file: this worker's ID and high-water timestamp, kept across restarts.
 
-It is the weak-dependency cache of the design: when the registry cannot be reached at start-up, the worker
-may start from it (in the modes where that is safe) and still refuse a clock behind the recorded high
-water; in ``static`` mode it is the only record there is. The file lives in a configured state directory,
-never in a temporary one (a reboot that empties ``/tmp`` must not erase the high-water mark).
-
-A save is atomic and durable: the JSON goes to a temporary file in the same directory, is flushed and
-fsynced, replaces the old file with ``os.replace``, and the directory is fsynced so the rename survives a
-power cut. A reader sees the old state or the new one, never half of either.
+The weak-dependency cache of the design, saved atomically and durably
+(:func:`write_atomically`); see ``docs/snowflake.md`` ("Weak dependency on the registry").
 """
 
 from __future__ import annotations
