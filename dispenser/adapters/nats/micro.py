@@ -1,19 +1,8 @@
 """The NATS services protocol (ADR-32) on public nats-py API only: discovery, endpoint stats, error headers.
 
-nats-py ships ``nats.micro``, but serving through it meant reaching into its privates: its ``Endpoint``
-wraps every message in a ``Request`` and a try/except (a measurable share of a worker answering tens of
-thousands of requests a second), offers no hook for another endpoint class, and ``Service.stop()``
-*unsubscribes* the endpoints, dropping requests already delivered — a graceful stop has to *drain* them,
-through a subscription nats.micro keeps private. So this module implements the protocol on plain
-subscriptions (``nc.subscribe(subject, queue=…, cb=…)``, ``msg.respond``, ``sub.drain()``):
-
-* ``$SRV.PING``, ``$SRV.INFO`` and ``$SRV.STATS``, each also with ``.<name>`` and ``.<name>.<id>``, on
-  every instance (no queue group), answered with the JSON nats.micro sends (the fields ADR-32 names, in
-  nats.micro's order, ``io.nats.micro.v1.*_response`` types; ``tests/integration/test_nats_micro.py``
-  compares the two);
-* :class:`Endpoint`: one queue subscription and its STATS counters. Its handler is the caller's own
-  callback, which counts into the endpoint's public fields itself: no wrapper coroutine per request;
-* :data:`ERROR_HEADER` and :data:`ERROR_CODE_HEADER`, the headers of an error reply.
+``$SRV.PING``, ``$SRV.INFO`` and ``$SRV.STATS`` answered with the JSON nats.micro sends; :class:`Endpoint`,
+one queue subscription whose handler counts its own STATS; :data:`ERROR_HEADER` and
+:data:`ERROR_CODE_HEADER`. Why not nats.micro itself: ``docs/protocol.md`` ("Subjects").
 """
 
 from __future__ import annotations

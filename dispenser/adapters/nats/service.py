@@ -1,14 +1,8 @@
 """NATS: serving IDs as a NATS micro service (ADR-32).
 
-Each generator is one endpoint (``<prefix>.segment.>``, ``<prefix>.snowflake.>``) in one queue group,
-so any number of workers share the load. Discovery works through ``$SRV.PING``, ``$SRV.INFO`` and
-``$SRV.STATS``; error replies carry ``Nats-Service-Error`` and ``Nats-Service-Error-Code`` headers as
-well as the JSON body.
-
-The micro protocol itself lives in :mod:`dispenser.adapters.nats.micro`, on public nats-py API only.
-nats-py runs one subscription's callbacks one after another. The handler therefore answers the common
-case inline (no await but the publish) and moves only requests that must wait — for a segment, for the
-clock — into tasks of their own, so one slow tag never holds up the others.
+Each generator is one endpoint (``<prefix>.segment.>``, ``<prefix>.snowflake.>``) in one queue group, on
+:mod:`dispenser.adapters.nats.micro`. The handler answers the common case inline and moves only requests
+that must wait into tasks of their own: ``docs/protocol.md`` ("Subjects").
 """
 
 from __future__ import annotations
