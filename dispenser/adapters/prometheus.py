@@ -1,19 +1,8 @@
 """Prometheus: ``/metrics`` of one worker, read from the worker's own counters when scraped.
 
 Nothing is counted for Prometheus on the hot path: a custom collector reads, at scrape time, what the
-worker counts anyway (the rate meters, the dispatchers' answers and errors, the allocators' fetches and
-buffers, the snowflake generator's waits). The endpoint is the worker's aiohttp server
-(:mod:`dispenser.adapters.http`) in its own event loop, so a scrape reads a consistent state and needs no
-thread.
-
-Metrics (all prefixed ``leaf_``): ``ids_total`` and ``requests_total`` by kind and tag; ``errors_total`` and
-``request_seconds`` (histogram) and ``replays_unsettled_total`` by kind; ``segment_fetches_total``,
-``segment_fetch_seconds_total``, ``segment_fetch_errors_total``, ``segment_step``, ``segment_configured_step``,
-``ids_buffered``, ``runway_seconds``, ``rate_ids_per_second`` and ``peak_ids_per_second`` by tag;
-``snowflake_clock_waits_total``, ``snowflake_rollbacks_refused_total``, ``snowflake_clock_back_waits_total``
-and ``snowflake_lease_held``; ``kafka_replies_undeliverable_total`` when Kafka requests are served;
-``build_info``; the ``enrich_*`` metrics of ``dispenser enrich`` (:class:`EnricherCollector`). Beside them
-the Prometheus client's process, platform and GC collectors.
+worker counts anyway; :class:`EnricherCollector` does the same for ``dispenser enrich``. The metrics:
+``docs/operations.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """One aiohttp server: Leaf's HTTP API (``http.port``) and the operations endpoints beside it.
 
-Leaf's API, answered as Leaf's ``LeafController`` and ``LeafMonitorController`` answer it (docs/http.md has
-both side by side):
-
-* ``/api/segment/get/{key}`` and ``/api/snowflake/get/{key}``: one ID as plain text. An error is status
-  500 with the body Spring Boot 1.5 (Leaf's server) writes for Leaf's exception, its ``message`` Leaf's own
-  ``Result{id=-2, status=EXCEPTION}``; the dispenser adds ``code``, ``retryable`` and ``detail`` to it.
-* the batch form, which Leaf lacks: the same paths with ``?count=N`` (and ``format=ranges``,
-  ``request_id=…``) answer the NATS reply in JSON; an error has its own status (400, 404, 413, 503, 507)
-  and the NATS error body.
-* ``/decodeSnowflakeId?snowflakeId=N``: Leaf's map of strings (``timestamp``, ``workerId``, ``sequenceId``).
-
-Every ID request goes through the service's :class:`Answerer`, as a NATS request does: the same limits,
-the same coded errors (also in the ``Dispenser-Error-Code`` header), the same ``request_id`` replay (with
-``?request_id=``), the same metrics. The operations endpoints (``/metrics``, ``/healthz``, ``/readyz``) are
-served by every :class:`HttpServer`, the one on ``metrics.port`` as well.
+Leaf's ``/api/{segment,snowflake}/get/{key}`` and ``/decodeSnowflakeId`` answered as Leaf answers them,
+plus a batch form (``?count=N``); every ID request goes through the service's :class:`Answerer`, as a
+NATS request does. ``/metrics``, ``/healthz`` and ``/readyz`` are served by every :class:`HttpServer`.
+Leaf's answers and ours side by side: ``docs/http.md``.
 """
 
 from __future__ import annotations

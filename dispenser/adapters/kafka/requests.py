@@ -1,21 +1,8 @@
 """ID requests over Kafka: consume the request topic in a consumer group, produce each reply to its reply topic.
 
-A request record is keyed by tag; its body is the NATS request plus ``tag`` and ``kind``
-(:class:`~dispenser.messages.KafkaIdRequest`). The reply goes to the ``kafka_replyTopic`` header's topic (or
-the configured default), to ``kafka_replyPartition`` when given, with ``kafka_correlationId`` copied back.
-
-Delivery is at least once: a batch's offsets are committed only after every reply of that batch (and of
-the batches before it) has been acknowledged by the broker. A worker that dies between the two answers the
-batch again after the rebalance; the requester keeps the first reply per correlation ID and the second
-batch of IDs is skipped, never reissued. While the broker is away, replies are retried until it is back
-or the request is older than ``request_max_age`` (its requester has given up by then).
-
-One client's bad reply address never holds up the others: the consume loop never waits for a topic's
-metadata. A reply to a topic the producer has no metadata for is handed to a task of its own, which gives
-it up as undeliverable if the topic is still unknown after ``reply_timeout`` (one lookup per topic, shared
-by every reply waiting for it); a reply to a partition the topic does not have is given up at once.
-Undeliverable replies are counted (``RequestStats.undeliverable``, the metric
-``leaf_kafka_replies_undeliverable_total``) and logged once per topic and minute.
+A request record is keyed by tag (:class:`~dispenser.messages.KafkaIdRequest`); the reply follows Spring's
+``kafka_replyTopic``, ``kafka_replyPartition`` and ``kafka_correlationId`` headers. Delivery is at least
+once, and one client's bad reply address never holds up the others: ``docs/kafka.md``.
 """
 
 from __future__ import annotations
