@@ -1,12 +1,8 @@
 """The buffered client for code without an event loop (a WSGI app, a thread pool): same API, blocking.
 
-An :class:`~dispenser.client.buffered.IdClient` runs on an event loop in a thread of its own. Each tag
-has a cursor here, behind a lock of its own: :meth:`BlockingIdClient.next_id` takes the lock and moves
-the cursor, and only when the cursor is empty does it cross to the loop thread for the next run of IDs
-(:meth:`~dispenser.client.buffered.IdClient.take_run`). Runs grow while they go in under 2 ms and shrink
-when they last longer than 50 ms (1 to 4,096 IDs), so a busy caller crosses threads rarely and a quiet
-one holds few IDs. IDs are strictly increasing per client and tag across all threads (one lock
-serialises a tag's cursor); IDs held at exit are skipped, never reissued.
+An :class:`~dispenser.client.buffered.IdClient` runs on an event loop in a thread of its own; each tag has
+a cursor here behind a lock of its own, refilled from the loop thread one run of IDs at a time. How runs
+are sized, and the ordering promise: ``docs/client.md``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """A Python client for IDs over Kafka: ``await client.ids("order", 100)``.
 
-One producer sends requests to the request topic (keyed by tag, with Spring's ``kafka_replyTopic``,
-``kafka_replyPartition`` and ``kafka_correlationId`` headers); one consumer reads the reply topic and
-resolves the waiting future whose correlation ID the reply carries. The reply consumer belongs to no
-consumer group: it reads every partition of the reply topic (or only ``reply_partition``, which the
-dispenser is then asked to reply to), from the end as of :meth:`KafkaIdClient.start`.
-
-Example::
-
-    async with KafkaIdClient(KafkaConfig(bootstrap_servers="127.0.0.1:9092")) as client:
-        ids = await client.ids("order", 100)
-        ranges = await client.ranges("order", 1_000_000)
+One producer sends requests with Spring's reply headers; one consumer, in no consumer group, reads the
+reply topic from the end and resolves the waiting future by correlation ID. See ``docs/kafka.md``.
 """
 
 from __future__ import annotations
