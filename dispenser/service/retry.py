@@ -38,6 +38,15 @@ class Backoff:
         clock: whose time the delays are (tests pass a manual clock).
         jitter: each sleep is the delay times a random factor in ``[1 - jitter, 1 + jitter]``, so that
             workers that failed together do not all retry in the same instant.
+
+    Example::
+
+        backoff = Backoff(0.1, 5.0, stop=stop)
+        while True:
+            try:
+                return await backoff.attempt(fetch())  # Stopped, the attempt cancelled, once stop is set
+            except StoreUnavailable:
+                await backoff.wait()  # Stopped at once if stop is set meanwhile
     """
 
     __slots__ = ("_clock", "_jitter", "_stop", "cap", "delay", "initial")
