@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from dispenser import __version__
+from dispenser.arguments import non_negative_int, positive_float, positive_int
 from dispenser.config import Config, ConfigError, effective, load_config, unknown_variables
 from dispenser.core.errors import BadRequest, DispenserError, TagStartTooLow
 from dispenser.core.residue import Residue
@@ -83,36 +84,6 @@ def _setup_logging(config: Config, verbose: bool) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel("DEBUG" if verbose else config.log.level.upper())
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
 
 
 DEV_CONFIG = Path(".dispenser") / "dev.toml"
@@ -264,7 +235,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Ask a running worker for IDs (over NATS, or Kafka with --via kafka) and print them.",
     )
     get.add_argument("tag", help="the tag (segment: created with `dispenser tag add`; snowflake: any name)")
-    get.add_argument("count", type=_positive_int, nargs="?", default=1, help="how many IDs (default 1)")
+    get.add_argument("count", type=positive_int, nargs="?", default=1, help="how many IDs (default 1)")
     get.add_argument("--ranges", action="store_true", help="ask for ranges; print 'first last' per line")
     get.add_argument(
         "--kind", choices=["segment", "snowflake"], default="segment", help="generator (default segment)"
@@ -272,7 +243,7 @@ def _parser() -> argparse.ArgumentParser:
     get.add_argument("--request-id", help="idempotency key: a retry returns the same IDs")
     get.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         default=5.0,
         help="seconds to wait for the reply, connecting included (default 5)",
     )
@@ -291,7 +262,7 @@ def _parser() -> argparse.ArgumentParser:
     watch.add_argument("--json", action="store_true", help="print every rate event as a JSON line")
     watch.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         default=5.0,
         help="seconds to wait for NATS before giving up (default 5)",
     )
@@ -332,10 +303,10 @@ def _parser() -> argparse.ArgumentParser:
     tag_sub = tag.add_subparsers(dest="tag_command", required=True, metavar="ACTION")
     add = tag_sub.add_parser("add", help="create a tag", parents=[common])
     add.add_argument("tag", help="the tag's name (letters, digits, - _ ., at most 128 characters)")
-    add.add_argument("--step", type=_positive_int, required=True, help="IDs per segment (at least 1)")
+    add.add_argument("--step", type=positive_int, required=True, help="IDs per segment (at least 1)")
     add.add_argument(
         "--start",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="first ID (default 1); refused below the high water of a removed tag of that name",
     )
@@ -347,7 +318,7 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--description", default="", help="free text")
     add.add_argument(
         "--stride",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="a database per datacenter: hand out only IDs equal to --offset modulo this (the same in "
         "every datacenter; default 1, Leaf's tag). Set once: never change it",
@@ -361,7 +332,7 @@ def _parser() -> argparse.ArgumentParser:
     tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
     set_ = tag_sub.add_parser("set", help="change a tag's step (from its next segment)", parents=[common])
     set_.add_argument("tag", help="the tag's name")
-    set_.add_argument("--step", type=_positive_int, required=True, help="IDs per segment (at least 1)")
+    set_.add_argument("--step", type=positive_int, required=True, help="IDs per segment (at least 1)")
     remove = tag_sub.add_parser(
         "remove",
         help="delete a tag (its high water is kept: adding it again below is refused)",
@@ -394,7 +365,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     leaf.add_argument(
         "--margin",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         help="IDs to start above Leaf's max_id (default: max(step, 1000000), one largest Leaf segment)",
     )

@@ -16,6 +16,7 @@ from typing import Literal
 
 import msgspec
 
+from dispenser.arguments import positive_float, positive_int
 from dispenser.bench.deployment import add_target_options, deployment_of
 from dispenser.bench.errors import BenchError
 
@@ -166,23 +167,6 @@ def plan_for_mode(options: BenchOptions, run_id: str) -> ModePlan:
 # -- the command line --------------------------------------------------------------------------------
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
 def _inflight_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.split(",") if part.strip())
@@ -205,11 +189,11 @@ def _parser() -> argparse.ArgumentParser:
     # Defaults are BenchOptions's, so that the command and the dataclass cannot disagree.
     parser.set_defaults(**dataclasses.asdict(BenchOptions()))
     parser.add_argument("--mode", choices=["segment", "snowflake"], help="generator")
-    parser.add_argument("--duration", type=_positive_float, help="measured seconds per case")
+    parser.add_argument("--duration", type=positive_float, help="measured seconds per case")
     parser.add_argument("--warmup", type=float, help="unmeasured seconds before each case")
     parser.add_argument(
         "--repeat",
-        type=_positive_int,
+        type=positive_int,
         help="measure each case N times, echo and dispenser alternating; report the best window by "
         "requests/s (the switch-over cases pool all N windows)",
     )
@@ -223,11 +207,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--step",
-        type=_positive_int,
+        type=positive_int,
         help="step of the steady tag (default 1e9: even ranges of 10,000 rarely switch segments)",
     )
-    parser.add_argument("--switch-step", type=_positive_int, help="step of the switch-over tag")
-    parser.add_argument("--switch-count", type=_positive_int, help="IDs per request on the switch-over tag")
+    parser.add_argument("--switch-step", type=positive_int, help="step of the switch-over tag")
+    parser.add_argument("--switch-count", type=positive_int, help="IDs per request on the switch-over tag")
     parser.add_argument(
         "--min-switches",
         type=int,
@@ -236,10 +220,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--switch-max-time",
-        type=_positive_float,
+        type=positive_float,
         help="but measure each switch-over case for at most this many seconds (default 60)",
     )
-    parser.add_argument("--timeout", type=_positive_float, help="seconds to wait for a reply")
+    parser.add_argument("--timeout", type=positive_float, help="seconds to wait for a reply")
     parser.add_argument(
         "--profile-worker",
         type=Path,
