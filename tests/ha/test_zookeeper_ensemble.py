@@ -11,6 +11,7 @@ address and one lease per holder, and no ID is issued twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import uuid
@@ -64,7 +65,19 @@ async def workers(
 
     The modes keep apart (registry names of their own): each is a fleet of two, with worker IDs 0 and 1.
     """
-    name = f"ha7-{uuid.uuid4().hex[:8]}"
+    async with two_workers_per_mode(nats_server.url, zk_ensemble.hosts, tmp_path, "ha7") as started:
+        yield started
+
+
+@contextlib.asynccontextmanager
+async def two_workers_per_mode(
+    nats_url: str, hosts: str, tmp_path: Path, label: str
+) -> AsyncIterator[dict[str, Worker]]:
+    """Workers z1, z2 (``zookeeper``) and l1, l2 (``zookeeper-lease``) on ``hosts``, each on its own prefix.
+
+    The modes keep apart (registry names of their own): each is a fleet of two, with worker IDs 0 and 1.
+    """
+    name = f"{label}-{uuid.uuid4().hex[:8]}"
     async with AsyncExitStack() as stack:
         started: dict[str, Worker] = {}
         for prefix, mode in (
@@ -74,12 +87,12 @@ async def workers(
             ("l2", "zookeeper-lease"),
         ):
             config = snowflake_config(
-                nats_server.url,
+                nats_url,
                 tmp_path / prefix,
                 name=f"{name}-{mode}",
                 mode=mode,
                 prefix=prefix,
-                zookeeper_hosts=zk_ensemble.hosts,
+                zookeeper_hosts=hosts,
                 zookeeper_session_timeout=SESSION_TIMEOUT,
                 zookeeper_connect_timeout=5.0,
                 address=f"10.0.0.{len(started) + 1}:8080",

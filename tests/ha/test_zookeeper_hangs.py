@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from functools import partial
@@ -34,9 +33,14 @@ from dispenser.testing.faultproxy import FaultProxy
 from dispenser.testing.servers import NatsServer, ZooKeeperEnsemble, ZooKeeperServer
 from tests.ha.cluster_support import restored
 from tests.ha.load_support import load, until
-from tests.ha.test_zookeeper_ensemble import SESSION_TIMEOUT, TAG, registry_of, session_of, subject_gaps
-from tests.integration.segment_support import running_worker
-from tests.integration.snowflake_support import lease_owner, snowflake_config, worker_id_of
+from tests.ha.test_zookeeper_ensemble import (
+    TAG,
+    registry_of,
+    session_of,
+    subject_gaps,
+    two_workers_per_mode,
+)
+from tests.integration.snowflake_support import lease_owner, worker_id_of
 
 pytestmark = [pytest.mark.ha, pytest.mark.zookeeper, pytest.mark.nats]
 
@@ -60,28 +64,8 @@ async def workers(
     nats_server: NatsServer, proxies: list[FaultProxy], tmp_path: Path
 ) -> AsyncIterator[dict[str, Worker]]:
     """Two workers per ZooKeeper mode, reaching the ensemble through the proxies."""
-    name = f"ha22-{uuid.uuid4().hex[:8]}"
     hosts = ",".join(f"{host}:{port}" for host, port in (p.address for p in proxies))
-    async with AsyncExitStack() as stack:
-        started: dict[str, Worker] = {}
-        for prefix, mode in (
-            ("z1", "zookeeper"),
-            ("z2", "zookeeper"),
-            ("l1", "zookeeper-lease"),
-            ("l2", "zookeeper-lease"),
-        ):
-            config = snowflake_config(
-                nats_server.url,
-                tmp_path / prefix,
-                name=f"{name}-{mode}",
-                mode=mode,
-                prefix=prefix,
-                zookeeper_hosts=hosts,
-                zookeeper_session_timeout=SESSION_TIMEOUT,
-                zookeeper_connect_timeout=5.0,
-                address=f"10.0.0.{len(started) + 1}:8080",
-            )
-            started[prefix] = await stack.enter_async_context(running_worker(config))
+    async with two_workers_per_mode(nats_server.url, hosts, tmp_path, "ha22") as started:
         yield started
 
 
