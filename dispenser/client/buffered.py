@@ -486,12 +486,9 @@ class IdClient:
         backoff = Backoff(settings.retry_initial, settings.retry_max, clock=self.clock, jitter=0.2)
         engine = state.engine
         dropped_in_a_row = 0
-        catch_up = 0
         try:
             while True:
-                count = self._range_size(state, self.clock.monotonic())
-                if catch_up:
-                    count, catch_up = min(settings.max_request, max(count, catch_up)), 0
+                count = self._range_size(state, self.clock.monotonic())  # a source behind: the gap too
                 request = IdRequest(count=count, request_id=uuid.uuid4().hex, format="ranges")
                 reply = await self._attempts(state, request, backoff)
                 if reply is None:  # refused: no retry
@@ -511,11 +508,6 @@ class IdClient:
                     state.notify()
                 else:
                     dropped_in_a_row += 1
-                    # The worker that answered is behind what we hold (another worker's segments came
-                    # first: a datacenter or a worker lost, say). Ask for enough to pass our IDs at once:
-                    # range by range, a worker with a large segment in hand would take a request per range
-                    # to catch up, long past a caller's timeout. The IDs skipped are gaps, never repeats.
-                    catch_up = engine.buffer.high - reply.ranges[-1][1] + count
                     if dropped_in_a_row > 2:  # not one worker behind: the tag's counter went back (by hand?)
                         log.warning(
                             "refill of %r: %d ranges in a row below the IDs held",

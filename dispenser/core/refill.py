@@ -62,7 +62,17 @@ class Refill:
         overlap: what an arriving range below the IDs installed means.
     """
 
-    __slots__ = ("_mark_at", "_mark_issued", "buffer", "last_size", "meter", "min_gap", "overlap", "wanted")
+    __slots__ = (
+        "_mark_at",
+        "_mark_issued",
+        "behind",
+        "buffer",
+        "last_size",
+        "meter",
+        "min_gap",
+        "overlap",
+        "wanted",
+    )
 
     def __init__(
         self,
@@ -79,6 +89,10 @@ class Refill:
         self.min_gap = min_gap
         self.overlap = overlap
         self.wanted = 0
+        self.behind = 0
+        """With :attr:`Overlap.SKIP`: how far below the IDs held the last reply lay when all of it was skipped
+        (0 otherwise). :meth:`size` asks for that much more, so that a source far behind is passed in one
+        fetch, not a fetch per step (its skipped IDs are gaps, never repeats)."""
         """The most IDs a waiting take needs in hand (0: none waits); sizes the fetch."""
         self.last_size: int | None = None
         """The size of the last range that arrived (``None`` before the first)."""
@@ -154,6 +168,8 @@ class Refill:
         """
         shortfall = self.shortfall(outside)
         size = shortfall if step is None else max(step, shortfall)
+        if self.behind:
+            size += self.behind
         if cap is not None:
             size = min(size, cap)
         return size or None
@@ -189,6 +205,7 @@ class Refill:
                 could repeat IDs. The fetch is over; nothing of that range was installed.
         """
         received = dropped = 0
+        highest_skipped = None
         for first, last in ranges:
             segment = Segment(first, last)
             received += segment.size
@@ -196,11 +213,14 @@ class Refill:
                 part = self.buffer.admissible(segment)
                 if part is None:
                     dropped += segment.size
+                    highest_skipped = last if highest_skipped is None else max(highest_skipped, last)
                     continue
                 dropped += part.first - first
                 segment = part
             self.buffer.install(segment, now)  # ends the fetch; raises on overlap (REFUSE)
         # With nothing installed the buffer still counts the fetch in flight: the shell asks again.
+        all_skipped = received > 0 and dropped == received
+        self.behind = self.buffer.high - highest_skipped if all_skipped and highest_skipped is not None else 0
         self.last_size = asked
         return Arrival(received, dropped)
 

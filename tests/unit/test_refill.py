@@ -190,3 +190,21 @@ def test_never_an_id_twice_never_below_one_handed_out_and_sizes_within_bounds(
     assert len(handed) == len(set(handed))  # never an ID twice
     assert all(a < b for a, b in itertools.pairwise(handed))  # never one below an ID handed out
     assert refill.meter.ids_issued == len(handed)
+
+
+def test_a_source_far_behind_is_asked_for_the_whole_gap_and_forgotten_once_passed() -> None:
+    """A reply entirely below what is held: the next size covers the gap; an admitted reply clears it."""
+    clock = ManualClock()
+    refill = engine(clock, overlap=Overlap.SKIP)
+    refill.start()
+    refill.arrive([(1001, 2000)], clock.monotonic(), asked=1000)
+    assert refill.size(100) == 100
+    refill.start()
+    arrival = refill.arrive([(11, 110)], clock.monotonic(), asked=100)
+    assert (arrival.received, arrival.dropped) == (100, 100)
+    assert refill.behind == 2000 - 110
+    assert refill.size(100) == 100 + 1890
+    assert refill.size(100, cap=500) == 500
+    refill.arrive([(1901, 3990)], clock.monotonic(), asked=1990)
+    assert refill.behind == 0
+    assert refill.size(100) == 100
