@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,15 +164,17 @@ async def test_serve_gives_up_at_its_start_deadline(pg_dsn: str) -> None:
     assert f"cannot start: cannot connect to NATS at {url} within 2 s" in errors[0]
 
 
-async def signal_while_starting(env: Mapping[str, str], started: asyncio.Event, tmp_path: Path) -> float:
-    """Start ``dispenser serve``, SIGTERM it once ``started`` is set; how long it took to exit after the signal."""
+async def signal_while_starting(
+    env: Mapping[str, str], tmp_path: Path, started: Callable[[Path], bool], what: str
+) -> float:
+    """Start ``dispenser serve``, SIGTERM it once ``started(its log)`` holds; how long it took to exit after."""
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dispenser", "serve", env=os.environ | dict(env), stdout=log, stderr=log
         )
     try:
-        await asyncio.wait_for(started.wait(), 30)
+        await wait_until(lambda: started(log_path), what=what, timeout=30)
         assert proc.returncode is None, log_path.read_text()
         proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
@@ -192,23 +194,13 @@ async def signal_while_starting(env: Mapping[str, str], started: asyncio.Event, 
 async def test_sigterm_stops_serve_while_nats_is_refused(pg_dsn: str, tmp_path: Path) -> None:
     """SIGTERM while ``serve`` retries a closed NATS port (deadline 60 s): it exits at once, not at SIGKILL."""
     await prepare(pg_dsn, [("order", 100)])
-    log_path = tmp_path / "serve.log"
-    started = asyncio.Event()
-
-    async def watch_log() -> None:
-        await wait_until(
-            lambda: log_path.exists() and "cannot reach NATS" in log_path.read_text(),
-            what="serve says it cannot reach NATS",
-            timeout=30,
-        )
-        started.set()
-
-    watcher = asyncio.create_task(watch_log())
-    try:
-        env = serve_env(closed_url(), pg_dsn, DISPENSER_NATS_START_DEADLINE="60")
-        took = await signal_while_starting(env, started, tmp_path)
-    finally:
-        watcher.cancel()
+    env = serve_env(closed_url(), pg_dsn, DISPENSER_NATS_START_DEADLINE="60")
+    took = await signal_while_starting(
+        env,
+        tmp_path,
+        lambda log: log.exists() and "cannot reach NATS" in log.read_text(),
+        "serve says it cannot reach NATS",
+    )
     print(f"\nserve, NATS refused: exited {took:.2f} s after SIGTERM")
     assert took < 10
 
@@ -219,18 +211,10 @@ async def test_sigterm_stops_serve_while_nats_is_silent(
     """SIGTERM while ``serve`` waits on a NATS that accepted the connection and never answers."""
     await prepare(pg_dsn, [("order", 100)])
     async with silent_nats(nats_server) as proxy:
-        started = asyncio.Event()
-
-        async def connected() -> None:
-            await wait_until(lambda: proxy.connections >= 1, what="serve connects to the proxy", timeout=30)
-            started.set()
-
-        waiter = asyncio.create_task(connected())
-        try:
-            env = serve_env(proxy.url("nats"), pg_dsn, DISPENSER_NATS_START_DEADLINE="60")
-            took = await signal_while_starting(env, started, tmp_path)
-        finally:
-            waiter.cancel()
+        env = serve_env(proxy.url("nats"), pg_dsn, DISPENSER_NATS_START_DEADLINE="60")
+        took = await signal_while_starting(
+            env, tmp_path, lambda _log: proxy.connections >= 1, "serve connects to the proxy"
+        )
     print(f"\nserve, NATS silent: exited {took:.2f} s after SIGTERM")
     assert took < 10
 
