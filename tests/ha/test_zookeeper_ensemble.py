@@ -121,7 +121,7 @@ async def test_leader_kill_and_own_server_kill_keep_every_worker_issuing(
                 if what == "leader":
                     victim = zk_ensemble.leader()
                 else:
-                    found = await asyncio.to_thread(zk_ensemble.member_with_session, sessions["z1"])
+                    found = await asyncio.to_thread(zk_ensemble.await_session, sessions["z1"])
                     assert found is not None, "worker z1's session is on no server"
                     victim = found
                 before = await asyncio.to_thread(zk_ensemble.modes)
@@ -133,7 +133,7 @@ async def test_leader_kill_and_own_server_kill_keep_every_worker_issuing(
                 election = time.monotonic() - killed_at
                 # Three seconds of load on the two survivors, then the victim rejoins before the next kill.
                 await asyncio.sleep(3)
-                moved = await asyncio.to_thread(zk_ensemble.member_with_session, sessions["z1"])
+                moved = await asyncio.to_thread(zk_ensemble.await_session, sessions["z1"])
                 gaps = {s.split(".")[0]: subject_gaps(seen, s, killed_at - 1) for s in subjects}
                 figures.append(
                     f"{what} killed ({before}): new leader {elected.hosts} after {election:.2f} s; "

@@ -130,7 +130,9 @@ async def test_frozen_servers_and_a_one_way_cut_keep_every_worker_issuing(
                 if fault == "leader frozen":
                     victim = await asyncio.to_thread(zk_ensemble.leader)
                 else:
-                    found = await server_of("z1" if fault.startswith("z1") else "l1")
+                    # Asked until found: the previous fault's election made every session reconnect.
+                    prefix = "z1" if fault.startswith("z1") else "l1"
+                    found = await asyncio.to_thread(zk_ensemble.await_session, sessions[prefix])
                     assert found is not None, f"{fault}: the worker's session is on no server"
                     victim = found
                 proxy = proxies[zk_ensemble.members.index(victim)]

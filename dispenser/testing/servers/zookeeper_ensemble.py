@@ -121,5 +121,16 @@ class ZooKeeperEnsemble(ServerGroup[ZooKeeperServer]):
                 return member
         return None
 
+    def await_session(self, session_id: int, timeout: float = 10.0) -> ZooKeeperServer | None:
+        """:meth:`member_with_session`, asked again every 0.1 s for up to ``timeout`` s while no member lists it.
+
+        After an election every follower drops its clients, which reconnect after a back-off: for a moment
+        a live session is on no server (seen in a test that asked once, right after the ensemble settled).
+        """
+        deadline = time.monotonic() + timeout
+        while (found := self.member_with_session(session_id)) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return found
+
     def __repr__(self) -> str:
         return f"ZooKeeperEnsemble(hosts={self.hosts!r}, modes={self.modes()})"
