@@ -4,8 +4,8 @@ No cluster runs here: each manifest is validated offline against the JSON schema
 ``kubernetes-validate`` package bundles (strict: an unknown or misspelt field fails), then checked for what a
 schema cannot know — the probes reach the worker's metrics port and its ``/healthz`` and ``/readyz``, the
 ConfigMap's file is a configuration the dispenser accepts, every variable of the Secret is a real setting,
-the state directory is a volume of the pod's own, a preStop hook runs before the drain, and the
-PodDisruptionBudget selects the Deployment's pods.
+the state directory is a volume of the pod's own, a preStop hook runs before the drain, the
+PodDisruptionBudget selects the Deployment's pods, and the Service reaches the port Leaf's HTTP API is served on.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _container() -> dict[str, Any]:
 
 def test_the_manifests_are_there() -> None:
     kinds = sorted(document["kind"] for document in _documents())
-    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Secret"]
+    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service"]
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda path: path.name)
@@ -145,3 +145,16 @@ def test_the_disruption_budget_selects_the_deployments_pods() -> None:
     assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert budget["spec"]["maxUnavailable"] < deployment["spec"]["replicas"]
+
+
+def test_the_service_reaches_leafs_http_api_on_the_deployments_pods() -> None:
+    deployment = _one("Deployment")
+    service = _one("Service")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    _, text = _config_file()
+    http = tomllib.loads(text)["http"]
+    assert http["host"] == "0.0.0.0", "callers come from outside the pod"
+    ports = {item["name"]: item["containerPort"] for item in _container()["ports"]}
+    (port,) = service["spec"]["ports"]
+    assert ports[port["targetPort"]] == http["port"], "the Service must reach the port http.port serves on"
