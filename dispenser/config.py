@@ -211,7 +211,15 @@ class KafkaConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     heartbeat_interval_ms: int = 3_000
     retry_backoff_ms: int = 10
     """aiokafka's default of 100 ms costs every transaction a 100 ms stall on a retried produce."""
-    request_timeout_ms: int = 30_000
+    request_timeout_ms: int = 5_000
+    """How long a client waits for any one answer from a broker before it drops the connection, refreshes
+    its metadata and asks again (aiokafka's default: 40 s; this one's was 30 s). A hung or cut-off broker
+    answers nothing, so a flow waits on it a multiple of this (a killed one resets at once). Measured with a
+    frozen transaction coordinator: at 30 s neither request/reply nor the enricher resumed within 30 s; at
+    5 s they resumed after 3-20 s and 5-15 s (``docs/kafka.md``, "A broker that hangs"). Keep it below
+    ``session_timeout_ms``: a heartbeat stuck on a frozen group coordinator must time out, and reach the new
+    one, before that coordinator ends the member's session. A JoinGroup the broker holds longer (until the
+    other members rejoin, up to the session timeout) times out and is sent again: a reconnect, no harm."""
 
 
 class EnrichConfig(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -1,7 +1,7 @@
 """One client's bad reply address stalls nobody else: replies to a missing topic or partition are dropped fast.
 
 Before, a reply to a topic that does not exist waited for the topic's metadata inside the consume loop, up
-to ``request_timeout_ms`` (30 s), and every request behind it on the worker waited with it.
+to ``request_timeout_ms`` (then 30 s by default), and every request behind it on the worker waited with it.
 """
 
 from __future__ import annotations

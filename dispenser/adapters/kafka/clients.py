@@ -358,6 +358,10 @@ async def _with_admin(config: KafkaConfig, work: Callable[[AIOKafkaAdminClient],
     broker that has just died (until the broker's session times out) sends some requests there and gets
     ``NodeNotReadyError``; a new client, bootstrapped from the live brokers, asks again.
 
+    Each attempt starts its bootstrap at the next of the configured servers: aiokafka tries them in the
+    given order, and a frozen one (it accepts connections and answers nothing) first in the list cost every
+    attempt a whole request timeout before the next server was asked.
+
     Raises:
         OSError: the cluster could not be reached, or the error persisted (or was not retriable).
     """
@@ -365,7 +369,11 @@ async def _with_admin(config: KafkaConfig, work: Callable[[AIOKafkaAdminClient],
     deadline = loop.time() + _ADMIN_RETRY_SECONDS
     options = _admin_options(config)
     options["request_timeout_ms"] = min(config.request_timeout_ms, _ADMIN_REQUEST_TIMEOUT_MS)
+    servers: list[str] = options["bootstrap_servers"]
+    first = 0
     while True:
+        options["bootstrap_servers"] = servers[first:] + servers[:first]
+        first = (first + 1) % max(1, len(servers))
         admin = AIOKafkaAdminClient(**options)
         reached = False
         try:
@@ -394,17 +402,30 @@ async def _default_replication_factor(admin: AIOKafkaAdminClient) -> int:
     return max(1, min(DEFAULT_REPLICATION_FACTOR, len(brokers)))
 
 
+_NEW_TOPIC_SECONDS: Final = 2.0
+"""How long :func:`topic_partitions` asks again about a topic the cluster says it does not have: one just
+created reaches the brokers' metadata a moment after the creation is answered, and the describe request
+goes to any broker (twice in a row, under load, the enricher's start asked one that did not know its new
+output topic yet)."""
+
+
 async def topic_partitions(config: KafkaConfig, topic: str) -> int:
     """How many partitions ``topic`` has.
 
     Raises:
-        OSError: the cluster could not be reached, or has no such topic.
+        OSError: the cluster could not be reached, or has no such topic (still so after
+            :data:`_NEW_TOPIC_SECONDS`).
     """
-    described = await _with_admin(config, lambda admin: admin.describe_topics([topic]))
-    for entry in described:
-        if entry.get("topic") == topic and entry.get("error_code", 0) == 0 and entry.get("partitions"):
-            return len(entry["partitions"])
-    raise OSError(f"Kafka topic {topic!r} does not exist on {config.bootstrap_servers}")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _NEW_TOPIC_SECONDS
+    while True:
+        described = await _with_admin(config, lambda admin: admin.describe_topics([topic]))
+        for entry in described:
+            if entry.get("topic") == topic and entry.get("error_code", 0) == 0 and entry.get("partitions"):
+                return len(entry["partitions"])
+        if loop.time() >= deadline:
+            raise OSError(f"Kafka topic {topic!r} does not exist on {config.bootstrap_servers}")
+        await asyncio.sleep(0.2)
 
 
 class KafkaRateSink:

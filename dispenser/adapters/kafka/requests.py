@@ -324,8 +324,8 @@ class KafkaRequestService:
             return
         partitions = self._partitions(reply.topic)
         if partitions is None:
-            # send() would wait here for the topic's metadata, up to request_timeout_ms (30 s) for a topic
-            # that does not exist, and every request behind this one with it: wait in a task instead.
+            # send() would wait here for the topic's metadata, up to request_timeout_ms (5 s by default) for
+            # a topic that does not exist, and every request behind this one with it: wait in a task instead.
             batch.pending.append((asyncio.create_task(self._deliver(reply)), None))
             return
         if reply.partition is not None and reply.partition not in partitions:
