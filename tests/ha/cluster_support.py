@@ -13,10 +13,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+from dispenser.testing.faultproxy import ThreadedFaultProxy
 from dispenser.testing.servers import DevServerError, KafkaCluster, NatsCluster, ZooKeeperEnsemble
 from dispenser.testing.servers.group import ServerGroup
 
-__all__ = ["kafka_cluster", "nats_cluster", "restored", "zk_ensemble"]
+__all__ = ["kafka_cluster", "kafka_proxies", "nats_cluster", "restored", "zk_ensemble"]
 
 _Group = TypeVar("_Group", bound=ServerGroup[Any])
 
@@ -54,6 +55,31 @@ def zk_ensemble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperE
 
 
 @pytest.fixture(scope="session")
-def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    """Three KRaft Kafka nodes (replication factor 3, min.insync.replicas 2, 3 s broker sessions)."""
-    yield from _running(KafkaCluster(tmp_path_factory.mktemp("kafka-cluster")))
+def kafka_proxies() -> Iterator[list[ThreadedFaultProxy]]:
+    """A fault proxy per member of ``kafka_cluster``, in the members' order (healed by each test that cuts one).
+
+    Each runs on a thread of its own, listening before the cluster starts, since the brokers advertise
+    their ports; clients that bootstrap from ``kafka_cluster.proxied_bootstrap`` go through them.
+    """
+    with contextlib.ExitStack() as stack:
+        # The upstream is each broker's proxied listener, known once the cluster is made (kafka_cluster).
+        yield [stack.enter_context(ThreadedFaultProxy(("127.0.0.1", 0))) for _ in range(3)]
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(
+    tmp_path_factory: pytest.TempPathFactory, kafka_proxies: list[ThreadedFaultProxy]
+) -> Iterator[KafkaCluster]:
+    """Three KRaft Kafka nodes (replication factor 3, min.insync.replicas 2, 3 s broker sessions).
+
+    Clients reach them directly (``bootstrap``) or through ``kafka_proxies`` (``proxied_bootstrap``).
+    """
+    cluster = KafkaCluster(
+        tmp_path_factory.mktemp("kafka-cluster"), proxied_at=[proxy.port for proxy in kafka_proxies]
+    )
+    for running in _running(cluster):
+        # The proxied listeners' ports are final once the members have started (picked again until then).
+        for proxy, member in zip(kafka_proxies, cluster.members, strict=True):
+            assert member.proxied_port is not None
+            proxy.proxy.upstream = ("127.0.0.1", member.proxied_port)
+        yield running

@@ -12,6 +12,7 @@ Fixtures:
     nats_cluster, zk_ensemble, kafka_cluster: three routed NATS servers, a 3-server ZooKeeper ensemble and
         three KRaft Kafka nodes, shared by the session (see ``cluster_support``); a test that kills a member
         restarts it before it ends.
+    kafka_proxies: a fault proxy in front of each Kafka node, for clients of ``proxied_bootstrap``.
 """
 
 from __future__ import annotations
@@ -26,9 +27,17 @@ import pytest
 
 from dispenser.testing.servers import DevServerError
 from dispenser.testing.servers.patroni import PatroniCluster
-from tests.ha.cluster_support import kafka_cluster, nats_cluster, zk_ensemble
+from tests.ha.cluster_support import kafka_cluster, kafka_proxies, nats_cluster, zk_ensemble
 
-__all__ = ["ha_cluster", "ha_dsn", "kafka_cluster", "nats_cluster", "patroni_cluster", "zk_ensemble"]
+__all__ = [
+    "ha_cluster",
+    "ha_dsn",
+    "kafka_cluster",
+    "kafka_proxies",
+    "nats_cluster",
+    "patroni_cluster",
+    "zk_ensemble",
+]
 
 
 @pytest.fixture(scope="session")

@@ -121,6 +121,8 @@ _SECURE = "SECURE"
 """The listener name of the SASL_SSL listener."""
 _MTLS = "MTLS"
 """The listener name of the SSL listener that requires a client certificate."""
+_PROXIED = "PROXIED"
+"""The listener name of the plaintext listener advertised at a fault proxy's address (``proxied_at``)."""
 
 # What StorageTool's --add-scram parser cannot take inside a value, even quoted.
 _SCRAM_UNSAFE = frozenset(',[]="\\ \n')
@@ -184,6 +186,11 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         cluster_id: The cluster ID the storage is formatted with (the same for every member); random
             when omitted.
         secure: A SASL_SSL listener to add (:attr:`secure_bootstrap`), with its certificate and SCRAM users.
+        proxied_at: Add a second plaintext listener for clients (on :attr:`proxied_port`) that advertises
+            ``127.0.0.1:proxied_at`` instead of its own address: a fault proxy listening there, forwarding to
+            :attr:`proxied_port`, then carries every connection of the clients that bootstrap through it,
+            including those opened from the metadata (Kafka answers each listener's own advertised
+            addresses). The brokers keep talking to each other over the plain listener, past the proxy.
         start_timeout: Seconds to wait until the broker lists itself in its metadata.
         stop_timeout: Seconds to wait after SIGTERM before SIGKILL.
     """
@@ -202,6 +209,7 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         voters: str | None = None,
         cluster_id: str | None = None,
         secure: SecureListener | None = None,
+        proxied_at: int | None = None,
         start_timeout: float = 60.0,
         stop_timeout: float = 20.0,
     ) -> None:
@@ -220,6 +228,11 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         self._auto_secure_port = secure is not None and secure.port is None
         self.secure_port = (secure.port or free_port()) if secure is not None else None
         self.tls_port = free_port() if secure is not None and secure.client_ca is not None else None
+        if proxied_at is not None and secure is not None:
+            raise ValueError("a broker with a SecureListener takes no proxied listener")
+        self.proxied_at = proxied_at
+        self.proxied_port = free_port() if proxied_at is not None else None
+        """The proxied listener's own port (the proxy's upstream); ``None`` without ``proxied_at``."""
         self._repaired: set[DroppedMarkers] = set()
 
     @property
@@ -237,6 +250,17 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         if self.secure_port is None:
             raise ValueError("this broker has no SASL_SSL listener (pass secure=SecureListener(...))")
         return f"{LOOPBACK}:{self.secure_port}"
+
+    @property
+    def proxied_bootstrap(self) -> str:
+        """``127.0.0.1:PORT`` that the proxied listener advertises (where its fault proxy listens).
+
+        Raises:
+            ValueError: the broker has no proxied listener (no ``proxied_at``).
+        """
+        if self.proxied_at is None:
+            raise ValueError("this broker has no proxied listener (pass proxied_at=<the proxy's port>)")
+        return f"{LOOPBACK}:{self.proxied_at}"
 
     @property
     def tls_bootstrap(self) -> str:
@@ -323,6 +347,13 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
             settings["share.coordinator.state.topic.min.isr"] = "1"
         if self.secure is not None:
             settings |= self._secure_settings(self.secure, controller)
+        if self.proxied_at is not None:
+            settings |= {
+                "listeners": f"PLAINTEXT://{self.bootstrap},{_PROXIED}://{LOOPBACK}:{self.proxied_port},"
+                f"CONTROLLER://{controller}",
+                "advertised.listeners": f"PLAINTEXT://{self.bootstrap},{_PROXIED}://{LOOPBACK}:{self.proxied_at}",
+                "listener.security.protocol.map": f"PLAINTEXT:PLAINTEXT,{_PROXIED}:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            }
         settings |= self.config
         self._properties.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
 
@@ -401,6 +432,8 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         if not self._ever_started and self._auto_controller_port:
             # Until the first start, both ports are ours to re-pick (the base class re-picks the client one).
             self.controller_port = free_port()
+        if not self._ever_started and self.proxied_port is not None:
+            self.proxied_port = free_port()
         if not self._ever_started and self._auto_secure_port:
             self.secure_port = free_port()
             if self.tls_port is not None:

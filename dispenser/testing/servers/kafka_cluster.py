@@ -3,14 +3,16 @@
 Every member is a :class:`~dispenser.testing.servers.kafka.KafkaBroker` with its own node ID, sharing the
 controller quorum and the cluster ID, configured for high availability (``docs/ha.md``):
 replication factor 3 and ``min.insync.replicas`` 2 for new and internal topics (the consumer offsets and
-the transaction log), and a 3 s broker session (heartbeat 0.5 s) so that a killed broker's partitions get
-new leaders in ~5 s rather than ~10 s. The log cleaner's buffer stays at 16 MiB (256 MiB heaps).
+the transaction log), a 3 s broker session (heartbeat 0.5 s) so that a killed broker's partitions get
+new leaders in ~5 s rather than ~10 s, and a 5 s limit on the brokers' requests to the controller (30 s by
+default: a frozen controller held admin requests that long). The log cleaner's buffer stays at 16 MiB (256
+MiB heaps).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from dispenser.testing.servers.group import ServerGroup
@@ -57,6 +59,10 @@ class KafkaCluster(ServerGroup[KafkaBroker]):
         size: Number of nodes (3: one may fail with replication factor 3 and two replicas in sync).
         version: The Kafka release.
         start_timeout: Seconds each member may take to list itself in its metadata.
+        proxied_at: One port per member: member ``n`` also gets a plaintext client listener advertised at
+            ``127.0.0.1:proxied_at[n - 1]``, where a fault proxy to its :attr:`~KafkaBroker.proxied_port`
+            is to listen (:attr:`proxied_bootstrap`; see :class:`KafkaBroker`). The members replicate and
+            elect past the proxies: cutting one cuts the clients' path to that broker only.
         stop_timeout: Seconds each member may take to stop after SIGTERM before it is killed. Members
             stopped together cannot all shut down cleanly (the last ones lose the controller quorum and
             wait for it: 15 s measured with 20 s here), so the default is short; a killed member recovers
@@ -71,13 +77,21 @@ class KafkaCluster(ServerGroup[KafkaBroker]):
         version: str = KAFKA_VERSION,
         start_timeout: float = 90.0,
         stop_timeout: float = 5.0,
+        proxied_at: Sequence[int] | None = None,
     ) -> None:
+        if proxied_at is not None and len(proxied_at) != size:
+            raise ValueError(f"proxied_at needs one port per member ({size}), got {len(proxied_at)}")
         self.workdir = Path(workdir)
         self.start_timeout = start_timeout
         controllers = {n: free_port() for n in range(1, size + 1)}
         voters = ",".join(f"{n}@{LOOPBACK}:{port}" for n, port in controllers.items())
         cluster_id = new_cluster_id()
-        settings = _replication_settings(size, version)
+        settings = _replication_settings(size, version) | {
+            # Each broker forwards admin requests (CreateTopics) to the active controller over a channel
+            # whose requests wait this long: 30 s by default, which a frozen controller held every topic
+            # creation for (the channel stays on the old controller until its request times out).
+            "controller.socket.timeout.ms": "5000",
+        }
         super().__init__(
             [
                 KafkaBroker(
@@ -91,6 +105,7 @@ class KafkaCluster(ServerGroup[KafkaBroker]):
                     cluster_id=cluster_id,
                     start_timeout=start_timeout,
                     stop_timeout=stop_timeout,
+                    proxied_at=None if proxied_at is None else proxied_at[n - 1],
                 )
                 for n, port in controllers.items()
             ]
@@ -100,6 +115,15 @@ class KafkaCluster(ServerGroup[KafkaBroker]):
     def bootstrap(self) -> str:
         """Every member's ``127.0.0.1:PORT``, comma-separated (``kafka.bootstrap_servers``)."""
         return ",".join(m.bootstrap for m in self.members)
+
+    @property
+    def proxied_bootstrap(self) -> str:
+        """Every member's proxied address (``proxied_at``), comma-separated.
+
+        Raises:
+            ValueError: the cluster was made without ``proxied_at``.
+        """
+        return ",".join(m.proxied_bootstrap for m in self.members)
 
     def metadata(self, topics: Iterable[str] = ()) -> Metadata:
         """Metadata (of ``topics``) from the first running member that answers.
