@@ -341,9 +341,11 @@ async def _ensure_topics(
     return created
 
 
-_ADMIN_RETRY_SECONDS: Final = 20.0
+_ADMIN_RETRY_SECONDS: Final = 40.0
 """How long an admin call that reached the cluster retries a retriable error: past the default broker
-session (9 s), during which the metadata still names a broker that has just died."""
+session (9 s), during which the metadata still names a broker that has just died, and past a few request
+timeouts more for a broker that hangs (any request of an attempt may go to it until it is fenced, and a
+hung controller holds the creations the brokers forward to it: 20 s was too short in 1 of 11 freezes)."""
 _ADMIN_REQUEST_TIMEOUT_MS: Final = 5_000
 """An admin request's own limit: aiokafka waits this long for the node it picked (the dead one, if its
 metadata says so) to be ready, before a new client asks again."""
