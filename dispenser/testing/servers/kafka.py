@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dispenser.testing.servers.kafka_markers import DroppedMarkers, dropped_markers, write_markers
+from dispenser.testing.servers.kafka_markers import (
+    DroppedMarkers,
+    dropped_markers,
+    lost_markers,
+    write_markers,
+)
 from dispenser.testing.servers.kafka_wire import metadata
 from dispenser.testing.servers.maven import cache_dir, fetch_command, fetch_jars, is_complete, packaged_pom
 from dispenser.testing.servers.process import LOOPBACK, ServerNotFoundError, ServerStartError, free_port
@@ -234,6 +241,7 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         self.proxied_port = free_port() if proxied_at is not None else None
         """The proxied listener's own port (the proxy's upstream); ``None`` without ``proxied_at``."""
         self._repaired: set[DroppedMarkers] = set()
+        self._undecided_since: dict[DroppedMarkers, float] = {}
 
     @property
     def bootstrap(self) -> str:
@@ -290,16 +298,37 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
 
         Kafka's own bug, on a single node killed while a transaction commits (see
         :mod:`~dispenser.testing.servers.kafka_markers`): the transaction stays open on its partitions for
-        ever. Each is repaired once, as the coordinator decided it; one whose partitions have no leader yet
-        is tried again at the next call. Tests that restart a broker under transactions call this until
-        their stream has gone through, as an operator would run ``kafka-transactions.sh``.
+        ever. Found in the broker's log, and also in its files for markers lost without a log line (a clean
+        restart too: :func:`~dispenser.testing.servers.kafka_markers.lost_markers`, once undecided for
+        :attr:`_LOST_AFTER` seconds). Each is repaired once, as the coordinator decided it; one whose
+        partitions have no leader yet is tried again at the next call. Tests that restart a broker under
+        transactions call this until their stream has gone through, as an operator would run
+        ``kafka-transactions.sh``.
         """
         written = []
-        for dropped in dropped_markers(self.log_path):
+        for dropped in [*dropped_markers(self.log_path), *self._lost_markers()]:
             if dropped not in self._repaired and write_markers(self._port, dropped):
                 self._repaired.add(dropped)
                 written.append(dropped)
         return written
+
+    _LOST_AFTER = 3.0
+    """Seconds records must stay undecided, their transaction decided, before their markers count as lost
+    (the coordinator writes them within milliseconds of deciding)."""
+
+    def _lost_markers(self) -> list[DroppedMarkers]:
+        """:func:`~dispenser.testing.servers.kafka_markers.lost_markers`, each once seen for :attr:`_LOST_AFTER`."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        elected = re.findall(r"Elected as the txn coordinator for partition \d+ at epoch (\d+)", text)
+        if not elected or not self.data_dir.is_dir():
+            return []
+        now = time.monotonic()
+        found = lost_markers(self.data_dir, int(elected[-1]))
+        self._undecided_since = {lost: self._undecided_since.get(lost, now) for lost in found}
+        return [lost for lost, since in self._undecided_since.items() if now - since >= self._LOST_AFTER]
 
     @property
     def _properties(self) -> Path:

@@ -7,13 +7,17 @@ Why a restart leaves hanging transactions, and the operator's repair: ``docs/kaf
 
 from __future__ import annotations
 
+import logging
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from dispenser.testing.servers.kafka_wire import metadata, write_txn_markers
 
-__all__ = ["DroppedMarkers", "dropped_markers", "write_markers"]
+__all__ = ["DroppedMarkers", "dropped_markers", "lost_markers", "write_markers"]
+
+log = logging.getLogger(__name__)
 
 _SENDING = re.compile(
     r"Sending txn markers for TransactionalIdCoordinatorEpochAndTransitMetadata\["
@@ -38,6 +42,10 @@ class DroppedMarkers:
     commit: bool
     """What the coordinator decided (and recorded as complete)."""
     partitions: tuple[tuple[str, int], ...]
+
+
+_refused: set[DroppedMarkers] = set()
+"""Markers whose refusal was logged (once each: the caller retries every half second)."""
 
 
 def _partition(name: str) -> tuple[str, int]:
@@ -96,5 +104,110 @@ def write_markers(port: int, dropped: DroppedMarkers) -> bool:
             partitions=partitions,
         )
         if errors is None or any(errors.get(tp, -1) != 0 for tp in partitions):
+            # Said, not only retried: 47 (INVALID_PRODUCER_EPOCH) means the producer ID wrote there with a
+            # newer epoch first, and that epoch's marker decided these records too (docs/kafka.md).
+            if dropped not in _refused:
+                _refused.add(dropped)
+                log.warning("the dropped markers of %s were refused: %s", dropped, errors)
             return False
     return True
+
+
+def lost_markers(data_dir: Path, coordinator_epoch: int) -> list[DroppedMarkers]:
+    """Transactions decided by their coordinator but left undecided on partitions, read from the broker's files.
+
+    What :func:`dropped_markers` finds in the log, and more: a single node restarted (cleanly, too) has
+    also come back without the markers of a transaction it had recorded as complete, on every one of its
+    partitions, and logged nothing about it (a run of the restart test, 2026-11-27: ``CompleteCommit`` in
+    ``__transaction_state``, no marker after the records in the output, dead-letter and
+    ``__consumer_offsets`` partitions, whose later offsets were written again). Found here as a
+    ``kafka-transactions.sh find-hanging`` would: per producer ID, the records after its last marker on
+    each partition; the decision is the coordinator's, the first commit or abort it recorded after the
+    producer epoch's last ``Ongoing`` state. A transaction it still records as ongoing is left alone
+    (live, or for its timeout to abort). ``coordinator_epoch``: the coordinator's current epoch, which
+    the markers carry.
+    """
+    open_at: dict[int, dict[tuple[str, int], int]] = {}  # producer ID → partition → epoch of its open records
+    for directory in sorted(data_dir.iterdir()):
+        name = directory.name
+        if not directory.is_dir() or name.startswith(("__cluster_metadata", "__transaction_state")):
+            continue
+        topic, _, index = name.rpartition("-")
+        if not index.isdigit():
+            continue
+        for pid, epoch in _open_transactions(directory).items():
+            open_at.setdefault(pid, {})[(topic, int(index))] = epoch
+    if not open_at:
+        return []
+    decided, ids = _decisions(data_dir / "__transaction_state-0")
+    found = []
+    for pid, partitions in sorted(open_at.items()):
+        for epoch in sorted(set(partitions.values())):
+            commit = decided.get((pid, epoch))
+            if commit is None or pid not in ids:
+                continue
+            found.append(
+                DroppedMarkers(
+                    transactional_id=ids[pid],
+                    producer_id=pid,
+                    producer_epoch=epoch,
+                    coordinator_epoch=coordinator_epoch,
+                    commit=commit,
+                    partitions=tuple(sorted(tp for tp, e in partitions.items() if e == epoch)),
+                )
+            )
+    return found
+
+
+def _open_transactions(directory: Path) -> dict[int, int]:
+    """Producer ID → epoch, for the producers with transactional records after their last marker here."""
+    from aiokafka.record.memory_records import MemoryRecords  # noqa: PLC0415  (only the repair needs it)
+
+    open_: dict[int, int] = {}
+    for segment in sorted(directory.glob("*.log")):
+        records = MemoryRecords(segment.read_bytes())
+        while records.has_next():
+            batch = records.next_batch()
+            if batch is None:  # a batch still being written: read again at the next call
+                break
+            if not batch.is_transactional:
+                continue
+            if batch.is_control_batch:
+                open_.pop(batch.producer_id, None)
+            else:
+                open_[batch.producer_id] = batch.producer_epoch
+    return open_
+
+
+_ONGOING, _PREPARE_COMMIT, _PREPARE_ABORT, _COMPLETE_COMMIT, _COMPLETE_ABORT = 1, 2, 3, 4, 5
+
+
+def _decisions(directory: Path) -> tuple[dict[tuple[int, int], bool | None], dict[int, str]]:
+    """From ``__transaction_state``: (producer ID, epoch) → committed, aborted or None (still ongoing); IDs."""
+    from aiokafka.record.memory_records import MemoryRecords  # noqa: PLC0415
+
+    decided: dict[tuple[int, int], bool | None] = {}
+    ids: dict[int, str] = {}
+    for segment in sorted(directory.glob("*.log")):
+        records = MemoryRecords(segment.read_bytes())
+        while records.has_next():
+            batch = records.next_batch()
+            if batch is None:
+                break
+            for record in batch:
+                key, value = record.key, record.value
+                if key is None or value is None or len(value) < 17:
+                    continue
+                (size,) = struct.unpack_from(">h", key, 2)
+                transactional_id = key[4 : 4 + size].decode()
+                pid, epoch = struct.unpack_from(">qh", value, 2)
+                state = value[16]
+                ids[pid] = transactional_id
+                if state == _ONGOING:
+                    decided[(pid, epoch)] = None
+                elif state in (_PREPARE_COMMIT, _PREPARE_ABORT, _COMPLETE_COMMIT, _COMPLETE_ABORT):
+                    commit = state in (_PREPARE_COMMIT, _COMPLETE_COMMIT)
+                    for (other, other_epoch), known in list(decided.items()):
+                        if other == pid and known is None:
+                            decided[(other, other_epoch)] = commit
+    return decided, ids
