@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.protocol.produce import ProduceRequest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from dispenser.adapters.kafka.clients import ensure_topics, topic_partitions
 from dispenser.config import Config, KafkaConfig, load_config
@@ -130,8 +132,9 @@ async def repairing_dropped_markers(broker: KafkaBroker) -> AsyncIterator[list[D
     """Meanwhile, write the transaction markers ``broker``'s coordinator drops at a restart, as an operator would.
 
     Kafka's bug, not ours (:mod:`dispenser.testing.servers.kafka_markers`): a single node killed while a
-    transaction commits may skip its markers when it comes back, leaving the transaction open for ever on
-    the output and the group's offset pending; the enricher then waits, as it must. Written as the
+    transaction commits may skip its markers when it comes back (or lose them, restarted cleanly),
+    leaving the transaction open for ever on the output and the group's offset pending; the enricher
+    then waits, as it must. Written as the
     coordinator decided them, the stream goes on, and the test's exactly-once check still holds. Yields the
     list of those repaired (each also printed).
     """
@@ -151,6 +154,60 @@ async def repairing_dropped_markers(broker: KafkaBroker) -> AsyncIterator[list[D
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def leave_undecided(
+    bootstrap: str, transactional_id: str, topic: str, partition: int, *, value: bytes, headers: list[Header]
+) -> tuple[int, int]:
+    """Leave ``transactional_id``'s producer a record on ``topic[partition]`` that no transaction will decide.
+
+    The state Kafka leaves when it drops a transaction's marker on a partition at a restart (``docs/kafka.md``,
+    hanging transactions): the producer ID has an undecided record there that its coordinator does not
+    know of. Made here by sending the record without adding the partition to a transaction, which only a
+    broker with ``transaction.partition.verification.enable=false`` accepts. Returns the producer ID and
+    epoch (whose marker, written with ``write_txn_markers``, decides the record).
+    """
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=transactional_id)
+    await producer.start()  # InitProducerId: the ID and epoch the record is written with
+    try:
+        return await send_undecided(producer, topic, partition, value=value, headers=headers)
+    finally:
+        await producer.stop()
+
+
+async def send_undecided(
+    producer: AIOKafkaProducer, topic: str, partition: int, *, value: bytes, headers: list[Header]
+) -> tuple[int, int]:
+    """Send one record as ``producer``'s (a started transactional one), in no transaction; see :func:`leave_undecided`.
+
+    It takes the producer's next sequence number there, so that the producer's own records follow it.
+    Returns the producer ID and epoch.
+    """
+    manager = producer._txn_manager  # aiokafka has no public way to send outside its transactions
+    pid, epoch = manager.producer_id, manager.producer_epoch
+    tp = TopicPartition(topic, partition)
+    batch = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=1,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=manager.sequence_number(tp),
+        batch_size=1 << 20,
+    )
+    batch.append(0, timestamp=None, key=None, value=value, headers=headers)
+    await producer.client._wait_on_metadata(topic)
+    request = ProduceRequest(
+        required_acks=-1,
+        timeout=10_000,
+        topics=[(topic, [(partition, bytes(batch.build()))])],
+        transactional_id=manager.transactional_id,
+    )
+    response = await producer.client.send(producer.client.cluster.leader_for_partition(tp), request)
+    errors = [error for _topic, parts in response.topics for _p, error, *_rest in parts]
+    assert errors == [0], f"the broker refused the record: {errors}"
+    manager.increment_sequence_number(tp, 1)
+    return pid, epoch
 
 
 class TopicReader:

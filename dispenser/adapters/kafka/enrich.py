@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -22,7 +23,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
 
 from dispenser.adapters.kafka.clients import check_security, client_options, ensure_topics, topic_partitions
-from dispenser.adapters.kafka.offsets import CommittedOffsets
+from dispenser.adapters.kafka.offsets import CommittedOffsets, HangingTransaction
 from dispenser.config import EnrichConfig, KafkaConfig
 from dispenser.core.errors import DispenserError
 from dispenser.messages import Kind
@@ -48,6 +49,10 @@ _FINISH_GRACE = 1.0
 _STOP_GRACE = 3.0
 """Seconds a stop gives winding down (commit or abort, closing the producers, leaving the group) before it
 gives up on each further step: a broker that is down must not keep the process alive."""
+_DECIDED_WAIT = 2.0
+"""Seconds a partition's next transaction waits for its last one's markers (ms, usually) before the partition is
+taken over again, which waits on without holding up the others (see :meth:`Enricher._decided`)."""
+_DECIDED_POLL = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +135,7 @@ class _Partition:
         "sends",
         "started",
         "tp",
+        "unsure",
     )
 
     def __init__(
@@ -149,6 +155,9 @@ class _Partition:
         self.sends: list[asyncio.Future[object]] = []
         self.half_done = False
         """A batch is being sent: the transaction holds records past ``next_offset`` (never commit it)."""
+        self.unsure: set[TopicPartition] = set()
+        """Output partitions the last committed transaction wrote to, until seen decided there
+        (:meth:`Enricher._decided`)."""
 
 
 class Enricher:
@@ -162,6 +171,10 @@ class Enricher:
         self._consumer: AIOKafkaConsumer | None = None
         self._offsets = CommittedOffsets(kafka, settings.group)
         self._partitions: dict[TopicPartition, _Partition] = {}
+        self._taking: dict[TopicPartition, asyncio.Task[None]] = {}
+        """Take-overs under way (the partition paused meanwhile): see :meth:`_take_over`."""
+        self._failure: BaseException | None = None
+        """What ended a take-over unexpectedly (a bug, not Kafka): :meth:`run` raises it."""
         self._lock = asyncio.Lock()
         self._out_partitions = 1
         self._dlq_partitions = 1
@@ -246,6 +259,8 @@ class Enricher:
         timeout_ms = max(1, int(min(self.settings.commit_interval, 0.1) * 1000))
         backoff = Backoff(0.5, 0.5, stop=self._stop)
         while not self._stop.is_set():
+            if self._failure is not None:
+                raise self._failure
             try:
                 fetched = await consumer.getmany(
                     timeout_ms=timeout_ms, max_records=self.settings.commit_records
@@ -280,8 +295,13 @@ class Enricher:
             commit: commit the open transactions (the normal stop); false: abort them (the work under
                 way was interrupted, so a transaction may hold records whose offsets it does not cover).
         """
-        self._stop.set()  # a take-over still retrying (in a rebalance) gives up
+        self._stop.set()  # a take-over still retrying gives up
         deadline = time.monotonic() + _STOP_GRACE
+        taking = list(self._taking.values())
+        for task in taking:
+            task.cancel()
+        if taking:
+            await asyncio.wait(taking, timeout=_left(deadline))
         async with self._lock:
             parts, self._partitions = list(self._partitions.values()), {}
             for part in parts:
@@ -324,20 +344,50 @@ class Enricher:
                 return
             for tp in sorted(assigned):
                 if tp not in self._partitions:
-                    try:
-                        await self._own(tp)
-                    except Stopped:  # stopping: the partition is left to the next owner
-                        return
+                    self._take_over(tp)
 
     async def _revoked(self, revoked: Sequence[TopicPartition]) -> None:
         async with self._lock:
             for tp in revoked:
+                taking = self._taking.pop(tp, None)
+                if taking is not None:  # not ours any more: its producer is stopped as the task ends
+                    taking.cancel()
                 part = self._partitions.pop(tp, None)
                 if part is not None:
                     # A failed commit is not retried here: the partition is no longer ours, and taking it
                     # over again would fence its next owner. That owner's take-over aborts what is left.
                     await self._guarded(part, self._commit(part), take_over=False)
                     await self._release(part)
+
+    def _take_over(self, tp: TopicPartition) -> None:
+        """Take ``tp`` over in a task of its own; ``tp`` stays paused until it is done.
+
+        Not inline, in the rebalance callback or in the loop, under the lock: a take-over may wait for
+        long (the coordinator loading after a restart, the previous owner's transaction being aborted, a
+        hanging transaction on an output partition), and meanwhile every other partition would wait too,
+        uncommitted, and the consumer would send no heartbeat (aiokafka starts them after the callback):
+        the group would drop it after the session timeout and rebalance again.
+        """
+        consumer = self._consumer
+        if consumer is None:
+            raise RuntimeError("taking over a partition before start()")
+        under_way = self._taking.get(tp)
+        if under_way is not None and not under_way.done():
+            return
+        consumer.pause(tp)  # records fetched before the take-over's seek are not ours to enrich
+        task = asyncio.create_task(self._own(tp), name=f"take over {_name(tp)}")
+        self._taking[tp] = task
+        task.add_done_callback(functools.partial(self._took_over, tp))
+
+    def _took_over(self, tp: TopicPartition, task: asyncio.Task[None]) -> None:
+        if self._taking.get(tp) is task:
+            del self._taking[tp]
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None and not isinstance(error, Stopped) and self._failure is None:
+            log.error("taking over %s failed", _name(tp), exc_info=error)
+            self._failure = error
 
     async def _own(self, tp: TopicPartition) -> None:
         """Take over ``tp``: fence its previous owner, then resume after its last committed transaction."""
@@ -356,9 +406,7 @@ class Enricher:
                 # The previous owner's last transaction may still be pending (acknowledged, its markers not
                 # all written: seen for seconds after a broker kill -9) although the fence is up: wait
                 # until every transaction on our output partitions is decided before reading the offset.
-                waited = await backoff.attempt(
-                    self._offsets.settled(self._outputs_of(tp), self.settings.transaction_timeout_ms / 1000)
-                )
+                waited = await self._settled(tp, backoff)
                 if waited > 1.0:
                     log.info("%s: waited %.1f s for open transactions to be decided", _name(tp), waited)
                 # Not consumer.committed(): it answers None ("never committed") while the coordinator is
@@ -376,18 +424,44 @@ class Enricher:
             except BaseException:  # stopping (Stopped, cancelled) half-way through a start
                 await _stop_producer(producer)
                 raise
-        if committed is None:
-            await consumer.seek_to_beginning(tp)
-        else:
-            consumer.seek(tp, committed)
-        part = _Partition(tp, producer, self._outputs_of(tp))
-        # Records fetched before this take-over (a stale getmany result) are below this and are skipped.
-        part.next_offset = 0 if committed is None else committed
-        self._partitions[tp] = part
-        consumer.resume(tp)
+        try:
+            async with self._lock:
+                if self._stop.is_set() or tp not in consumer.assignment():
+                    await _stop_producer(producer)  # revoked (or closing) meanwhile: not ours to enrich
+                    return
+                if committed is None:
+                    await consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, committed)
+                part = _Partition(tp, producer, self._outputs_of(tp))
+                # Records fetched before this take-over (a stale getmany result) are below this and skipped.
+                part.next_offset = 0 if committed is None else committed
+                self._partitions[tp] = part
+                consumer.resume(tp)
+        except BaseException:  # cancelled (closing) before the partition was ours
+            if self._partitions.get(tp) is None:
+                await _stop_producer(producer)
+            raise
         log.info(
             "enriching %s from offset %s", _name(tp), "the beginning" if committed is None else committed
         )
+
+    async def _settled(self, tp: TopicPartition, backoff: Backoff) -> float:
+        """Wait until every transaction on ``tp``'s output partitions is decided; the seconds waited.
+
+        A hanging transaction (undecided past the transaction timeout; ``offsets.settled`` logs it) is
+        waited for on and on, never written over: this producer ID's next marker on that partition would
+        decide it too (an abort dropping records whose offsets were committed, a commit publishing
+        aborted ones). Only ``tp`` waits; the enricher's other partitions go on.
+        """
+        began = time.monotonic()
+        timeout = self.settings.transaction_timeout_ms / 1000
+        while True:
+            try:
+                await backoff.attempt(self._offsets.settled(self._outputs_of(tp), timeout))
+            except HangingTransaction:
+                continue
+            return time.monotonic() - began
 
     def _outputs_of(self, tp: TopicPartition) -> tuple[TopicPartition, TopicPartition]:
         """The output and dead-letter partitions that input partition ``tp``'s records go to."""
@@ -422,6 +496,8 @@ class Enricher:
             records = [r for r in records if r.offset >= part.next_offset]
             if not records:
                 return
+        if not part.in_transaction:
+            await self._decided(part)
         # One ID per record, taken before knowing which records will be rejected: a rejected record's ID is
         # skipped (never reissued), and the batch costs one call to the ID source.
         next_id = (await self._take(len(records))).__next__
@@ -490,13 +566,47 @@ class Enricher:
     async def _commit(self, part: _Partition) -> None:
         if not part.in_transaction:
             return
-        await asyncio.gather(*part.sends)
+        sent: list[Any] = await asyncio.gather(*part.sends)  # aiokafka's RecordMetadata, one a batch
         await part.producer.send_offsets_to_transaction({part.tp: part.next_offset}, self.settings.group)
         await part.producer.commit_transaction()
         self._count_committed(part)
         part.in_transaction = False
         part.pending = part.dead = 0
         part.sends = []
+        part.unsure.update(TopicPartition(batch.topic, batch.partition) for batch in sent)
+
+    async def _decided(self, part: _Partition) -> None:
+        """Wait until the last transaction ``part`` committed is decided (its markers written) where it wrote.
+
+        The coordinator writes the markers after the commit returns; a broker restart in between may drop
+        some for good (``docs/kafka.md``, hanging transactions) while the coordinator takes the transaction
+        for done. Written over by this producer ID, such a partition would have the undecided records
+        decided by our next marker there: an abort would drop dead letters or outputs whose offsets were
+        committed (as the restart test once saw two dead letters go), a commit would publish records of
+        aborted transactions. So a transaction begins only once the previous one is decided everywhere it wrote
+        (usually at once: the markers take milliseconds, and the coordinator would make the first write
+        of this transaction wait for them anyway).
+
+        Raises:
+            HangingTransaction: Still undecided after :data:`_DECIDED_WAIT` seconds: the caller takes the
+                partition over again, which waits for it without holding up the other partitions.
+            KafkaError: A partition's end could not be read.
+        """
+        deadline = time.monotonic() + _DECIDED_WAIT
+        while part.unsure:
+            for where in list(part.unsure):
+                # Our producer alone writes there: below the end, everything is ours, and all decided
+                # once the last stable offset reaches it.
+                end = await self._offsets.end(where, stable=False)
+                if await self._offsets.end(where, stable=True) >= end:
+                    part.unsure.discard(where)
+            if part.unsure and time.monotonic() > deadline:
+                raise HangingTransaction(
+                    f"the last transaction of {_name(part.tp)} is still undecided on"
+                    f" {', '.join(_name(where) for where in part.unsure)} after {_DECIDED_WAIT:g} s"
+                )
+            if part.unsure:
+                await asyncio.sleep(_DECIDED_POLL)
 
     def lag(self) -> dict[int, int]:
         """Records behind, by owned input partition.
@@ -538,6 +648,12 @@ class Enricher:
             log.warning("%s: fenced by a newer owner; letting it go", _name(part.tp))
             self._drop(part)
             await self._release(part)
+        except HangingTransaction as exc:  # from _decided: nothing written yet, nothing to abort
+            log.warning("%s: %s; taking it over again (it waits there)", _name(part.tp), exc)
+            self._drop(part)
+            await self._release(part)
+            if take_over and self._consumer is not None and part.tp in self._consumer.assignment():
+                self._take_over(part.tp)
         except (KafkaError, IllegalOperation) as exc:
             # IllegalOperation: aiokafka refuses to send or add offsets outside a transaction, which is how
             # a producer whose sender task died answers (see _begin); a new producer replaces it.
@@ -547,9 +663,9 @@ class Enricher:
             self.stats.aborted += 1
             self._drop(part)
             await self._release(part)
-            if take_over:
+            if take_over and self._consumer is not None and part.tp in self._consumer.assignment():
                 # A new producer with the same transactional ID aborts the failed transaction for us.
-                await self._own(part.tp)
+                self._take_over(part.tp)
 
     def _drop(self, part: _Partition) -> None:
         self._partitions.pop(part.tp, None)

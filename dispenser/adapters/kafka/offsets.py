@@ -38,7 +38,7 @@ from aiokafka.protocol.types import (
 from dispenser.adapters.kafka.clients import client_options
 from dispenser.config import KafkaConfig
 
-__all__ = ["CommittedOffsets", "UnknownCommittedOffset", "UnstableOffsetCommit"]
+__all__ = ["CommittedOffsets", "HangingTransaction", "UnknownCommittedOffset", "UnstableOffsetCommit"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,18 @@ class UnstableOffsetCommit(KafkaError):  # type: ignore[misc]  # aiokafka is unt
 
     errno = 88
     message = "UNSTABLE_OFFSET_COMMIT"
+    retriable = True
+
+
+class HangingTransaction(KafkaError):  # type: ignore[misc]  # aiokafka is untyped
+    """A transaction on a partition was still undecided past the wait's timeout (retriable: wait on).
+
+    Nothing may be written to the partition meanwhile by the producer whose transaction it may be: Kafka
+    ends whatever that producer ID has open on the partition with the next marker it writes there, so an
+    abort of the next transaction would drop the hanging one's records, committed or not, and a commit
+    would publish them, aborted or not.
+    """
+
     retriable = True
 
 
@@ -192,6 +204,13 @@ class CommittedOffsets:
         if leader is None or leader < 0:
             await self._client.add_topic(tp.topic)
             leader = self._client.cluster.leader_for_partition(tp)
+        if leader is None or leader < 0:
+            # Ask the cluster again: add_topic asks only the first time a topic is named, so a leader unknown
+            # then (named by another take-over at the same moment, or learnt while a restarted broker had no
+            # leaders yet) stayed unknown until aiokafka's own refresh, 5 minutes later. Every take-over
+            # waited that long (under the lock, before; a partition each, now).
+            await self._client.force_metadata_update()
+            leader = self._client.cluster.leader_for_partition(tp)
             if leader is None or leader < 0:
                 raise LeaderNotAvailableError(f"no leader known for {tp.topic}[{tp.partition}]")
         isolation = _READ_COMMITTED if stable else _READ_UNCOMMITTED
@@ -215,12 +234,14 @@ class CommittedOffsets:
 
         A transaction still open after ``timeout`` seconds (give it the transaction timeout: the
         coordinator aborts any transaction it knows of by then) is one the coordinator has lost, a
-        "hanging" transaction (seen once here after a broker kill -9). It blocks every ``read_committed``
-        reader of the partition until an operator aborts it (``kafka-transactions.sh find-hanging``, then
-        ``abort``); waiting longer would only stop this enricher too, so the wait ends with an error line
-        that says so.
+        "hanging" transaction (its markers dropped at a broker restart: ``docs/kafka.md``). It blocks every
+        ``read_committed`` reader of the partition until an operator aborts it (``kafka-transactions.sh
+        find-hanging``, then ``abort``). The wait then ends with an error line that says so and
+        :class:`HangingTransaction`: the caller must not write to the partition (see that class) and
+        should wait on, for the operator (or the test kit's repair) to decide the transaction.
 
         Raises:
+            HangingTransaction: A transaction was still undecided after ``timeout`` seconds (retriable).
             KafkaError: An end could not be read (retriable).
         """
         began = time.monotonic()
@@ -234,13 +255,16 @@ class CommittedOffsets:
                         "%s[%d]: a transaction open since offset %d was not decided in %.0f s (the transaction"
                         " timeout): a hanging transaction, which keeps read_committed readers of the"
                         " partition from reading past it; abort it with kafka-transactions.sh"
-                        " (find-hanging, abort). Going on.",
+                        " (find-hanging, abort). Nothing is written there until it is decided.",
                         tp.topic,
                         tp.partition,
                         stable,
                         waited,
                     )
-                    break
+                    raise HangingTransaction(
+                        f"{tp.topic}[{tp.partition}]: a transaction open since offset {stable} is undecided"
+                        f" after {waited:.0f} s (a hanging transaction)"
+                    )
                 if not warned and waited > _SETTLE_WARN:
                     warned = True
                     log.warning(
