@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from types import TracebackType
@@ -35,6 +36,16 @@ from dispenser.messages import MSGPACK, Format, IdRequest, KafkaIdRequest, Kind,
 __all__ = ["KafkaIdClient", "KafkaIdTransport"]
 
 log = logging.getLogger(__name__)
+
+
+def _undelivered(reply: asyncio.Future[Reply], delivery: asyncio.Future[object]) -> None:
+    """Fail the waiting ``reply`` with OSError if the request's ``delivery`` failed (else leave it)."""
+    if delivery.cancelled():
+        return
+    error = delivery.exception()
+    if error is not None and not reply.done():
+        reply.set_exception(OSError(f"could not send the request: {error}"))
+
 
 _json_reply = msgspec.json.Decoder(Reply)
 _msgpack_reply = msgspec.msgpack.Decoder(Reply)
@@ -161,7 +172,9 @@ class KafkaIdClient:
         Raises:
             TimeoutError: no reply within ``timeout`` seconds (the request may still be answered later;
                 retry with the same ``request_id`` to get the same IDs).
-            OSError: the request could not be sent.
+            OSError: the request could not be sent, or the broker did not acknowledge it within
+                ``kafka.request_timeout_ms`` (raised then, before ``timeout``; it may still have been
+                written: retry with the same ``request_id`` to get the same IDs).
         """
         if self._producer is None:
             raise RuntimeError("KafkaIdClient is not started (use `async with` or await start())")
@@ -177,9 +190,16 @@ class KafkaIdClient:
         self._pending[correlation] = future
         try:
             try:
-                await self._producer.send(self._config.request_topic, body, key=tag.encode(), headers=headers)
+                delivery = await self._producer.send(
+                    self._config.request_topic, body, key=tag.encode(), headers=headers
+                )
             except KafkaError as exc:
                 raise OSError(f"could not send the request: {exc}") from exc
+            # Not awaited: the reply may come before the acknowledgement (acks=all waits for every replica).
+            # But a delivery that fails (the broker leading the request topic hung, past request_timeout_ms)
+            # fails the request at once rather than at its timeout, and its error is retrieved, not logged
+            # as "never retrieved" when the future is collected.
+            delivery.add_done_callback(functools.partial(_undelivered, future))
             return await asyncio.wait_for(future, self.timeout if timeout is None else timeout)
         finally:
             self._pending.pop(correlation, None)

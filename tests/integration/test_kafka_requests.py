@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -288,6 +289,30 @@ async def test_broker_down_while_serving_then_back(private_kafka: KafkaBroker, p
     everything = [i for ids in [*before, *answered, after] for i in ids]
     assert len(everything) == 14 * 3
     assert len(set(everything)) == len(everything)
+
+
+async def test_a_request_the_hung_broker_never_acknowledges_fails_at_the_request_timeout(
+    private_kafka: KafkaBroker, pg_dsn: str
+) -> None:
+    """The broker freezes: a request fails with OSError once ``kafka.request_timeout_ms`` (1 s here) passes.
+
+    Not at the client's own timeout (30 s), and not with a "Future exception was never retrieved" logged
+    when the failed delivery is collected (seen in the soak's output before).
+    """
+    await prepare(pg_dsn, [("order", 100)])
+    config = topics_config(private_kafka.bootstrap, pg_dsn, kafka_request_timeout_ms=1000)
+    async with serving(config), KafkaIdClient(config.kafka, timeout=30.0) as kafka_client:
+        assert len(await kafka_client.ids("order", 3)) == 3  # the request topic's leader is known
+        private_kafka.freeze()
+        try:
+            began = time.monotonic()
+            with pytest.raises(OSError, match="could not send the request"):
+                await kafka_client.ids("order", 3)
+            failed_in = time.monotonic() - began
+        finally:
+            private_kafka.thaw()
+        assert len(await kafka_client.ids("order", 3)) == 3  # thawed: served again
+    assert failed_in < 15, failed_in
 
 
 async def test_rate_events_go_to_the_kafka_topic_keyed_by_tag(worker: Worker, client: KafkaIdClient) -> None:
