@@ -19,6 +19,8 @@ from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from dispenser.adapters.kafka.clients import ensure_topics, topic_partitions
+from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
+from dispenser.app import Worker
 from dispenser.config import Config, KafkaConfig, load_config
 from dispenser.testing.servers import KafkaBroker
 from dispenser.testing.servers.kafka_markers import DroppedMarkers
@@ -154,6 +156,37 @@ async def repairing_dropped_markers(broker: KafkaBroker) -> AsyncIterator[list[D
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@contextlib.asynccontextmanager
+async def enriching(
+    config: Config, settings: EnrichSettings
+) -> AsyncIterator[tuple[Enricher, asyncio.Task[None]]]:
+    """An :class:`Enricher` with ``settings`` running here, its IDs from a worker of ``config``.
+
+    Yields the enricher and its running task. On a normal exit it is stopped and the task awaited (its
+    error, if any, raised); on a failure the task is given 30 s to stop, then cancelled, so that a test
+    that failed half-way does not hang in its teardown. The worker is stopped in any case.
+    """
+    worker = Worker(config, serve=False)
+    await worker.start()
+    stop = asyncio.Event()
+    running: asyncio.Task[None] | None = None
+    try:
+        assert worker.allocator is not None
+        enricher = Enricher(config.kafka, settings, worker.allocator)
+        await enricher.start()
+        running = asyncio.create_task(enricher.run(stop))
+        yield enricher, running
+        stop.set()
+        await running
+    finally:
+        stop.set()
+        if running is not None and not running.done():
+            await asyncio.wait({running}, timeout=30)
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        await worker.stop()
 
 
 async def leave_undecided(

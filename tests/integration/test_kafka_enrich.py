@@ -8,7 +8,6 @@ import functools
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,6 @@ from dispenser.adapters.kafka.enrich import (
     EnrichSettings,
 )
 from dispenser.adapters.prometheus import EnricherCollector
-from dispenser.app import Worker
 from dispenser.service.enrichment import Placement
 from dispenser.testing.servers.kafka import KafkaBroker
 
@@ -36,6 +34,7 @@ from .kafka_support import (
     Record,
     TopicReader,
     create_topics,
+    enriching,
     input_producer,
     kafka_config,
     kafka_env,
@@ -137,16 +136,10 @@ def check_exactly_once(
         assert record.timestamp == timestamp_of(where[(partition, offset)])
 
 
-@contextlib.asynccontextmanager
-async def enriching(
+def enriching_order(
     bootstrap: str, pg_dsn: str, topic_in: str, topic_out: str, commit_records: int
-) -> AsyncIterator[tuple[Enricher, asyncio.Task[None]]]:
-    """An :class:`Enricher` of ``topic_in`` into ``topic_out`` (tag ``order``, field ``order.id``) running here.
-
-    Yields the enricher and its running task; on a normal exit it is stopped and the task awaited (its
-    error, if any, raised); the worker that supplies its IDs is stopped in any case.
-    """
-    config = kafka_config(bootstrap, pg_dsn)
+) -> contextlib.AbstractAsyncContextManager[tuple[Enricher, asyncio.Task[None]]]:
+    """:func:`enriching` ``topic_in`` into ``topic_out`` (tag ``order``, field ``order.id``)."""
     settings = EnrichSettings(
         input_topic=topic_in,
         output_topic=topic_out,
@@ -155,19 +148,7 @@ async def enriching(
         group_id=unique("enrich"),
         commit_records=commit_records,
     )
-    worker = Worker(config, serve=False)
-    await worker.start()
-    stop = asyncio.Event()
-    try:
-        assert worker.allocator is not None
-        enricher = Enricher(config.kafka, settings, worker.allocator)
-        await enricher.start()
-        running = asyncio.create_task(enricher.run(stop))
-        yield enricher, running
-        stop.set()
-        await running
-    finally:
-        await worker.stop()
+    return enriching(kafka_config(bootstrap, pg_dsn), settings)
 
 
 async def test_in_process_enrichment_with_bad_records(kafka_broker: KafkaBroker, pg_dsn: str) -> None:
@@ -176,7 +157,7 @@ async def test_in_process_enrichment_with_bad_records(kafka_broker: KafkaBroker,
     bootstrap = kafka_broker.bootstrap
     topic_in, topic_out, where = await make_stream(bootstrap, 2000, bad_every=50)
     async with (
-        enriching(bootstrap, pg_dsn, topic_in, topic_out, commit_records=300) as (enricher, _),
+        enriching_order(bootstrap, pg_dsn, topic_in, topic_out, commit_records=300) as (enricher, _),
         TopicReader(bootstrap, topic_out) as out,
         TopicReader(bootstrap, f"{topic_in}.dlq") as dlq,
     ):
@@ -373,7 +354,10 @@ async def test_a_producer_whose_sender_died_is_replaced(kafka_broker: KafkaBroke
     await prepare(pg_dsn, [("order", 500)])
     bootstrap = kafka_broker.bootstrap
     topic_in, topic_out, where = await make_stream(bootstrap, 400, bad_every=0)
-    async with enriching(bootstrap, pg_dsn, topic_in, topic_out, commit_records=100) as (enricher, running):
+    async with enriching_order(bootstrap, pg_dsn, topic_in, topic_out, commit_records=100) as (
+        enricher,
+        running,
+    ):
         async with TopicReader(bootstrap, topic_out) as out:
             await out.wait_for(400, timeout=60)
             broken = 0
@@ -435,20 +419,8 @@ async def test_with_key_outputs_stay_on_their_inputs_partition(
         group_id=unique("enrich"),
         commit_records=100,
     )
-    worker = Worker(config, serve=False)
-    await worker.start()
-    stop = asyncio.Event()
-    try:
-        assert worker.allocator is not None
-        enricher = Enricher(config.kafka, settings, worker.allocator)
-        await enricher.start()
-        running = asyncio.create_task(enricher.run(stop))
-        async with TopicReader(bootstrap, topic_out) as out:
-            outputs = await out.wait_for(400, timeout=60)
-        stop.set()
-        await running
-    finally:
-        await worker.stop()
+    async with enriching(config, settings), TopicReader(bootstrap, topic_out) as out:
+        outputs = await out.wait_for(400, timeout=60)
     assert len(outputs) == 400
     ids = [int(record.key or b"") for record in outputs]
     assert len(set(ids)) == 400

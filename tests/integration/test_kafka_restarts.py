@@ -34,6 +34,7 @@ from .kafka_support import (
     Record,
     TopicReader,
     create_topics,
+    enriching,
     kafka_config,
     kafka_env,
     leave_undecided,
@@ -216,6 +217,46 @@ async def test_a_partition_never_committed_reads_as_none(kafka_broker: KafkaBrok
     assert answer is None
 
 
+async def committed_to(
+    offsets: CommittedOffsets,
+    tp: TopicPartition,
+    end: int,
+    running: asyncio.Task[None],
+    what: str,
+    *,
+    poll: float = 0.1,
+) -> None:
+    """Wait (60 s at most, and only while the enricher runs) until ``tp``'s committed offset is ``end``."""
+    deadline = time.monotonic() + 60
+    while (await strict_committed(offsets, tp))[0] != end:
+        assert time.monotonic() < deadline, what
+        assert not running.done(), running
+        await asyncio.sleep(poll)
+
+
+def abort(broker: KafkaBroker, pid: int, epoch: int, dlq: str) -> None:
+    """The operator's abort of producer ``pid``'s undecided record on ``dlq[0]`` (an abort marker there)."""
+    errors = write_txn_markers(
+        broker.port,
+        producer_id=pid,
+        producer_epoch=epoch,
+        coordinator_epoch=0,
+        commit=False,
+        partitions=[(dlq, 0)],
+    )
+    assert errors == {(dlq, 0): 0}, errors
+
+
+async def sources_in(bootstrap: str, *topics: str) -> Counter[tuple[str, int, int]]:
+    """How often each input record appears in ``topics`` (read_committed, to their ends)."""
+    seen: Counter[tuple[str, int, int]] = Counter()
+    for topic in topics:
+        async with TopicReader(bootstrap, topic) as reader:
+            await reader.wait_caught_up(30)
+            seen.update(_source(r) for r in reader.records)
+    return seen
+
+
 @pytest.fixture
 def unverified_kafka(tmp_path: Path) -> Iterator[KafkaBroker]:
     """A broker of the test's own that takes a transactional record the coordinator does not know of.
@@ -264,63 +305,28 @@ async def test_a_hanging_transaction_on_an_output_is_never_written_over(
         bootstrap, settings.transactional_id(0), dlq, 0, value=b"not json", headers=[ghost]
     )
     config = kafka_config(bootstrap, pg_dsn)
-    worker = Worker(config, serve=False)
-    await worker.start()
-    stop = asyncio.Event()
     offsets = CommittedOffsets(config.kafka, settings.group)
-    running: asyncio.Task[None] | None = None
     try:
-        assert worker.allocator is not None
-        enricher = Enricher(config.kafka, settings, worker.allocator)
-        await enricher.start()
-        running = asyncio.create_task(enricher.run(stop))
-        ends = {p: 1 + max(o for q, o in placed if q == p) for p in (0, 1)}
-        in0, in1 = TopicPartition(topic_in, 0), TopicPartition(topic_in, 1)
-        deadline = time.monotonic() + 60
-        while (await strict_committed(offsets, in1))[0] != ends[1]:
-            assert time.monotonic() < deadline, "partition 1 waited with partition 0"
-            assert not running.done(), running
-            await asyncio.sleep(0.1)
-        # Past the transaction timeout the wait says "hanging" (and went on, before): given twice as
-        # long again, partition 0 has still written nothing and committed nothing.
-        deadline = time.monotonic() + 60
-        while "a hanging transaction" not in caplog.text:
-            assert time.monotonic() < deadline, "the hanging transaction was not seen"
-            assert not running.done(), running
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(2 * settings.transaction_timeout_ms / 1000)
-        assert await offsets.end(TopicPartition(dlq, 0), stable=False) == 1, "written over it"
-        assert (await strict_committed(offsets, in0))[0] is None, "partition 0 went on over it"
-        # The operator's abort (the coordinator had aborted it): partition 0 goes on, from the start.
-        errors = write_txn_markers(
-            broker.port,
-            producer_id=pid,
-            producer_epoch=epoch,
-            coordinator_epoch=0,
-            commit=False,
-            partitions=[(dlq, 0)],
-        )
-        assert errors == {(dlq, 0): 0}, errors
-        deadline = time.monotonic() + 60
-        while (await strict_committed(offsets, in0))[0] != ends[0]:
-            assert time.monotonic() < deadline, "partition 0 not enriched after the abort"
-            assert not running.done(), running
-            await asyncio.sleep(0.1)
-        stop.set()
-        await running
+        async with enriching(config, settings) as (_, running):
+            ends = {p: 1 + max(o for q, o in placed if q == p) for p in (0, 1)}
+            in0, in1 = TopicPartition(topic_in, 0), TopicPartition(topic_in, 1)
+            await committed_to(offsets, in1, ends[1], running, "partition 1 waited with partition 0")
+            # Past the transaction timeout the wait says "hanging" (and went on, before): given twice as
+            # long again, partition 0 has still written nothing and committed nothing.
+            deadline = time.monotonic() + 60
+            while "a hanging transaction" not in caplog.text:
+                assert time.monotonic() < deadline, "the hanging transaction was not seen"
+                assert not running.done(), running
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(2 * settings.transaction_timeout_ms / 1000)
+            assert await offsets.end(TopicPartition(dlq, 0), stable=False) == 1, "written over it"
+            assert (await strict_committed(offsets, in0))[0] is None, "partition 0 went on over it"
+            # The operator's abort (the coordinator had aborted it): partition 0 goes on, from the start.
+            abort(broker, pid, epoch, dlq)
+            await committed_to(offsets, in0, ends[0], running, "partition 0 not enriched after the abort")
     finally:
-        stop.set()
-        if running is not None and not running.done():
-            await asyncio.wait({running}, timeout=30)
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
         await offsets.close()
-        await worker.stop()
-    async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, dlq) as dead:
-        await out.wait_caught_up(30)
-        await dead.wait_caught_up(30)
-        seen = Counter(_source(r) for r in [*out.records, *dead.records])
-    assert seen == dict.fromkeys(inputs, 1), seen
+    assert await sources_in(bootstrap, topic_out, dlq) == dict.fromkeys(inputs, 1)
 
 
 @pytest.mark.postgres
@@ -350,67 +356,31 @@ async def test_a_commit_left_undecided_on_a_dead_letter_partition_is_never_writt
         group_id=unique("undecided"),
     )
     config = kafka_config(bootstrap, pg_dsn)
-    worker = Worker(config, serve=False)
-    await worker.start()
-    stop = asyncio.Event()
     offsets = CommittedOffsets(config.kafka, settings.group)
     tp = TopicPartition(topic_in, 0)
-    running: asyncio.Task[None] | None = None
-
-    async def committed_to(end: int, what: str) -> None:
-        deadline = time.monotonic() + 60
-        while (await strict_committed(offsets, tp))[0] != end:
-            assert time.monotonic() < deadline, what
-            assert running is not None
-            assert not running.done(), running
-            await asyncio.sleep(0.05)
-
     try:
-        assert worker.allocator is not None
-        enricher = Enricher(config.kafka, settings, worker.allocator)
-        await enricher.start()
-        running = asyncio.create_task(enricher.run(stop))
-        # The first transaction writes a dead letter and an output.
-        await produce(bootstrap, topic_in, [(0, None, b"not json", []), (0, None, b'{"n": 1}', [])])
-        await committed_to(2, "the first transaction was not committed")
-        async with enricher._lock:  # between two transactions: as if its marker had been dropped there
-            producer = enricher._partitions[tp].producer
-            ghost = (SOURCE_HEADER, f"{topic_in}/0/0".encode())
-            pid, epoch = await send_undecided(producer, dlq, 0, value=b"not json", headers=[ghost])
-        await produce(bootstrap, topic_in, [(0, None, b"not json", []), (0, None, b'{"n": 3}', [])])
-        deadline = time.monotonic() + 60
-        while "still undecided" not in caplog.text:
+        async with enriching(config, settings) as (enricher, running):
+            # The first transaction writes a dead letter and an output.
+            await produce(bootstrap, topic_in, [(0, None, b"not json", []), (0, None, b'{"n": 1}', [])])
+            await committed_to(offsets, tp, 2, running, "the first transaction was not committed", poll=0.05)
+            async with enricher._lock:  # between two transactions: as if its marker had been dropped there
+                producer = enricher._partitions[tp].producer
+                ghost = (SOURCE_HEADER, f"{topic_in}/0/0".encode())
+                pid, epoch = await send_undecided(producer, dlq, 0, value=b"not json", headers=[ghost])
+            await produce(bootstrap, topic_in, [(0, None, b"not json", []), (0, None, b'{"n": 3}', [])])
+            deadline = time.monotonic() + 60
+            while "still undecided" not in caplog.text:
+                assert (await strict_committed(offsets, tp))[0] == 2, "written over the undecided record"
+                assert time.monotonic() < deadline, "the undecided record was not noticed"
+                assert not running.done(), running
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # taken over again: waiting there, writing nothing
             assert (await strict_committed(offsets, tp))[0] == 2, "written over the undecided record"
-            assert time.monotonic() < deadline, "the undecided record was not noticed"
-            assert not running.done(), running
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(1.0)  # taken over again: waiting there, writing nothing
-        assert (await strict_committed(offsets, tp))[0] == 2, "written over the undecided record"
-        errors = write_txn_markers(
-            unverified_kafka.port,
-            producer_id=pid,
-            producer_epoch=epoch,
-            coordinator_epoch=0,
-            commit=False,
-            partitions=[(dlq, 0)],
-        )
-        assert errors == {(dlq, 0): 0}, errors
-        await committed_to(4, "not enriched after the abort")
-        stop.set()
-        await running
+            abort(unverified_kafka, pid, epoch, dlq)
+            await committed_to(offsets, tp, 4, running, "not enriched after the abort", poll=0.05)
     finally:
-        stop.set()
-        if running is not None and not running.done():
-            await asyncio.wait({running}, timeout=30)
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
         await offsets.close()
-        await worker.stop()
-    async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, dlq) as dead:
-        await out.wait_caught_up(30)
-        await dead.wait_caught_up(30)
-        seen = Counter(_source(r) for r in [*out.records, *dead.records])
-    assert seen == {(topic_in, 0, offset): 1 for offset in range(4)}, seen
+    assert await sources_in(bootstrap, topic_out, dlq) == {(topic_in, 0, offset): 1 for offset in range(4)}
 
 
 class _Feeder:
