@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +27,10 @@ from dispenser.testing.servers import (
     ServerStartError,
     find_nats_server,
     free_port,
+    frozen,
 )
 from dispenser.testing.servers import mariadb as mariadb_module
-from dispenser.testing.servers.process import port_is_free
+from dispenser.testing.servers.process import port_is_free, wait_stopped
 
 
 @contextmanager
@@ -264,3 +269,49 @@ def test_missing_mariadb_says_what_to_install(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setattr(mariadb_module, "_SEARCH", ())
     with pytest.raises(ServerNotFoundError, match="apt-get install mariadb-server"):
         MariaDBServer(tmp_path / "mariadb").start()
+
+
+_BUSY_THREADS = """
+import threading
+def spin():
+    while True:
+        pass
+for _ in range(6):
+    threading.Thread(target=spin, daemon=True).start()
+print("spinning", flush=True)
+threading.Event().wait()
+"""
+
+
+def _thread_states(pid: int) -> list[str]:
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        states.append(raw[raw.rindex(")") + 2])
+    return states
+
+
+def test_freezing_returns_once_every_thread_has_stopped() -> None:
+    """SIGSTOP takes effect thread by thread: ``wait_stopped`` (in ``frozen`` and ``freeze``) waits for all.
+
+    A Kafka broker once acknowledged a request sent right after its SIGSTOP. Seven threads spinning on two
+    cores: read right after ``kill``, some thread still runs in about half the tries here; after
+    ``wait_stopped``, or on entering ``frozen``, not one may.
+    """
+    proc = subprocess.Popen([sys.executable, "-c", _BUSY_THREADS], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"spinning\n"
+        for _ in range(20):
+            os.kill(proc.pid, signal.SIGSTOP)
+            wait_stopped([proc.pid])
+            states = _thread_states(proc.pid)
+            os.kill(proc.pid, signal.SIGCONT)
+            assert len(states) == 7
+            assert set(states) == {"T"}, states
+            with frozen(proc.pid):
+                assert set(_thread_states(proc.pid)) == {"T"}
+            time.sleep(0.002)
+    finally:
+        proc.kill()
+        proc.communicate()

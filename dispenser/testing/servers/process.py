@@ -19,6 +19,7 @@ __all__ = [
     "free_port",
     "frozen",
     "process_tree",
+    "wait_stopped",
 ]
 
 LOOPBACK = "127.0.0.1"
@@ -223,9 +224,10 @@ def kill_process(proc: subprocess.Popen[bytes]) -> int:
 ProcessId = tuple[int, int]
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def _stat_fields(pid: int, tid: str | None = None) -> list[str] | None:
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
+        raw = Path(path).read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # The command name (field 2) is in parentheses and may contain spaces: split after the last ')'.
@@ -329,6 +331,36 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
+# Thread states that run no more code: stopped (by a signal, or traced), zombie, dead.
+_STILL = frozenset("TtZX")
+
+
+def wait_stopped(pids: Iterable[int], *, timeout: float = 5.0) -> None:
+    """Return once every thread of every process in ``pids`` is stopped (after SIGSTOP); gone ones count.
+
+    ``kill(SIGSTOP)`` returns before the process stops: each of its threads stops itself when next
+    scheduled, and on a busy machine a JVM's request threads could still answer for some milliseconds (a
+    frozen Kafka broker once acknowledged a request sent right after the signal). A fault test starts its
+    clock only after this.
+
+    Raises:
+        TimeoutError: A thread was still running after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while True:
+            try:
+                threads = os.listdir(f"/proc/{pid}/task")
+            except (FileNotFoundError, ProcessLookupError):
+                break  # gone
+            states = [fields[0] for tid in threads if (fields := _stat_fields(pid, tid)) is not None]
+            if all(state in _STILL for state in states):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"process {pid} still runs {timeout:.0f} s after SIGSTOP")
+            time.sleep(0.001)
+
+
 @contextlib.contextmanager
 def frozen(*pids: int) -> Iterator[list[int]]:
     """Stop each of ``pids`` and all their descendants dead (SIGSTOP) inside the block; SIGCONT afterwards.
@@ -350,6 +382,7 @@ def frozen(*pids: int) -> Iterator[list[int]]:
             tree = _children_map()
             seen = set(stopped)
             todo = [child for parent in stopped for child in tree.get(parent, ()) if child not in seen]
+        wait_stopped(stopped)
         yield stopped
     finally:
         for member in reversed(stopped):

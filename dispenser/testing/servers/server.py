@@ -18,6 +18,7 @@ from dispenser.testing.servers.process import (
     kill_process,
     read_since,
     stop_process,
+    wait_stopped,
     wait_until,
 )
 
@@ -122,10 +123,11 @@ class ServerProcess(abc.ABC, Generic[_Prepared]):
         """SIGSTOP the server: alive, its sockets open, answering nothing (a frozen VM, a long GC pause).
 
         Clients see no error, only silence, until :meth:`thaw` (or :meth:`kill`, which works on a frozen
-        process; :meth:`stop` thaws it first).
+        process; :meth:`stop` thaws it first). Returns once every thread of it has stopped.
         """
         if self._proc is not None:
             self._proc.send_signal(signal.SIGSTOP)
+            wait_stopped([self._proc.pid])
 
     def thaw(self) -> None:
         """SIGCONT the server after :meth:`freeze`: it goes on where it stopped."""
