@@ -338,10 +338,10 @@ _STILL = frozenset("TtZX")
 def wait_stopped(pids: Iterable[int], *, timeout: float = 5.0) -> None:
     """Return once every thread of every process in ``pids`` is stopped (after SIGSTOP); gone ones count.
 
-    ``kill(SIGSTOP)`` returns before the process stops: each of its threads stops itself when next
-    scheduled, and on a busy machine a JVM's request threads could still answer for some milliseconds (a
-    frozen Kafka broker once acknowledged a request sent right after the signal). A fault test starts its
-    clock only after this.
+    ``kill(SIGSTOP)`` returns before the process stops: Linux wakes one thread to take the signal, and only
+    when that thread gets a CPU does it stop the others. On a busy machine a JVM's request threads run on
+    meanwhile (a "frozen" Kafka broker once answered a request sent right after the signal). A fault test
+    starts its fault only after this.
 
     Raises:
         TimeoutError: A thread was still running after ``timeout`` seconds.
