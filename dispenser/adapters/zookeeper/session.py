@@ -204,8 +204,11 @@ class ZkSession:
             default_acl=self.acl,
             read_only=False,
             logger=KAZOO_LOG,
-            # The old aiozk wrapper's bound on a handshake read: long enough for a loaded server.
-            handler=BoundedHandler(min(3.0, self.op_timeout)),
+            # The old aiozk wrapper's bound on a handshake read: long enough for a loaded server. Silent
+            # for T/2: the server is dropped, and the session reaches another one before a lease unconfirmed
+            # since then stops issuing (2/3 T). ZooKeeper's Java client waits 2/3 T ("have not heard from
+            # server"); a live server is heard at least every T/3 (kazoo pings after T/3 without sending).
+            handler=BoundedHandler(min(3.0, self.op_timeout), silence_limit=granted / 2),
         )
         self._loop = loop
         self._connected = asyncio.Event()  # of this loop (an Event binds to the first loop that waits on it)
