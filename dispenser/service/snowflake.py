@@ -295,20 +295,30 @@ class SnowflakeGenerator:
 
         A registry that hangs (ZooKeeper down: each call waits for its timeout) must not hold a request
         longer than it may wait: it gets ``lease_lost`` as soon as the lease can no longer be proved, or
-        ``unavailable`` at its deadline, while the reservation goes on in the background.
+        ``unavailable`` at its deadline, while the reservation goes on in the background. A reservation
+        that fails (the connection to one ZooKeeper server dropped: kazoo moves to another) is tried again
+        within the deadline: seen answering ``unavailable`` in the first second of a hung server while
+        the lease was still good.
         """
         task = self._reservation(now_ms)
         while True:
             self._check_lease()
             left = deadline - self._clock.monotonic()
             if left <= 0:
+                if task.done() and task.exception() is not None:
+                    task.result()  # why the last try failed
                 raise Unavailable(
                     "recording the snowflake high-water mark took longer than the request may wait"
                 )
             done, _ = await asyncio.wait({task}, timeout=min(left, _LEASE_POLL))
-            if done:
-                task.result()  # its error, if any, is the request's
+            if not done:
+                continue
+            if task.exception() is None:
                 return
+            # Failed: once more after a pause (the same wait as for the lease), if the deadline allows.
+            await asyncio.sleep(min(_LEASE_POLL, max(0.0, deadline - self._clock.monotonic())))
+            if deadline - self._clock.monotonic() > 0:
+                task = self._reservation(now_ms)
 
     async def _renew_loop(self) -> None:
         while True:

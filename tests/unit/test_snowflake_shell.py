@@ -205,3 +205,33 @@ async def test_a_refusing_generator_issues_nothing() -> None:
     with pytest.raises(WorkerIdInUse):
         await generator.take("t", 1, clock.monotonic() + 1)
     await generator.stop()
+
+
+async def test_a_reservation_that_fails_is_tried_again_within_the_request_deadline() -> None:
+    """The high-water write fails once (a dropped ZooKeeper connection): the request still gets its IDs.
+
+    Seen in the ZooKeeper hang test: `unavailable` in the first second of a hung server, the lease still good.
+    """
+    clock = ManualClock()
+    failures = 0
+    calls = 0
+
+    async def persist(_worker_id: int, _high_water_ms: int) -> None:
+        nonlocal failures, calls
+        calls += 1
+        if failures:
+            failures -= 1
+            raise OSError("ConnectionLoss")
+
+    generator = SnowflakeGenerator(
+        LAYOUT, WorkerLease(5, 0), await fixed_registry(), clock, persist,
+        settings=SnowflakeSettings(report_interval=1.0),
+    )  # fmt: skip
+    await generator.start()
+    failures = 3  # the renewals at 1 s and 2 s, then the request's own reservation
+    await clock.advance(2.5)  # past the mark reserved at the start (2 s ahead)
+    assert generator.try_take("t", 1) is None  # needs a reservation first
+    batch = await generator.take("t", 1, clock.monotonic() + 1)
+    assert batch.count == 1
+    assert (failures, calls) == (0, 5)  # start, two renewals, the failed reservation, the one that held
+    await generator.stop()
