@@ -112,6 +112,22 @@ def test_handler_interface_the_bounded_handler_overrides() -> None:
     assert {"select", "create_connection"} <= set(dir(kazoo.interfaces.IHandler))
 
 
+def test_an_os_error_from_the_handler_is_a_dropped_connection() -> None:
+    """An OSError in the connection's socket waits becomes ConnectionDropped: kazoo goes to the next server.
+
+    The bounded handler's silence limit raises TimeoutError (an OSError) from ``select`` to get there
+    (tested against a real server in ``tests/integration/test_zookeeper_silence.py``).
+    """
+    import kazoo.protocol.connection  # type: ignore[import-untyped]  # noqa: PLC0415
+
+    connection = kazoo.protocol.connection.ConnectionHandler.__new__(
+        kazoo.protocol.connection.ConnectionHandler
+    )
+    with pytest.raises(kazoo.exceptions.ConnectionDropped):  # noqa: SIM117
+        with connection._socket_error_handling():
+            raise TimeoutError(110, "the ZooKeeper server sent nothing for 3.0 s")
+
+
 def test_answers_reach_the_loop_through_rawlink() -> None:
     """Kazoo's async results can be watched with rawlink and read with get_nowait."""
     result = kazoo.handlers.threading.AsyncResult
