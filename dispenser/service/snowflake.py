@@ -305,7 +305,7 @@ class SnowflakeGenerator:
             self._check_lease()
             left = deadline - self._clock.monotonic()
             if left <= 0:
-                if task.done() and task.exception() is not None:
+                if task.done() and not task.cancelled() and task.exception() is not None:
                     task.result()  # why the last try failed
                 raise Unavailable(
                     "recording the snowflake high-water mark took longer than the request may wait"
@@ -313,9 +313,11 @@ class SnowflakeGenerator:
             done, _ = await asyncio.wait({task}, timeout=min(left, _LEASE_POLL))
             if not done:
                 continue
-            if task.exception() is None:
+            if task.cancelled() or not isinstance(task.exception(), Unavailable):
+                task.result()  # recorded, or an error that another try would not mend
                 return
-            # Failed: once more after a pause (the same wait as for the lease), if the deadline allows.
+            # Could not record (ZooKeeper unreachable): once more after a pause (the same wait as for the
+            # lease), if the deadline allows.
             await asyncio.sleep(min(_LEASE_POLL, max(0.0, deadline - self._clock.monotonic())))
             if deadline - self._clock.monotonic() > 0:
                 task = self._reservation(now_ms)

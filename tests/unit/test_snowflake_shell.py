@@ -235,3 +235,29 @@ async def test_a_reservation_that_fails_is_tried_again_within_the_request_deadli
     assert batch.count == 1
     assert (failures, calls) == (0, 5)  # start, two renewals, the failed reservation, the one that held
     await generator.stop()
+
+
+async def test_a_reservation_refused_for_good_is_not_tried_again() -> None:
+    """The high-water write says the lease is gone: the request gets that at once, after one write."""
+    clock = ManualClock()
+    calls = 0
+    failing: Exception | None = None
+
+    async def persist(_worker_id: int, _high_water_ms: int) -> None:
+        nonlocal calls
+        calls += 1
+        if failing is not None:
+            raise failing
+
+    generator = SnowflakeGenerator(
+        LAYOUT, WorkerLease(5, 0), await fixed_registry(), clock, persist,
+        settings=SnowflakeSettings(report_interval=1.0),
+    )  # fmt: skip
+    await generator.start()
+    failing = OSError("ConnectionLoss")  # the renewals at 1 s and 2 s fail: the mark stays 2 s ahead of 0
+    await clock.advance(2.5)
+    failing, calls = LeaseLost(5, "its lease node belongs to another session"), 0
+    with pytest.raises(LeaseLost, match="another session"):
+        await generator.take("t", 1, clock.monotonic() + 1)
+    assert calls == 1
+    await generator.stop()
