@@ -311,7 +311,7 @@ def test_freezing_returns_once_every_thread_has_stopped() -> None:
             assert set(states) == {"T"}, states
             with frozen(proc.pid):
                 assert set(_thread_states(proc.pid)) == {"T"}
-            time.sleep(0.002)
+            time.sleep(0.002)  # pacing: the threads spin again before the next stop
     finally:
         proc.kill()
         proc.communicate()
