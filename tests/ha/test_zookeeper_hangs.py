@@ -81,16 +81,20 @@ def elected_other_than(ensemble: ZooKeeperEnsemble, old: ZooKeeperServer) -> Zoo
 
 
 def leases_fresh(workers: dict[str, Worker]) -> bool:
-    """Every ``zookeeper-lease`` worker confirmed its lease within the last second (it does so each T/6).
+    """Every ``zookeeper-lease`` worker confirmed its lease and renewed its high-water mark within 1 s.
 
     Waited for before each fault: the previous one's aftermath (the sessions reconnecting after an
-    election) may leave a lease unconfirmed for seconds, which the next fault's figures would carry.
+    election, writes held up until the new leader serves) may leave a lease unconfirmed or a mark close to
+    running out for seconds, which the next fault's figures would carry (seen: a mark 0.5 s from its end
+    when the next fault began, and requests waiting for its renewal through that fault).
     """
-    now = time.monotonic()
+    now, wall_ms = time.monotonic(), time.time() * 1000
     for worker in workers.values():
-        registry = registry_of(worker)
+        registry, generator = registry_of(worker), worker.snowflake
+        assert generator is not None
         if isinstance(registry, ZooKeeperLeaseRegistry) and (
             registry.issue_deadline() - now < registry.issue_window - 1.0
+            or generator.reserved_ms - wall_ms < generator.settings.reserve_ahead_ms - 1000
         ):
             return False
     return True

@@ -19,6 +19,7 @@ import kazoo.client  # type: ignore[import-untyped]  # kazoo has no type hints
 import kazoo.exceptions  # type: ignore[import-untyped]
 import kazoo.handlers.threading  # type: ignore[import-untyped]
 import kazoo.interfaces  # type: ignore[import-untyped]
+import kazoo.protocol.connection  # type: ignore[import-untyped]
 import kazoo.protocol.serialization  # type: ignore[import-untyped]
 import kazoo.retry  # type: ignore[import-untyped]
 import kazoo.security  # type: ignore[import-untyped]
@@ -112,14 +113,19 @@ def test_handler_interface_the_bounded_handler_overrides() -> None:
     assert {"select", "create_connection"} <= set(dir(kazoo.interfaces.IHandler))
 
 
+def test_the_connection_names_the_server_it_connects_to_by_address() -> None:
+    """The connection passes ``address=(ip, port)`` to the handler (how it avoids a silent server)."""
+    source = inspect.getsource(kazoo.protocol.connection.ConnectionHandler._connect)
+    assert "self.handler.create_connection(" in source
+    assert "address=(hostip, port)" in source
+
+
 def test_an_os_error_from_the_handler_is_a_dropped_connection() -> None:
     """An OSError in the connection's socket waits becomes ConnectionDropped: kazoo goes to the next server.
 
     The bounded handler's silence limit raises TimeoutError (an OSError) from ``select`` to get there
     (tested against a real server in ``tests/integration/test_zookeeper_silence.py``).
     """
-    import kazoo.protocol.connection  # type: ignore[import-untyped]  # noqa: PLC0415
-
     connection = kazoo.protocol.connection.ConnectionHandler.__new__(
         kazoo.protocol.connection.ConnectionHandler
     )

@@ -213,12 +213,15 @@ async def test_a_reservation_that_fails_is_tried_again_within_the_request_deadli
     Seen in the ZooKeeper hang test: `unavailable` in the first second of a hung server, the lease still good.
     """
     clock = ManualClock()
+    down = False
     failures = 0
     calls = 0
 
     async def persist(_worker_id: int, _high_water_ms: int) -> None:
         nonlocal failures, calls
         calls += 1
+        if down:
+            raise OSError("ConnectionLoss")
         if failures:
             failures -= 1
             raise OSError("ConnectionLoss")
@@ -228,12 +231,13 @@ async def test_a_reservation_that_fails_is_tried_again_within_the_request_deadli
         settings=SnowflakeSettings(report_interval=1.0),
     )  # fmt: skip
     await generator.start()
-    failures = 3  # the renewals at 1 s and 2 s, then the request's own reservation
-    await clock.advance(2.5)  # past the mark reserved at the start (2 s ahead)
+    down = True  # every renewal fails: the mark stays where the start put it, 2 s ahead
+    await clock.advance(2.1)
     assert generator.try_take("t", 1) is None  # needs a reservation first
+    down, failures, calls = False, 1, 0  # the request's own reservation fails once
     batch = await generator.take("t", 1, clock.monotonic() + 1)
     assert batch.count == 1
-    assert (failures, calls) == (0, 5)  # start, two renewals, the failed reservation, the one that held
+    assert (failures, calls) == (0, 2)  # the failed reservation, the one that held
     await generator.stop()
 
 
@@ -260,4 +264,33 @@ async def test_a_reservation_refused_for_good_is_not_tried_again() -> None:
     with pytest.raises(LeaseLost, match="another session"):
         await generator.take("t", 1, clock.monotonic() + 1)
     assert calls == 1
+    await generator.stop()
+
+
+async def test_a_failed_renewal_is_tried_again_soon() -> None:
+    """A renewal that fails is tried again 0.1 s later (doubling), not a report interval later.
+
+    A whole interval let the mark run out behind a hung ZooKeeper server, and requests waited for it.
+    """
+    clock = ManualClock()
+    at: list[float] = []
+    failures = 0
+
+    async def persist(_worker_id: int, _high_water_ms: int) -> None:
+        nonlocal failures
+        at.append(clock.monotonic())
+        if failures:
+            failures -= 1
+            raise OSError("ConnectionLoss")
+
+    generator = SnowflakeGenerator(
+        LAYOUT, WorkerLease(5, 0), await fixed_registry(), clock, persist,
+        settings=SnowflakeSettings(report_interval=1.0),
+    )  # fmt: skip
+    await generator.start()
+    started = clock.monotonic()
+    failures = 2
+    await clock.advance(2.5)
+    tries = [round(t - started, 2) for t in at[1:]]
+    assert tries == [1.0, 1.1, 1.3, 2.3], tries  # failed, failed, renewed; then the interval again
     await generator.stop()
