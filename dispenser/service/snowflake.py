@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 _LEASE_POLL = 0.05
 _RENEW_RETRY = 0.1
-"""Seconds before the first retry of a failed renewal of the high-water mark (doubling after each)."""
+"""Seconds before the first retry of a failed renewal of the high-water mark (a :class:`Backoff`)."""
 """Seconds between lease checks while a request waits for the high-water mark to be recorded."""
 
 
@@ -333,16 +333,14 @@ class SnowflakeGenerator:
         # After a failed renewal, again soon (0.1 s, doubling up to the report interval): waiting a whole
         # interval let the mark run out behind a ZooKeeper server that hung, and requests then waited for a
         # reservation (measured: 1 s request timeouts for 3 s once the session had moved elsewhere).
+        interval = self.settings.report_interval
+        retry = Backoff(min(_RENEW_RETRY, interval), interval, clock=self._clock)
         failures = 0
         while True:
-            interval = self.settings.report_interval
-            await self._clock.sleep(
-                min(interval, _RENEW_RETRY * 2 ** min(failures - 1, 16)) if failures else interval
-            )
+            await (retry.wait() if failures else self._clock.sleep(interval))
             try:
                 await asyncio.shield(self._reservation(self._clock.wall_ms()))
             except LeaseLost:
-                failures = 0
                 self.relocate()
             except (DispenserError, OSError) as exc:
                 failures += 1
@@ -350,10 +348,12 @@ class SnowflakeGenerator:
                     log.warning("renewing the snowflake high-water mark failed: %s; retrying", exc)
                 else:
                     log.debug("renewing the snowflake high-water mark failed again (%d): %s", failures, exc)
+                continue
             else:
                 if failures:
                     log.info("renewed the snowflake high-water mark after %d failed tries", failures)
-                failures = 0
+            failures = 0
+            retry.reset()
 
     # -- losing and regaining the worker ID ----------------------------------------------------------
 
