@@ -207,63 +207,67 @@ async def test_a_refusing_generator_issues_nothing() -> None:
     await generator.stop()
 
 
+class ScriptedWrites:
+    """A ``persist`` (the high-water write) a test scripts: when each write came, and how it fails.
+
+    A write raises the first of :attr:`once` (removed), else :attr:`always` if set, else succeeds.
+    """
+
+    def __init__(self, clock: ManualClock) -> None:
+        self._clock = clock
+        self.at: list[float] = []
+        self.once: list[Exception] = []
+        self.always: Exception | None = None
+
+    async def __call__(self, _worker_id: int, _high_water_ms: int) -> None:
+        self.at.append(self._clock.monotonic())
+        if self.once:
+            raise self.once.pop(0)
+        if self.always is not None:
+            raise self.always
+
+
+async def renewing_each_second(clock: ManualClock, writes: ScriptedWrites) -> SnowflakeGenerator:
+    """A started generator for worker ID 5 whose mark is renewed each second (reserved 2 s ahead)."""
+    generator = SnowflakeGenerator(
+        LAYOUT, WorkerLease(5, 0), await fixed_registry(), clock, writes,
+        settings=SnowflakeSettings(report_interval=1.0),
+    )  # fmt: skip
+    await generator.start()
+    return generator
+
+
 async def test_a_reservation_that_fails_is_tried_again_within_the_request_deadline() -> None:
     """The high-water write fails once (a dropped ZooKeeper connection): the request still gets its IDs.
 
     Seen in the ZooKeeper hang test: `unavailable` in the first second of a hung server, the lease still good.
     """
     clock = ManualClock()
-    down = False
-    failures = 0
-    calls = 0
-
-    async def persist(_worker_id: int, _high_water_ms: int) -> None:
-        nonlocal failures, calls
-        calls += 1
-        if down:
-            raise OSError("ConnectionLoss")
-        if failures:
-            failures -= 1
-            raise OSError("ConnectionLoss")
-
-    generator = SnowflakeGenerator(
-        LAYOUT, WorkerLease(5, 0), await fixed_registry(), clock, persist,
-        settings=SnowflakeSettings(report_interval=1.0),
-    )  # fmt: skip
-    await generator.start()
-    down = True  # every renewal fails: the mark stays where the start put it, 2 s ahead
+    writes = ScriptedWrites(clock)
+    generator = await renewing_each_second(clock, writes)
+    writes.always = OSError("ConnectionLoss")  # every renewal fails: the mark stays where the start put it
     await clock.advance(2.1)
     assert generator.try_take("t", 1) is None  # needs a reservation first
-    down, failures, calls = False, 1, 0  # the request's own reservation fails once
+    writes.always, writes.once = None, [OSError("ConnectionLoss")]  # the request's own write fails once
+    writes.at.clear()
     batch = await generator.take("t", 1, clock.monotonic() + 1)
     assert batch.count == 1
-    assert (failures, calls) == (0, 2)  # the failed reservation, the one that held
+    assert (writes.once, len(writes.at)) == ([], 2)  # the failed reservation, the one that held
     await generator.stop()
 
 
 async def test_a_reservation_refused_for_good_is_not_tried_again() -> None:
     """The high-water write says the lease is gone: the request gets that at once, after one write."""
     clock = ManualClock()
-    calls = 0
-    failing: Exception | None = None
-
-    async def persist(_worker_id: int, _high_water_ms: int) -> None:
-        nonlocal calls
-        calls += 1
-        if failing is not None:
-            raise failing
-
-    generator = SnowflakeGenerator(
-        LAYOUT, WorkerLease(5, 0), await fixed_registry(), clock, persist,
-        settings=SnowflakeSettings(report_interval=1.0),
-    )  # fmt: skip
-    await generator.start()
-    failing = OSError("ConnectionLoss")  # the renewals at 1 s and 2 s fail: the mark stays 2 s ahead of 0
+    writes = ScriptedWrites(clock)
+    generator = await renewing_each_second(clock, writes)
+    writes.always = OSError("ConnectionLoss")  # the renewals fail: the mark stays 2 s ahead of 0
     await clock.advance(2.5)
-    failing, calls = LeaseLost(5, "its lease node belongs to another session"), 0
+    writes.always = LeaseLost(5, "its lease node belongs to another session")
+    writes.at.clear()
     with pytest.raises(LeaseLost, match="another session"):
         await generator.take("t", 1, clock.monotonic() + 1)
-    assert calls == 1
+    assert len(writes.at) == 1
     await generator.stop()
 
 
@@ -273,24 +277,11 @@ async def test_a_failed_renewal_is_tried_again_soon() -> None:
     A whole interval let the mark run out behind a hung ZooKeeper server, and requests waited for it.
     """
     clock = ManualClock()
-    at: list[float] = []
-    failures = 0
-
-    async def persist(_worker_id: int, _high_water_ms: int) -> None:
-        nonlocal failures
-        at.append(clock.monotonic())
-        if failures:
-            failures -= 1
-            raise OSError("ConnectionLoss")
-
-    generator = SnowflakeGenerator(
-        LAYOUT, WorkerLease(5, 0), await fixed_registry(), clock, persist,
-        settings=SnowflakeSettings(report_interval=1.0),
-    )  # fmt: skip
-    await generator.start()
+    writes = ScriptedWrites(clock)
+    generator = await renewing_each_second(clock, writes)
     started = clock.monotonic()
-    failures = 2
+    writes.once = [OSError("ConnectionLoss"), OSError("ConnectionLoss")]
     await clock.advance(2.5)
-    tries = [round(t - started, 2) for t in at[1:]]
+    tries = [round(t - started, 2) for t in writes.at[1:]]
     assert tries == [1.0, 1.1, 1.3, 2.3], tries  # failed, failed, renewed; then the interval again
     await generator.stop()
