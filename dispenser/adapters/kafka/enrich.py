@@ -600,13 +600,14 @@ class Enricher:
                 end = await self._offsets.end(where, stable=False)
                 if await self._offsets.end(where, stable=True) >= end:
                     part.unsure.discard(where)
-            if part.unsure and time.monotonic() > deadline:
+            if not part.unsure:
+                return
+            if time.monotonic() > deadline:
                 raise HangingTransaction(
                     f"the last transaction of {_name(part.tp)} is still undecided on"
-                    f" {', '.join(_name(where) for where in part.unsure)} after {_DECIDED_WAIT:g} s"
+                    f" {', '.join(_name(where) for where in sorted(part.unsure))} after {_DECIDED_WAIT:g} s"
                 )
-            if part.unsure:
-                await asyncio.sleep(_DECIDED_POLL)
+            await asyncio.sleep(_DECIDED_POLL)
 
     def lag(self) -> dict[int, int]:
         """Records behind, by owned input partition.
@@ -650,10 +651,7 @@ class Enricher:
             await self._release(part)
         except HangingTransaction as exc:  # from _decided: nothing written yet, nothing to abort
             log.warning("%s: %s; taking it over again (it waits there)", _name(part.tp), exc)
-            self._drop(part)
-            await self._release(part)
-            if take_over and self._consumer is not None and part.tp in self._consumer.assignment():
-                self._take_over(part.tp)
+            await self._start_over(part, take_over=take_over)
         except (KafkaError, IllegalOperation) as exc:
             # IllegalOperation: aiokafka refuses to send or add offsets outside a transaction, which is how
             # a producer whose sender task died answers (see _begin); a new producer replaces it.
@@ -661,11 +659,15 @@ class Enricher:
                 "%s: transaction failed (%s); starting over from the last commit", _name(part.tp), _why(exc)
             )
             self.stats.aborted += 1
-            self._drop(part)
-            await self._release(part)
-            if take_over and self._consumer is not None and part.tp in self._consumer.assignment():
-                # A new producer with the same transactional ID aborts the failed transaction for us.
-                self._take_over(part.tp)
+            # A new producer with the same transactional ID aborts the failed transaction for us.
+            await self._start_over(part, take_over=take_over)
+
+    async def _start_over(self, part: _Partition, *, take_over: bool) -> None:
+        """Drop ``part`` and stop its producer; take it over again if asked and it is still assigned to us."""
+        self._drop(part)
+        await self._release(part)
+        if take_over and self._consumer is not None and part.tp in self._consumer.assignment():
+            self._take_over(part.tp)
 
     def _drop(self, part: _Partition) -> None:
         self._partitions.pop(part.tp, None)
