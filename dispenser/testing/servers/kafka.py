@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dispenser.testing.servers.kafka_markers import (
     DroppedMarkers,
-    dropped_markers,
+    dropped_in,
     lost_markers,
     write_markers,
 )
@@ -305,8 +305,12 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
         transactions call this until their stream has gone through, as an operator would run
         ``kafka-transactions.sh``.
         """
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
         written = []
-        for dropped in [*dropped_markers(self.log_path), *self._lost_markers()]:
+        for dropped in [*dropped_in(text), *self._lost_markers(text)]:
             if dropped not in self._repaired and write_markers(self._port, dropped):
                 self._repaired.add(dropped)
                 written.append(dropped)
@@ -316,13 +320,12 @@ class KafkaBroker(ServerProcess[tuple[Path, Path]]):
     """Seconds records must stay undecided, their transaction decided, before their markers count as lost
     (the coordinator writes them within milliseconds of deciding)."""
 
-    def _lost_markers(self) -> list[DroppedMarkers]:
-        """:func:`~dispenser.testing.servers.kafka_markers.lost_markers`, each once seen for :attr:`_LOST_AFTER`."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return []
-        elected = re.findall(r"Elected as the txn coordinator for partition \d+ at epoch (\d+)", text)
+    def _lost_markers(self, log: str) -> list[DroppedMarkers]:
+        """:func:`~dispenser.testing.servers.kafka_markers.lost_markers`, each once seen for :attr:`_LOST_AFTER`.
+
+        ``log``: the broker's log, read (it names the coordinator's epoch).
+        """
+        elected = re.findall(r"Elected as the txn coordinator for partition \d+ at epoch (\d+)", log)
         if not elected or not self.data_dir.is_dir():
             return []
         now = time.monotonic()

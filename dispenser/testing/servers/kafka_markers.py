@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dispenser.testing.servers.kafka_wire import metadata, write_txn_markers
 
-__all__ = ["DroppedMarkers", "dropped_markers", "lost_markers", "write_markers"]
+__all__ = ["DroppedMarkers", "dropped_in", "dropped_markers", "lost_markers", "write_markers"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,11 @@ def dropped_markers(log_path: Path) -> list[DroppedMarkers]:
         text = log_path.read_text(errors="replace")
     except FileNotFoundError:
         return []
+    return dropped_in(text)
+
+
+def dropped_in(text: str) -> list[DroppedMarkers]:
+    """:func:`dropped_markers` of a broker log already read."""
     sending: dict[str, re.Match[str]] = {}
     found: list[DroppedMarkers] = []
     for line in text.splitlines():
@@ -159,23 +166,32 @@ def lost_markers(data_dir: Path, coordinator_epoch: int) -> list[DroppedMarkers]
     return found
 
 
-def _open_transactions(directory: Path) -> dict[int, int]:
-    """Producer ID → epoch, for the producers with transactional records after their last marker here."""
+def _batches(directory: Path) -> Iterator[Any]:
+    """The record batches of a partition directory's log segments, in order (aiokafka's readers).
+
+    A batch still being written ends the reading: the next call reads it.
+    """
     from aiokafka.record.memory_records import MemoryRecords  # noqa: PLC0415  (only the repair needs it)
 
-    open_: dict[int, int] = {}
     for segment in sorted(directory.glob("*.log")):
         records = MemoryRecords(segment.read_bytes())
         while records.has_next():
             batch = records.next_batch()
-            if batch is None:  # a batch still being written: read again at the next call
-                break
-            if not batch.is_transactional:
-                continue
-            if batch.is_control_batch:
-                open_.pop(batch.producer_id, None)
-            else:
-                open_[batch.producer_id] = batch.producer_epoch
+            if batch is None:
+                return
+            yield batch
+
+
+def _open_transactions(directory: Path) -> dict[int, int]:
+    """Producer ID → epoch, for the producers with transactional records after their last marker here."""
+    open_: dict[int, int] = {}
+    for batch in _batches(directory):
+        if not batch.is_transactional:
+            continue
+        if batch.is_control_batch:
+            open_.pop(batch.producer_id, None)
+        else:
+            open_[batch.producer_id] = batch.producer_epoch
     return open_
 
 
@@ -183,31 +199,27 @@ _ONGOING, _PREPARE_COMMIT, _PREPARE_ABORT, _COMPLETE_COMMIT, _COMPLETE_ABORT = 1
 
 
 def _decisions(directory: Path) -> tuple[dict[tuple[int, int], bool | None], dict[int, str]]:
-    """From ``__transaction_state``: (producer ID, epoch) → committed, aborted or None (still ongoing); IDs."""
-    from aiokafka.record.memory_records import MemoryRecords  # noqa: PLC0415
+    """From ``__transaction_state``: (producer ID, epoch) → committed, aborted or None (still ongoing); IDs.
 
+    A commit or abort decides every epoch of its producer ID recorded ongoing before it.
+    """
     decided: dict[tuple[int, int], bool | None] = {}
+    ongoing: dict[int, set[int]] = {}  # producer ID → its epochs recorded ongoing and not decided since
     ids: dict[int, str] = {}
-    for segment in sorted(directory.glob("*.log")):
-        records = MemoryRecords(segment.read_bytes())
-        while records.has_next():
-            batch = records.next_batch()
-            if batch is None:
-                break
-            for record in batch:
-                key, value = record.key, record.value
-                if key is None or value is None or len(value) < 17:
-                    continue
-                (size,) = struct.unpack_from(">h", key, 2)
-                transactional_id = key[4 : 4 + size].decode()
-                pid, epoch = struct.unpack_from(">qh", value, 2)
-                state = value[16]
-                ids[pid] = transactional_id
-                if state == _ONGOING:
-                    decided[(pid, epoch)] = None
-                elif state in (_PREPARE_COMMIT, _PREPARE_ABORT, _COMPLETE_COMMIT, _COMPLETE_ABORT):
-                    commit = state in (_PREPARE_COMMIT, _COMPLETE_COMMIT)
-                    for (other, other_epoch), known in list(decided.items()):
-                        if other == pid and known is None:
-                            decided[(other, other_epoch)] = commit
+    for batch in _batches(directory):
+        for record in batch:
+            key, value = record.key, record.value
+            if key is None or value is None or len(value) < 17:
+                continue
+            (size,) = struct.unpack_from(">h", key, 2)
+            pid, epoch = struct.unpack_from(">qh", value, 2)
+            state = value[16]
+            ids[pid] = key[4 : 4 + size].decode()
+            if state == _ONGOING:
+                decided[(pid, epoch)] = None
+                ongoing.setdefault(pid, set()).add(epoch)
+            elif state in (_PREPARE_COMMIT, _PREPARE_ABORT, _COMPLETE_COMMIT, _COMPLETE_ABORT):
+                commit = state in (_PREPARE_COMMIT, _COMPLETE_COMMIT)
+                for open_epoch in ongoing.pop(pid, set()):
+                    decided[(pid, open_epoch)] = commit
     return decided, ids
