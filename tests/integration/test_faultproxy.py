@@ -104,6 +104,19 @@ async def test_latency_per_direction_is_pipelined() -> None:
         writer.close()
 
 
+async def test_latency_never_comes_out_short() -> None:
+    # uvloop's timers tick in whole milliseconds and wake up to 1 ms early: a latency of 20.5 ms (rounded down
+    # to 20 by them), one way only, shows a proxy that trusts a single sleep.
+    async with echo_behind_proxy() as (_, proxy):
+        reader, writer = await asyncio.open_connection(*proxy.address)
+        proxy.latency(0.0205, downstream=0.0)
+        for _ in range(30):
+            started = time.monotonic()
+            assert await round_trip(reader, writer, b"x") == b"x"
+            assert time.monotonic() - started >= 0.0205
+        writer.close()
+
+
 async def test_blackhole_accepts_holds_and_heal_delivers_in_order() -> None:
     async with echo_behind_proxy() as (echo, proxy):
         old_reader, old_writer = await asyncio.open_connection(*proxy.address)
