@@ -264,6 +264,34 @@ def test_mariadb_restarts_on_the_same_port_with_its_data(private_mariadb: MariaD
     assert private_mariadb.sql("SELECT i FROM t ORDER BY i", database="kept").split() == ["1", "2"]
 
 
+@pytest.mark.mariadb
+def test_a_failed_mariadb_install_is_tried_once_more_from_an_empty_directory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``mariadb-install-db`` failing once, with a partial data directory left behind: a second try, logged."""
+    real = mariadb_module.find_mariadb()
+    server = MariaDBServer(tmp_path / "mariadb")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    bin_dir.chmod(0o777)  # the install runs as the server's user, and marks its first run here
+    wrapper = bin_dir / "mariadb-install-db"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"if [ ! -e {bin_dir}/failed ]; then\n"
+        f"  touch {bin_dir}/failed; mkdir -p {server.datadir}; touch {server.datadir}/partial\n"
+        "  echo \"ERROR: 6  Error on delete of '#sql-temptable.MAI'\" >&2; exit 1\n"
+        "fi\n"
+        f'exec {real.install_db} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    server._install = real._replace(install_db=wrapper)
+    with caplog.at_level("WARNING", logger=mariadb_module.__name__), server:
+        assert server.sql("SELECT 1").split() == ["1"]
+    assert (bin_dir / "failed").exists()
+    assert "failed (exit 1)" in caplog.text
+    assert "trying once more" in caplog.text
+
+
 def test_missing_mariadb_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(mariadb_module, "_SEARCH", ())
