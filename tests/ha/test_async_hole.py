@@ -19,8 +19,6 @@ both tags: it repeats ``c``'s IDs of ``lost`` and none of ``a``'s IDs of ``kept`
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from pathlib import Path
 
 import asyncpg
@@ -31,7 +29,7 @@ from dispenser.cli import main
 from dispenser.config import Config, load_config
 from dispenser.testing.servers import NatsServer
 from dispenser.testing.servers.patroni import PatroniCluster
-from dispenser.testing.servers.process import wait_stopped
+from dispenser.testing.servers.process import sigstop
 from tests.integration.segment_support import ask, client, ids_of, prepare, running_worker
 
 from .load_support import until
@@ -118,9 +116,7 @@ async def test_async_failover_loses_grants_and_the_repair_restores_them(
         await asyncio.to_thread(ha_cluster.wait_replayed)
         senders = leader.wal_processes("walsender")
         assert len(senders) == 2
-        for pid, _ in senders:
-            os.kill(pid, signal.SIGSTOP)
-        wait_stopped(pid for pid, _ in senders)
+        sigstop(*(pid for pid, _ in senders))
         try:
             # Several segments each, acknowledged by the primary alone.
             kept_before += await take(nc, "a.segment.kept", 450)

@@ -24,6 +24,7 @@ from dispenser.app import Worker
 from dispenser.config import Config, load_config
 from dispenser.messages import Reply
 from dispenser.ports import Clock
+from dispenser.testing.servers.process import sigstop
 
 
 def worker_config(nats_url: str, dsn: str, **segment: object) -> Config:
@@ -175,9 +176,12 @@ class WorkerProcess:
                 return
 
     def signal(self, sig: signal.Signals) -> None:
-        """Send a signal to the worker we started."""
+        """Send a signal to the worker we started (SIGSTOP: returns once it has stopped, as ``sigstop``)."""
         assert self.proc is not None
-        self.proc.send_signal(sig)
+        if sig == signal.SIGSTOP:
+            sigstop(self.proc.pid)
+        else:
+            self.proc.send_signal(sig)
 
     def wait(self, timeout: float = 15.0) -> int:
         """Wait for exit; returns the exit status."""

@@ -30,7 +30,7 @@ from dispenser.testing.servers import (
     frozen,
 )
 from dispenser.testing.servers import mariadb as mariadb_module
-from dispenser.testing.servers.process import port_is_free, wait_stopped
+from dispenser.testing.servers.process import port_is_free, sigstop
 
 
 @contextmanager
@@ -320,19 +320,18 @@ def _thread_states(pid: int) -> list[str]:
 
 
 def test_freezing_returns_once_every_thread_has_stopped() -> None:
-    """SIGSTOP takes effect thread by thread: ``wait_stopped`` (in ``frozen`` and ``freeze``) waits for all.
+    """SIGSTOP takes effect thread by thread: ``sigstop`` (in ``frozen`` and ``freeze``) waits for all.
 
     A Kafka broker once acknowledged a request sent right after its SIGSTOP. Seven threads spinning on two
     cores: read right after ``kill``, some thread still runs in about half the tries here; after
-    ``wait_stopped``, or on entering ``frozen``, not one may.
+    ``sigstop``, or on entering ``frozen``, not one may.
     """
     proc = subprocess.Popen([sys.executable, "-c", _BUSY_THREADS], stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"spinning\n"
         for _ in range(20):
-            os.kill(proc.pid, signal.SIGSTOP)
-            wait_stopped([proc.pid])
+            assert sigstop(proc.pid) == [proc.pid]
             states = _thread_states(proc.pid)
             os.kill(proc.pid, signal.SIGCONT)
             assert len(states) == 7

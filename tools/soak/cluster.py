@@ -33,7 +33,7 @@ from dispenser.testing.servers.kafka import KafkaBroker
 from dispenser.testing.servers.kafka_cluster import KafkaCluster
 from dispenser.testing.servers.nats_cluster import NatsCluster
 from dispenser.testing.servers.patroni import PatroniCluster, PatroniNode
-from dispenser.testing.servers.process import kill_process, wait_stopped
+from dispenser.testing.servers.process import kill_process, sigstop
 from dispenser.testing.servers.server import ServerProcess
 from dispenser.testing.servers.zookeeper_ensemble import ZooKeeperEnsemble
 from soak.enrich import enricher_args
@@ -339,8 +339,7 @@ class SoakCluster:
                     if child.proc is None:
                         continue
                     if freeze:
-                        child.proc.send_signal(signal.SIGSTOP)
-                        wait_stopped([child.proc.pid])
+                        sigstop(child.proc.pid)
                     else:
                         await asyncio.to_thread(kill_process, child.proc)
                 self.lost = fault

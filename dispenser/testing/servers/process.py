@@ -19,6 +19,7 @@ __all__ = [
     "free_port",
     "frozen",
     "process_tree",
+    "sigstop",
     "wait_stopped",
 ]
 
@@ -338,11 +339,6 @@ _STILL = frozenset("TtZX")
 def wait_stopped(pids: Iterable[int], *, timeout: float = 5.0) -> None:
     """Return once every thread of every process in ``pids`` is stopped (after SIGSTOP); gone ones count.
 
-    ``kill(SIGSTOP)`` returns before the process stops: Linux wakes one thread to take the signal, and only
-    when that thread gets a CPU does it stop the others. On a busy machine a JVM's request threads run on
-    meanwhile (a "frozen" Kafka broker once answered a request sent right after the signal). A fault test
-    starts its fault only after this.
-
     Raises:
         TimeoutError: A thread was still running after ``timeout`` seconds.
     """
@@ -361,6 +357,23 @@ def wait_stopped(pids: Iterable[int], *, timeout: float = 5.0) -> None:
             time.sleep(0.001)
 
 
+def sigstop(*pids: int) -> list[int]:
+    """SIGSTOP each of ``pids`` and return once every thread of them has stopped; returns those signalled.
+
+    ``kill(SIGSTOP)`` alone returns before the process stops: Linux wakes one thread to take the signal, and
+    only when that thread gets a CPU does it stop the others. On a busy machine a JVM's request threads run
+    on meanwhile (a "frozen" Kafka broker once answered a request sent right after the signal). Every
+    freeze of the test kit goes through here, so that a fault starts only once it is in place.
+    """
+    stopped = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+    wait_stopped(stopped)
+    return stopped
+
+
 @contextlib.contextmanager
 def frozen(*pids: int) -> Iterator[list[int]]:
     """Stop each of ``pids`` and all their descendants dead (SIGSTOP) inside the block; SIGCONT afterwards.
@@ -375,14 +388,10 @@ def frozen(*pids: int) -> Iterator[list[int]]:
     try:
         todo = list(pids)
         while todo:
-            for member in todo:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(member, signal.SIGSTOP)
-                    stopped.append(member)
+            stopped += sigstop(*todo)
             tree = _children_map()
             seen = set(stopped)
             todo = [child for parent in stopped for child in tree.get(parent, ()) if child not in seen]
-        wait_stopped(stopped)
         yield stopped
     finally:
         for member in reversed(stopped):

@@ -17,8 +17,8 @@ from dispenser.testing.servers.process import (
     free_port,
     kill_process,
     read_since,
+    sigstop,
     stop_process,
-    wait_stopped,
     wait_until,
 )
 
@@ -126,8 +126,7 @@ class ServerProcess(abc.ABC, Generic[_Prepared]):
         process; :meth:`stop` thaws it first). Returns once every thread of it has stopped.
         """
         if self._proc is not None:
-            self._proc.send_signal(signal.SIGSTOP)
-            wait_stopped([self._proc.pid])
+            sigstop(self._proc.pid)
 
     def thaw(self) -> None:
         """SIGCONT the server after :meth:`freeze`: it goes on where it stopped."""
