@@ -18,15 +18,16 @@ from dispenser.core.ids import IdBatch
 from dispenser.core.snowflake import Issued, SnowflakeLayout, SnowflakeState, WaitUntil, check_startup_clock
 from dispenser.ports import Clock, WorkerLease, WorkerRegistry
 from dispenser.service.retry import Backoff
+from dispenser.service.timing import wait_done
 
 __all__ = ["SnowflakeGenerator", "SnowflakeSettings"]
 
 log = logging.getLogger(__name__)
 
 _LEASE_POLL = 0.05
+"""Seconds between lease checks while a request waits for the high-water mark to be recorded."""
 _RENEW_RETRY = 0.1
 """Seconds before the first retry of a failed renewal of the high-water mark (a :class:`Backoff`)."""
-"""Seconds between lease checks while a request waits for the high-water mark to be recorded."""
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
@@ -317,15 +318,14 @@ class SnowflakeGenerator:
                 raise Unavailable(
                     "recording the snowflake high-water mark took longer than the request may wait"
                 )
-            done, _ = await asyncio.wait({task}, timeout=min(left, _LEASE_POLL))
-            if not done:
+            if not await wait_done(self._clock, task, min(left, _LEASE_POLL)):
                 continue
             if task.cancelled() or not isinstance(task.exception(), Unavailable):
                 task.result()  # recorded, or an error that another try would not mend
                 return
             # Could not record (ZooKeeper unreachable): once more after a pause (the same wait as for the
             # lease), if the deadline allows.
-            await asyncio.sleep(min(_LEASE_POLL, max(0.0, deadline - self._clock.monotonic())))
+            await self._clock.sleep(min(_LEASE_POLL, max(0.0, deadline - self._clock.monotonic())))
             if deadline - self._clock.monotonic() > 0:
                 task = self._reservation(now_ms)
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from dispenser.adapters.local.static_registry import StaticRegistry
-from dispenser.core.errors import LeaseLost, WorkerIdInUse
+from dispenser.core.errors import LeaseLost, Unavailable, WorkerIdInUse
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.ports import WorkerLease
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
@@ -210,7 +210,8 @@ async def test_a_refusing_generator_issues_nothing() -> None:
 class ScriptedWrites:
     """A ``persist`` (the high-water write) a test scripts: when each write came, and how it fails.
 
-    A write raises the first of :attr:`once` (removed), else :attr:`always` if set, else succeeds.
+    A write waits while :attr:`held` is set (a hung server), then raises the first of :attr:`once`
+    (removed), else :attr:`always` if set, else succeeds.
     """
 
     def __init__(self, clock: ManualClock) -> None:
@@ -218,9 +219,12 @@ class ScriptedWrites:
         self.at: list[float] = []
         self.once: list[Exception] = []
         self.always: Exception | None = None
+        self.held: asyncio.Event | None = None
 
     async def __call__(self, _worker_id: int, _high_water_ms: int) -> None:
         self.at.append(self._clock.monotonic())
+        if self.held is not None:
+            await self.held.wait()
         if self.once:
             raise self.once.pop(0)
         if self.always is not None:
@@ -250,9 +254,28 @@ async def test_a_reservation_that_fails_is_tried_again_within_the_request_deadli
     assert generator.try_take("t", 1) is None  # needs a reservation first
     writes.always, writes.once = None, [OSError("ConnectionLoss")]  # the request's own write fails once
     writes.at.clear()
-    batch = await generator.take("t", 1, clock.monotonic() + 1)
-    assert batch.count == 1
+    taking = asyncio.create_task(generator.take("t", 1, clock.monotonic() + 1))
+    assert await clock.run_until(taking.done) == pytest.approx(0.05)  # a pause of _LEASE_POLL between tries
+    assert taking.result().count == 1
     assert (writes.once, len(writes.at)) == ([], 2)  # the failed reservation, the one that held
+    await generator.stop()
+
+
+async def test_a_request_waits_for_a_hung_reservation_until_its_deadline_on_the_generators_clock() -> None:
+    """The high-water write hangs (a frozen ZooKeeper): `unavailable` at the request's deadline, in clock time.
+
+    Its wait was on the event loop's clock, which a manual clock does not move.
+    """
+    clock = ManualClock()
+    writes = ScriptedWrites(clock)
+    generator = await renewing_each_second(clock, writes)
+    writes.held = hung = asyncio.Event()  # every write from now on hangs: the mark stays 2 s ahead of 0
+    await clock.advance(2.1)
+    taking = asyncio.create_task(generator.take("t", 1, clock.monotonic() + 1))
+    assert await clock.run_until(taking.done) == pytest.approx(1.0, abs=0.011)  # to run_until's step
+    with pytest.raises(Unavailable, match="took longer than the request may wait"):
+        taking.result()
+    hung.set()
     await generator.stop()
 
 
