@@ -228,10 +228,10 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
     async def _keep_alive(self) -> None:
         # Not `while True`: on Python 3.11, asyncio.wait_for swallows a cancellation that arrives as the
         # awaited call completes, and close() would then wait for this task for ever (seen: a suite hung).
-        pause = self._timeout / _KEEPALIVES_PER_TIMEOUT
+        every = pause = self._timeout / _KEEPALIVES_PER_TIMEOUT
         while not self._closing:
             await asyncio.sleep(pause)
-            pause = self._timeout / _KEEPALIVES_PER_TIMEOUT
+            pause = every
             if self._worker_id is None or self._lost is not None:
                 continue  # wait for register() to claim again
             try:
