@@ -384,3 +384,46 @@ class ClockDisagreesWithPeers(DispenserError):
             f"more than the allowed {threshold_ms} ms; fix the clock (NTP) before starting a snowflake worker"
         )
         self.mean_offset_ms = mean_offset_ms
+
+
+class Unauthorized(BadRequest):
+    """An HTTP request without a token the worker knows (``http.callers`` is set: docs/security.md)."""
+
+    code = "unauthorized"
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__("this worker's HTTP API needs a known token: send 'Authorization: Bearer <token>'")
+
+
+class Forbidden(BadRequest):
+    """A known HTTP caller asked for a tag or kind its ``http.callers`` entry does not allow."""
+
+    code = "forbidden"
+    status = 403
+
+    def __init__(self, caller: str, kind: str, tag: str) -> None:
+        shown = tag if len(tag) <= 140 else tag[:140] + "…"
+        super().__init__(f"caller {caller!r} may not take {kind} IDs of tag {shown!r}")
+
+
+class OverBudget(DispenserError):
+    """An HTTP caller asked for more IDs than its budget has left (``http.ids_per_second``, ``http.ids_burst``).
+
+    Retryable: the budget refills at its rate (``retry_after`` says when this request would be granted),
+    unless the request is larger than the burst, which it can never be.
+    """
+
+    code = "over_budget"
+    status = 429
+
+    def __init__(self, caller: str, count: int, rate: float, burst: float, retry_after: float) -> None:
+        if retry_after == float("inf"):
+            wait = f"a request of {count} IDs is over the burst and is never granted: ask for fewer"
+        else:
+            wait = f"retry in {retry_after:.3g} s"
+        super().__init__(
+            f"caller {caller!r} is over its ID budget ({rate:.6g} IDs/s, bursts up to {burst:.6g}): {wait}"
+        )
+        self.retry_after = retry_after
+        self.retryable = retry_after != float("inf")
