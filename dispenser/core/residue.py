@@ -7,6 +7,7 @@ them; ``stride = 1, offset = 0`` is Leaf's tag. See ``docs/datacenters.md`` (top
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -84,6 +85,25 @@ class Residue:
     def owns(self, id_: int) -> bool:
         """Whether ``id_`` belongs to this class."""
         return id_ >= 0 and id_ % self.stride == self.offset
+
+    def intersects(self, other: Residue) -> bool:
+        """Whether some ID is in both classes: ``o1 ≡ o2 (mod gcd(s1, s2))`` (the Chinese remainder theorem).
+
+        Two databases serving one tag in intersecting classes hand out the same IDs; Leaf's tag (0 mod 1)
+        intersects every class.
+        """
+        return (self.offset - other.offset) % math.gcd(self.stride, other.stride) == 0
+
+    def first_common(self, other: Residue) -> int | None:
+        """The smallest ID of both classes (``None``: they are disjoint), to name one in a message."""
+        g = math.gcd(self.stride, other.stride)
+        difference = other.offset - self.offset
+        if difference % g:
+            return None
+        # x = offset + stride * k with stride * k ≡ difference (mod other.stride); divide through by g.
+        modulus = other.stride // g
+        k = (difference // g) * pow(self.stride // g, -1, modulus) % modulus
+        return (self.offset + self.stride * k) % (self.stride // g * other.stride)
 
     def ordinal(self, id_: int) -> int:
         """The ``k`` for which ``id_ == k * stride + offset``."""

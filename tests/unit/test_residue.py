@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -115,3 +117,42 @@ def test_the_double_buffer_over_ordinals_hands_out_each_granted_id_once_in_order
     assert issued == granted[: len(issued)]
     assert issued == sorted(set(issued))
     assert all(residue.owns(i) for i in issued)
+
+
+# -- which classes share an ID (two databases must never serve intersecting classes of one tag) ----------
+
+small_classes = st.integers(1, 12).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n - 1)))
+
+
+def test_intersecting_classes_from_the_issue() -> None:
+    """0 mod 2 and 1 mod 3 share 4; 0 mod 2 and 1 mod 2 share nothing; a plain tag shares with every class."""
+    assert Residue(2, 0).intersects(Residue(3, 1))
+    assert Residue(2, 0).first_common(Residue(3, 1)) == 4
+    assert not Residue(2, 0).intersects(Residue(2, 1))
+    assert Residue(2, 0).first_common(Residue(2, 1)) is None
+    assert Residue(2, 0).intersects(Residue(2, 0))
+    assert LEAF.intersects(Residue(4, 3))
+    assert not Residue(4, 1).intersects(Residue(6, 2))  # gcd 2: 1 and 2 differ modulo 2
+
+
+@given(a=small_classes, b=small_classes)
+def test_intersection_agrees_with_brute_force(a: tuple[int, int], b: tuple[int, int]) -> None:
+    """``intersects`` and ``first_common`` agree with a search over one period (lcm) of both classes."""
+    one, other = Residue(*a), Residue(*b)
+    period = math.lcm(one.stride, other.stride)
+    shared = [x for x in range(period) if one.owns(x) and other.owns(x)]
+    assert one.intersects(other) == bool(shared) == other.intersects(one)
+    assert one.first_common(other) == (shared[0] if shared else None) == other.first_common(one)
+
+
+@given(a=classes, b=classes)
+def test_a_common_id_is_in_both_classes(a: tuple[int, int], b: tuple[int, int]) -> None:
+    """Up to stride 64: ``first_common`` is a member of both classes below their lcm, when it exists."""
+    one, other = Residue(*a), Residue(*b)
+    common = one.first_common(other)
+    if common is None:
+        assert (one.offset - other.offset) % math.gcd(one.stride, other.stride)
+    else:
+        assert one.owns(common)
+        assert other.owns(common)
+        assert common < math.lcm(one.stride, other.stride)
