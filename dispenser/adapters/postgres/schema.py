@@ -29,6 +29,9 @@ class Migration:
     sql: str
 
 
+TAG_LOCK_CLASS: Final = 0x6C65_6166
+"""First key of the per-tag ``pg_advisory_xact_lock(TAG_LOCK_CLASS, hashtext(biz_tag))`` (the bytes of ``leaf``)."""
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(
         1,
@@ -81,7 +84,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         # A table beside leaf_alloc (which stays Leaf's, column for column). The triggers cover every writer,
         # Leaf's own tools and psql included: a DELETE records the row's max_id (the highest kept if the
         # tag is removed again), and an INSERT below it is refused. `dispenser tag add` checks first, to
-        # say so plainly (TagStartTooLow); the trigger also closes the race with a concurrent remove.
+        # say so plainly (TagStartTooLow). The race with a remove still uncommitted is NOT closed here (the
+        # INSERT's check reads before the DELETE commits): version 6 closes it, and TRUNCATE and renames.
         """
         CREATE TABLE IF NOT EXISTS dispenser_removed_tag (
             biz_tag    varchar(128) PRIMARY KEY,
@@ -126,6 +130,84 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             stride   integer      NOT NULL CHECK (stride BETWEEN 2 AND 32768),
             "offset" integer      NOT NULL CHECK ("offset" >= 0 AND "offset" < stride)
         )
+        """,
+    ),
+    Migration(
+        6,
+        "a tag's life cycle race-free: removes and adds of one tag take turns, TRUNCATE and renames keep high water",
+        # Every path that removes a name from leaf_alloc (DELETE, an UPDATE of biz_tag) takes the tag's
+        # transaction-scoped advisory lock before it touches the row; every path that adds one (INSERT, an
+        # UPDATE of biz_tag) takes it before it reads the tombstone. So a remove still uncommitted (a psql
+        # session, a commit waiting for a synchronous standby) finishes first, and the read, a statement of
+        # its own under READ COMMITTED, has a snapshot that sees its tombstone. Under REPEATABLE READ or
+        # SERIALIZABLE the transaction's snapshot may predate a remove committed since: a probe of the
+        # tombstone's key (ON CONFLICT DO NOTHING, undone) raises serialization_failure for a row it cannot
+        # see, and the retry sees it. TRUNCATE fires no row trigger: a statement trigger records every row
+        # (leaf_alloc is locked ACCESS EXCLUSIVE by then, so no writer is in progress), and is refused under
+        # a snapshot older than the statement (it could miss the latest max_id). The advisory key is
+        # (TAG_LOCK_CLASS, hashtext(biz_tag)): two tags whose hashes collide only take turns.
+        f"""
+        CREATE OR REPLACE FUNCTION dispenser_lock_removed_tag() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_advisory_xact_lock({TAG_LOCK_CLASS}, hashtext(OLD.biz_tag));
+            IF TG_OP = 'DELETE' THEN
+                RETURN OLD;
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE OR REPLACE FUNCTION dispenser_refuse_reissue() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE
+            high_water bigint;
+        BEGIN
+            PERFORM pg_advisory_xact_lock({TAG_LOCK_CLASS}, hashtext(NEW.biz_tag));
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                BEGIN
+                    INSERT INTO dispenser_removed_tag (biz_tag, max_id) VALUES (NEW.biz_tag, NEW.max_id)
+                        ON CONFLICT (biz_tag) DO NOTHING;
+                    RAISE SQLSTATE 'LD001';  -- undo the probe's row; only a serialization failure leaves
+                EXCEPTION WHEN SQLSTATE 'LD001' THEN
+                    NULL;
+                END;
+            END IF;
+            SELECT max_id INTO high_water FROM dispenser_removed_tag WHERE biz_tag = NEW.biz_tag;
+            IF high_water IS NOT NULL AND NEW.max_id < high_water THEN
+                RAISE EXCEPTION 'tag % was removed at max_id %: a start below it would hand out its IDs again',
+                    NEW.biz_tag, high_water
+                    USING ERRCODE = 'check_violation', HINT = format('start at %s or above', high_water);
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE OR REPLACE FUNCTION dispenser_remember_truncated_tags() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE EXCEPTION 'TRUNCATE leaf_alloc under % isolation could miss the latest max_id of a tag',
+                    current_setting('transaction_isolation')
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          HINT = 'run it under READ COMMITTED (the default)';
+            END IF;
+            INSERT INTO dispenser_removed_tag AS r (biz_tag, max_id, removed_at)
+            SELECT biz_tag, max_id, now() FROM leaf_alloc
+            ON CONFLICT (biz_tag) DO UPDATE SET max_id = GREATEST(r.max_id, EXCLUDED.max_id), removed_at = now();
+            RETURN NULL;
+        END $$;
+        DROP TRIGGER IF EXISTS dispenser_lock_removed_tag ON leaf_alloc;
+        CREATE TRIGGER dispenser_lock_removed_tag BEFORE DELETE ON leaf_alloc
+            FOR EACH ROW EXECUTE FUNCTION dispenser_lock_removed_tag();
+        DROP TRIGGER IF EXISTS dispenser_lock_renamed_tag ON leaf_alloc;
+        CREATE TRIGGER dispenser_lock_renamed_tag BEFORE UPDATE OF biz_tag ON leaf_alloc
+            FOR EACH ROW WHEN (OLD.biz_tag IS DISTINCT FROM NEW.biz_tag)
+            EXECUTE FUNCTION dispenser_lock_removed_tag();
+        DROP TRIGGER IF EXISTS dispenser_refuse_rename_reissue ON leaf_alloc;
+        CREATE TRIGGER dispenser_refuse_rename_reissue BEFORE UPDATE OF biz_tag ON leaf_alloc
+            FOR EACH ROW WHEN (OLD.biz_tag IS DISTINCT FROM NEW.biz_tag)
+            EXECUTE FUNCTION dispenser_refuse_reissue();
+        DROP TRIGGER IF EXISTS dispenser_remember_renamed_tag ON leaf_alloc;
+        CREATE TRIGGER dispenser_remember_renamed_tag AFTER UPDATE OF biz_tag ON leaf_alloc
+            FOR EACH ROW WHEN (OLD.biz_tag IS DISTINCT FROM NEW.biz_tag)
+            EXECUTE FUNCTION dispenser_remember_removed_tag();
+        DROP TRIGGER IF EXISTS dispenser_remember_truncated_tags ON leaf_alloc;
+        CREATE TRIGGER dispenser_remember_truncated_tags BEFORE TRUNCATE ON leaf_alloc
+            FOR EACH STATEMENT EXECUTE FUNCTION dispenser_remember_truncated_tags()
         """,
     ),
 )
