@@ -326,8 +326,9 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument(
         "--offset",
         type=int,
-        default=0,
-        help="this datacenter's residue, 0 to --stride - 1, different in each datacenter (default 0)",
+        default=None,
+        help="this datacenter's residue, 0 to --stride - 1, different in each datacenter; required with "
+        "--stride above 1 (a default would be the same in every datacenter)",
     )
     tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
     set_ = tag_sub.add_parser("set", help="change a tag's step (from its next segment)", parents=[common])
@@ -743,9 +744,18 @@ def _import_leaf(args: argparse.Namespace, config: Config) -> int:
 
 
 def _residue(args: argparse.Namespace) -> Residue:
-    """``--stride`` and ``--offset`` as a residue class (BadRequest when they do not make one)."""
+    """``--stride`` and ``--offset`` as a residue class (BadRequest when they do not make one).
+
+    ``--offset`` has no default with a stride: the same command run in two datacenters would give both
+    offset 0, and every ID would be handed out twice (docs/datacenters.md).
+    """
+    if args.offset is None and args.stride > 1:
+        raise BadRequest(
+            f"--offset is required with --stride {args.stride}: give each datacenter's database its own "
+            f"offset, 0 to {args.stride - 1} (the same offset in two databases hands out every ID twice)"
+        )
     try:
-        return Residue(args.stride, args.offset)
+        return Residue(args.stride, args.offset or 0)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
 

@@ -132,6 +132,24 @@ def test_values_the_server_would_refuse_are_refused_here(
     assert "is not valid" in err or "step must be between" in err, err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["tag", "add", "x", "--step", "10", "--stride", "2"], "--offset is required with --stride 2"),
+        (["tag", "add", "x", "--step", "10", "--stride", "2", "--offset", "2"], "offset must be between"),
+        (["tag", "add", "x", "--step", "10", "--offset", "1"], "offset must be between"),
+    ],
+)
+def test_a_stride_needs_an_explicit_offset(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--stride 2`` alone would take offset 0 in every datacenter (every ID twice): refused, naming --offset."""
+    # Nothing listens here: reaching the connection would fail with another message.
+    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", "postgresql://nobody@127.0.0.1:9/none")
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_config_prints_the_effective_settings_with_secrets_masked(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
