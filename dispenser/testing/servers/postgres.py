@@ -16,6 +16,7 @@ import os
 import pwd
 import re
 import secrets
+import shutil
 import signal
 import stat
 import subprocess
@@ -189,18 +190,24 @@ def _ensure_system_user(name: str) -> pwd.struct_passwd:
         return pwd.getpwnam(name)
     except KeyError:
         pass
-    result = subprocess.run(
-        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    # useradd lives in /usr/sbin, which a caller's PATH may leave out (the dev command's test runs with
+    # only the venv's bin on it): look there too, or a fresh machine's first start fails with ENOENT.
+    useradd = shutil.which("useradd", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin") or "useradd"
+    try:
+        result = subprocess.run(
+            [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        outcome = f"useradd exited {result.returncode}: {result.stderr.strip()}"
+    except OSError as exc:
+        outcome = f"useradd could not run: {exc}"
     try:
         return pwd.getpwnam(name)
     except KeyError:
         raise ServerStartError(
-            f"PostgreSQL cannot run as root and the system user {name!r} could not be created "
-            f"(useradd exited {result.returncode}: {result.stderr.strip()})"
+            f"PostgreSQL cannot run as root and the system user {name!r} could not be created ({outcome})"
         ) from None
 
 
