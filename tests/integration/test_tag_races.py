@@ -126,6 +126,17 @@ async def test_truncate_keeps_every_tags_high_water(sessions: Callable[[], Await
         await _raw_insert(admin, 1)
 
 
+async def test_truncate_under_a_transaction_snapshot_is_refused(
+    sessions: Callable[[], Awaitable[Connection]],
+) -> None:
+    """TRUNCATE under REPEATABLE READ could record a max_id older than the latest fetch: refused, nothing lost."""
+    admin = await sessions()
+    with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError, match="READ COMMITTED"):
+        async with admin.transaction(isolation="repeatable_read"):
+            await admin.execute("TRUNCATE leaf_alloc")
+    assert await admin.fetchval("SELECT max_id FROM leaf_alloc WHERE biz_tag = 'a'") == 101
+
+
 async def test_an_insert_behind_a_truncate_held_open_is_refused(
     sessions: Callable[[], Awaitable[Connection]],
 ) -> None:
