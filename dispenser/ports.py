@@ -164,12 +164,20 @@ class GrantMemory(Protocol):
     fetches again (see docs/ha.md).
     """
 
-    def remembered(self, cluster: str, timeline: int | None = None) -> dict[str, int]:
+    def remembered(self, cluster: str) -> dict[str, int]:
         """Tag → the highest ``max_id`` granted in ``cluster`` (``<system identifier>/<database>``).
 
         Granted to this worker, and to any worker whose memory this one can read (one sharing its state
-        directory). With ``timeline``, only grants made on a primary of that timeline or an earlier one:
-        those a primary on ``timeline`` can have lost in a failover.
+        directory), on any timeline of the cluster: a primary on an earlier timeline (a restored backup)
+        lost them just as a promoted replica does.
+        """
+        ...
+
+    def floor(self, cluster: str, tag: str) -> int | None:
+        """The highest ``max_id`` of ``tag`` in ``cluster`` this worker knows to have been granted (None: none).
+
+        Its own grants, and the other memories of :meth:`remembered` as last read: every fetch raises the
+        row to it first, in the same statement, so that this worker never takes a range below it.
         """
         ...
 

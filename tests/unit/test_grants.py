@@ -105,8 +105,12 @@ async def test_an_unusable_state_directory_refuses_the_start_and_fails_check(tmp
     assert result.ok, result.detail
 
 
-async def test_grants_are_kept_per_cluster_and_a_later_timeline_is_a_successor(tmp_path: Path) -> None:
-    """Keys are ``<system>/<database>``; with a timeline, only grants made on that timeline or before count."""
+async def test_grants_are_kept_per_cluster_whatever_the_timeline(tmp_path: Path) -> None:
+    """Keys are ``<system>/<database>``; a cluster's grants count on every timeline (issue 29 item 1).
+
+    Before, only grants made on the asked timeline or an earlier one counted: a PITR restored onto an
+    earlier timeline was repaired from nothing.
+    """
     grants = GrantFile.open(tmp_path)
     try:
         await grants.set_server("7000/ids", "7000/3")
@@ -115,10 +119,11 @@ async def test_grants_are_kept_per_cluster_and_a_later_timeline_is_a_successor(t
         await grants.remember("8000/ids", "order", 51)
         assert grants.remembered("7000/ids") == {"order": 1001}
         assert grants.remembered("8000/ids") == {"order": 51}
-        assert grants.remembered("7000/ids", timeline=4) == {"order": 1001}  # a successor (failover)
-        assert grants.remembered("7000/ids", timeline=3) == {"order": 1001}
-        assert grants.remembered("7000/ids", timeline=2) == {}  # older than where they were granted
-        assert grants.remembered("9000/ids", timeline=1) == {}
+        assert grants.remembered("9000/ids") == {}
+        assert grants.floor("7000/ids", "order") == 1001
+        assert grants.floor("8000/ids", "order") == 51
+        assert grants.floor("9000/ids", "order") is None
+        assert grants.floor("7000/ids", "user") is None
     finally:
         grants.close()
 

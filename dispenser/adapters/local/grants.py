@@ -9,7 +9,6 @@ raised back to it (:mod:`dispenser.adapters.postgres.primary`). See ``docs/ha.md
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 from pathlib import Path
@@ -62,6 +61,7 @@ class GrantFile:
         self._writer: asyncio.Task[None] | None = None
         self._flushed = asyncio.Event()
         self._failing = False
+        self._others: dict[str, dict[str, int]] = {}  # cluster -> the other files' grants, as last read
 
     @classmethod
     def open(cls, directory: Path) -> GrantFile:
@@ -81,29 +81,45 @@ class GrantFile:
             found = self._data.databases[cluster] = _Database()
         return found
 
-    def remembered(self, cluster: str, timeline: int | None = None) -> dict[str, int]:
+    def remembered(self, cluster: str) -> dict[str, int]:
         """Tag → highest ``max_id`` in ``cluster``: this worker's, and every other file's in the directory.
+
+        Whatever the timeline each was granted on: a primary of the same system on an earlier timeline (a
+        PITR restored without the later history files) lost them as a promoted replica does. The other
+        files' grants are kept for :meth:`floor` until the next call.
 
         Args:
             cluster: ``<system identifier>/<database>``.
-            timeline: only grants made on a primary of this timeline or an earlier one (whose successor
-                it can be); None: all.
         """
-        found = [self._data]
+        others: dict[str, int] = {}
         if self.directory is not None:
-            found += [
-                data
-                for other in sorted(self.directory.glob(f"{_PREFIX}*.json"))
-                if other != self.path and (data := _load(other)) is not None
-            ]
-        merged: dict[str, int] = {}
-        for data in found:
-            db = data.databases.get(cluster)
-            if db is None or (timeline is not None and _timeline(db.server) > timeline):
-                continue
-            for tag, max_id in db.max_ids.items():
-                merged[tag] = max(merged.get(tag, 0), max_id)
+            for other in sorted(self.directory.glob(f"{_PREFIX}*.json")):
+                data = _load(other) if other != self.path else None
+                db = None if data is None else data.databases.get(cluster)
+                for tag, max_id in (db.max_ids if db is not None else {}).items():
+                    others[tag] = max(others.get(tag, 0), max_id)
+        self._others[cluster] = others
+        merged = dict(others)
+        own = self._data.databases.get(cluster)
+        for tag, max_id in (own.max_ids if own is not None else {}).items():
+            merged[tag] = max(merged.get(tag, 0), max_id)
         return merged
+
+    def floor(self, cluster: str, tag: str) -> int | None:
+        """The highest ``max_id`` of ``tag`` in ``cluster``: this worker's, and the other files' as last read.
+
+        Read from memory only (no file is opened): every fetch asks for it.
+        """
+        own = self._data.databases.get(cluster)
+        found = [
+            max_id
+            for max_id in (
+                None if own is None else own.max_ids.get(tag),
+                self._others.get(cluster, {}).get(tag),
+            )
+            if max_id is not None
+        ]
+        return max(found) if found else None
 
     def server(self, cluster: str) -> str | None:
         """The primary last used for ``cluster`` (``<system identifier>/<timeline>``)."""
@@ -195,13 +211,6 @@ def _load(path: Path) -> _File | None:
         log.error("ignoring %s: not a segment grants file (%s)", path, exc)
         return None
     return _upgraded(data)
-
-
-def _timeline(server: str | None) -> int:
-    """The timeline of a ``<system identifier>/<timeline>`` (0 when unknown)."""
-    with contextlib.suppress(ValueError, AttributeError):
-        return int(str(server).rpartition("/")[2])
-    return 0
 
 
 def _upgraded(data: _File) -> _File:

@@ -1,21 +1,21 @@
 """Which primary a connection reached, and the repair of a new primary from the remembered grants.
 
 Every new connection of the pool is checked first (:class:`PrimaryWatch`, the pool's ``init``): a standby is
-refused, and a primary not seen before (another system identifier or timeline, i.e. after a failover) gets
-the remembered ``max_id`` of each tag restored (``GREATEST``) before any fetch, which closes the hole
-asynchronous replication leaves (docs/ha.md).
+refused, and the remembered ``max_id`` of each tag is restored (``GREATEST``) before any fetch, which closes
+the hole asynchronous replication leaves and repairs a database restored from a snapshot (docs/ha.md). A
+primary not seen before (another timeline, i.e. after a failover) is also held back for the grace, from
+every fetch of the pool. Each fetch carries this worker's floor besides (``segments.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
 from dispenser.core.errors import StoreUnavailable
-from dispenser.ports import GrantMemory
+from dispenser.ports import Clock, GrantMemory, SystemClock
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -60,11 +60,14 @@ class PrimaryWatch:
     before (system identifier or timeline changed) gets the remembered grants back (see the module).
     """
 
-    def __init__(self, where: str, grants: GrantMemory | None, grace: float = 0.0) -> None:
+    def __init__(
+        self, where: str, grants: GrantMemory | None, grace: float = 0.0, clock: Clock | None = None
+    ) -> None:
         self._where = where
         self.grants = grants
         self.grace = grace
-        """Seconds to hold back connections to a primary on a new timeline (see :meth:`on_connect`)."""
+        """Seconds to hold back every fetch from a primary on a new timeline (see :meth:`hold`)."""
+        self._clock = clock or SystemClock()
         self._usable_at = 0.0
         self.database: str | None = None
         """The database the DSN names (known once a connection has been made)."""
@@ -76,9 +79,44 @@ class PrimaryWatch:
     async def on_connect(self, conn: Checked) -> None:
         """Check (and repair) a new connection before the pool hands it out.
 
+        The remembered grants are restored on every new connection, whichever primary it reached: a
+        database restored from a snapshot keeps its system identifier and timeline, so only what it holds
+        tells (a restore cuts every connection, so each live worker repairs it within a heartbeat).
+
         Raises:
             StoreUnavailable: the connection reached a standby.
         """
+        await self._check(conn, connected=True)
+
+    async def check(self, conn: Checked) -> None:
+        """Check the primary a connection in use reaches now, as :meth:`on_connect` does a new one.
+
+        A pooler that keeps the client socket across a failover (PgBouncer in transaction mode) connects
+        the same socket to the new primary without a new connection of ours, so :meth:`on_connect` never
+        runs: the heartbeat and every fetch call this (or compare the identity the fetch returned) instead.
+        Unlike a new connection, one in use is repaired only when it reaches another primary.
+        """
+        await self._check(conn, connected=False)
+
+    async def hold(self) -> None:
+        """Wait until the grace after a new primary has passed: every fetch of the pool waits here first.
+
+        The grace is the pool's (the worker's), not a connection's: before, a fetch on another connection
+        than the one that saw the new primary went out at once.
+        """
+        wait = self._usable_at - self._clock.monotonic()
+        if wait > 0:
+            await self._clock.sleep(wait)
+
+    def floor(self, tag: str) -> tuple[int, str] | None:
+        """``(max_id, cluster)``: the floor this worker's next fetch of ``tag`` raises the row to, if any."""
+        cluster = self.cluster
+        if self.grants is None or cluster is None:
+            return None
+        found = self.grants.floor(cluster, tag)
+        return None if found is None else (found, cluster)
+
+    async def _check(self, conn: Checked, *, connected: bool) -> None:
         row = await conn.fetchrow(_IDENTITY)
         assert row is not None
         if row["standby"]:
@@ -90,13 +128,13 @@ class PrimaryWatch:
         identity = identity_of(row["system"], row["walfile"])
         self.database = database
         self.cluster = cluster = f"{row['system']}/{database}"
-        loop = asyncio.get_running_loop()
-        if identity != self.primary:
+        new = identity != self.primary
+        if new:
             if self.primary is not None:
                 log.info("PostgreSQL primary is now system %s, timeline %s", *identity.split("/"))
                 # A failover: every live worker repairs this primary from its memory on its next
                 # connection (within a heartbeat); none of ours fetches before they have had the time.
-                self._usable_at = loop.time() + self.grace
+                self._usable_at = self._clock.monotonic() + self.grace
             elif self.grace > 0 and self._unseen_timeline(cluster, identity):
                 # This process's first connection, to a primary on a timeline its memory has not seen: a
                 # restart or a scale-out during (or after) a failover. Live peers on other hosts may not
@@ -109,12 +147,11 @@ class PrimaryWatch:
                     self.grants.server(cluster) if self.grants is not None else None,
                     self.grace,
                 )
-                self._usable_at = loop.time() + self.grace
+                self._usable_at = self._clock.monotonic() + self.grace
             self.primary = identity
-        await self._repair(conn, cluster, identity)
-        wait = self._usable_at - loop.time()
-        if wait > 0:
-            await asyncio.sleep(wait)
+        if connected or new:
+            await self._repair(conn, cluster, identity)
+        await self.hold()
 
     def _unseen_timeline(self, cluster: str, identity: str) -> bool:
         """Whether ``identity``'s timeline is later than the last one this worker's memory used in ``cluster``.
@@ -131,48 +168,52 @@ class PrimaryWatch:
             return timeline > 1
         return timeline > int(last.rpartition("/")[2])
 
-    async def check(self, conn: Checked) -> None:
-        """Check the primary a connection in use reaches now, as :meth:`on_connect` does a new one.
-
-        A pooler that keeps the client socket across a failover (PgBouncer in transaction mode) connects
-        the same socket to the new primary without a new connection of ours, so :meth:`on_connect` never
-        runs: the heartbeat and every fetch call this (or compare the identity the fetch returned) instead.
-        """
-        await self.on_connect(conn)
-
     async def _repair(self, conn: Checked, cluster: str, identity: str) -> None:
-        """Raise the rows a new primary of ``cluster`` lost back to what was granted on its predecessors.
+        """Raise the rows of ``cluster``'s primary that hold less than was granted there back to it.
 
-        Only grants remembered for this cluster (same system identifier: a failover keeps it, a rebuilt or
-        other database has its own) made on this timeline or an earlier one count: this primary can be
-        their successor. Grants of another cluster that had a database of the same name are not applied.
+        Every grant remembered for this cluster (same system identifier: a failover and a restore keep
+        it, a rebuilt or other database has its own) counts, whatever the timeline it was made on: a
+        promoted replica, a snapshot or a PITR restored onto an earlier timeline all lose grants alike.
+        Grants of another cluster that had a database of the same name are not applied.
         """
         grants = self.grants
-        last = None if grants is None else grants.server(cluster)
-        if grants is None or last == identity:
+        if grants is None:
             return
+        last = grants.server(cluster)
         system, timeline = identity.split("/")
-        remembered = grants.remembered(cluster, int(timeline))
+        remembered = grants.remembered(cluster)
         if remembered:
             tags = sorted(remembered)
             try:
                 raised = await conn.fetch(_REPAIR, tags, [remembered[t] for t in tags])
             except asyncpg.UndefinedTableError:
                 return  # nothing to repair before `dispenser migrate`; try again on the next connection
-            since = f"timeline {last.partition('/')[2]}" if last else "an earlier timeline"
             if raised:
                 shown = ", ".join(f"{r['biz_tag']!r} to {r['max_id']}" for r in raised[:10])
                 more = f" and {len(raised) - 10} more" if len(raised) > 10 else ""
-                log.warning(
-                    "PostgreSQL primary (system %s, timeline %s) had lost segments granted on its predecessor "
-                    "(same system, %s; asynchronous replication?): raised max_id of %s%s before fetching",
-                    system,
-                    timeline,
-                    since,
-                    shown,
-                    more,
-                )
-            else:
+                if last == identity:
+                    log.warning(
+                        "PostgreSQL primary (system %s, timeline %s) holds less than this worker was granted "
+                        "on it (same system and timeline: restored from a snapshot or a backup?): raised "
+                        "max_id of %s%s before fetching",
+                        system,
+                        timeline,
+                        shown,
+                        more,
+                    )
+                else:
+                    since = f"timeline {last.partition('/')[2]}" if last else "an earlier timeline"
+                    log.warning(
+                        "PostgreSQL primary (system %s, timeline %s) had lost segments granted on its "
+                        "predecessor (same system, %s; asynchronous replication, or a restored backup?): "
+                        "raised max_id of %s%s before fetching",
+                        system,
+                        timeline,
+                        since,
+                        shown,
+                        more,
+                    )
+            elif last != identity:
                 log.info(
                     "PostgreSQL primary (system %s, timeline %s) is new to this worker and holds every "
                     "segment it remembers granting in this cluster (%d tags)",

@@ -28,7 +28,7 @@ from dispenser.core.ids import Kind
 from dispenser.core.residue import LEAF, Residue
 from dispenser.core.segment import Segment
 from dispenser.core.store_rules import check_new_tag, check_step, no_room
-from dispenser.ports import Allocation, GrantMemory, TagInfo
+from dispenser.ports import Allocation, Clock, GrantMemory, TagInfo
 from dispenser.redaction import redact
 
 __all__ = ["PostgresSegmentStore"]
@@ -40,9 +40,19 @@ __all__ = ["PostgresSegmentStore"]
 # timeline), in the same round trip: a pooler that keeps the client socket across a failover (PgBouncer in
 # transaction mode) reaches a new primary without a new connection of ours, so the check of every new
 # connection (PrimaryWatch.on_connect) never sees it; the fetch does. Measured cost: docs/ha.md.
-_NEXT_SEGMENT = """
+#
+# The floor ($3, issue 29 item 1): the row is first raised to the highest max_id this worker remembers
+# granting there, in the same statement, so that no fetch of this worker ever takes a range below one it
+# has seen granted, whatever the database went through (a failover, a restored snapshot or backup) and
+# without any identity check. It applies only in the cluster it was remembered in ($4,
+# '<system identifier>/<database>'): a pooler that moved the socket to another cluster must not raise that
+# one's rows. GREATEST ignores the NULL of "no floor".
+_CLUSTER = "(SELECT system_identifier::text FROM pg_control_system()) || '/' || current_database()"
+_FLOOR = f"GREATEST(max_id, CASE WHEN {_CLUSTER} = $4::text THEN $3::bigint END)"
+
+_NEXT_SEGMENT = f"""
 UPDATE leaf_alloc
-   SET max_id = max_id + COALESCE($2::int, step), update_time = now()
+   SET max_id = {_FLOOR} + COALESCE($2::int, step), update_time = now()
  WHERE biz_tag = $1
 RETURNING max_id, step, COALESCE($2::int, step) AS step_used,
           (SELECT system_identifier::text FROM pg_control_system()) AS system,
@@ -51,10 +61,10 @@ RETURNING max_id, step, COALESCE($2::int, step) AS step_used,
 
 # The same, for a tag of a residue class (schema version 5, docs/datacenters.md): max_id moves by step x
 # stride, still one statement. A tag without a row in dispenser_tag_residue is Leaf's (stride 1, offset 0).
-_NEXT_STRIDED_SEGMENT = """
+_NEXT_STRIDED_SEGMENT = f"""
 WITH r AS (SELECT stride, "offset" FROM dispenser_tag_residue WHERE biz_tag = $1)
 UPDATE leaf_alloc
-   SET max_id = max_id + COALESCE($2::int, step)::bigint * COALESCE((SELECT stride FROM r), 1),
+   SET max_id = {_FLOOR} + COALESCE($2::int, step)::bigint * COALESCE((SELECT stride FROM r), 1),
        update_time = now()
  WHERE biz_tag = $1
 RETURNING max_id, step, COALESCE($2::int, step) AS step_used,
@@ -129,6 +139,7 @@ class PostgresSegmentStore:
         grants: GrantMemory | None = None,
         new_primary_grace: float = 0.0,
         lazy: bool = False,
+        clock: Clock | None = None,
     ) -> PostgresSegmentStore:
         """Open a pool to ``dsn`` and return a store over it.
 
@@ -146,6 +157,7 @@ class PostgresSegmentStore:
             lazy: when PostgreSQL cannot be reached now, return the store anyway (its
                 :attr:`start_error` says why): every call tries to open the pool again, and raises
                 :class:`StoreUnavailable` until it can. A worker then serves, answering ``unavailable``.
+            clock: what the new-primary grace is waited on (the real clock by default).
 
         Raises:
             StoreUnavailable: the first ``min_size`` connections could not be opened (or reached a standby),
@@ -155,7 +167,7 @@ class PostgresSegmentStore:
         where = redact(dsn)
         secrets = dsn_secrets(dsn)
         hosts = host_count(dsn)
-        watch = PrimaryWatch(where, grants, new_primary_grace)
+        watch = PrimaryWatch(where, grants, new_primary_grace, clock)
 
         async def open_dsn() -> asyncpg.Pool[asyncpg.Record]:
             return await open_pool(
@@ -239,11 +251,16 @@ class PostgresSegmentStore:
         watch = self.watch
         with self._errors(f"fetching the next segment of {tag!r}"):
             try:
+                if watch is not None:
+                    await watch.hold()  # the new-primary grace holds every connection of the pool
                 async with lend(await self._ready(), self._timeout) as conn:
-                    row = await self._fetch_segment(conn, tag, step)
-                    if row is not None and watch is not None and watch.primary is not None:
+                    # What this fetch expects to reach, taken before it is sent: a fetch that went out
+                    # while another one was finding a new primary must be checked too.
+                    expected = None if watch is None else watch.primary
+                    row = await self._fetch_segment(conn, tag, step, watch)
+                    if row is not None and watch is not None and expected is not None:
                         reached = identity_of(row["system"], row["walfile"])
-                        if reached != watch.primary:
+                        if reached != expected:
                             # A primary this worker has not checked, reached on a connection it already
                             # had (a pooler kept the socket across a failover): the range just granted
                             # may repeat one its predecessor granted and lost. Skip it (a gap), repair
@@ -256,7 +273,7 @@ class PostgresSegmentStore:
                                 row["max_id"],
                             )
                             await watch.check(conn)
-                            row = await self._fetch_segment(conn, tag, step)
+                            row = await self._fetch_segment(conn, tag, step, watch)
             except asyncpg.NumericValueOutOfRangeError:
                 raise no_room(tag, step) from None
         if row is None:
@@ -270,13 +287,17 @@ class PostgresSegmentStore:
         return Allocation(residue.to_ordinals(granted), row["step"], residue)
 
     @staticmethod
-    async def _fetch_segment(conn: Pooled, tag: str, step: int | None) -> asyncpg.Record | None:
+    async def _fetch_segment(
+        conn: Pooled, tag: str, step: int | None, watch: PrimaryWatch | None
+    ) -> asyncpg.Record | None:
+        floor = None if watch is None else watch.floor(tag)
+        max_id, cluster = (None, None) if floor is None else floor
         try:
-            return await conn.fetchrow(_NEXT_STRIDED_SEGMENT, tag, step)
+            return await conn.fetchrow(_NEXT_STRIDED_SEGMENT, tag, step, max_id, cluster)
         except asyncpg.UndefinedTableError:
             # A schema before version 5 (`dispenser migrate` not run yet): no tag has a stride. The statement
             # failed as a whole, so nothing was granted. Not remembered: once migrated, a strided tag may come.
-            return await conn.fetchrow(_NEXT_SEGMENT, tag, step)
+            return await conn.fetchrow(_NEXT_SEGMENT, tag, step, max_id, cluster)
 
     async def replication(self) -> Replication:
         """Which primary this store reaches and how it replicates.
