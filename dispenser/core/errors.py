@@ -318,6 +318,31 @@ class WorkerIdInUse(DispenserError):
         self.worker_id = worker_id
 
 
+class ResidueOverlap(DispenserError):
+    """Another database serves this tag in a residue class that shares IDs with this database's class.
+
+    Two databases handing out intersecting classes of one tag (the same offset, strides whose classes meet,
+    or a plain tag beside a strided one) repeat each other's IDs (docs/datacenters.md). The worker that
+    finds it serves no ID of the tag until the tag is re-added with a disjoint class (or it is restarted).
+    Not retryable: the same worker answers the retry, and only an operator's change helps.
+    """
+
+    code = "residue_overlap"
+    status = 409
+
+    def __init__(self, tag: str, own: str, other: str, shared_ids: tuple[int, int] | None = None) -> None:
+        shared = ""
+        if shared_ids is not None:
+            first, period = shared_ids
+            shared = f" (IDs {first}, {first + period}, {first + 2 * period}, … are in both)"
+        super().__init__(
+            f"tag {tag!r} is not served by this worker: its class {own} intersects {other}{shared}; the two "
+            "databases would hand out the same IDs. Give the tag one stride in every database and a different "
+            "--offset in each (docs/datacenters.md)"
+        )
+        self.tag = tag
+
+
 class WorkerAddressInUse(DispenserError):
     """Another live worker is registered under this worker's address, so it would share its worker ID."""
 

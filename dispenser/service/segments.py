@@ -13,18 +13,19 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from dispenser.core.errors import DispenserError, StoreUnavailable, TagExhausted, UnknownTag
+from dispenser.core.errors import DispenserError, ResidueOverlap, StoreUnavailable, TagExhausted, UnknownTag
 from dispenser.core.ids import IdBatch
 from dispenser.core.rate import RateMeter
 from dispenser.core.refill import Overlap, Refill
-from dispenser.core.residue import LEAF
+from dispenser.core.residue import LEAF, Residue
 from dispenser.core.segment import NEED_SEGMENT, BufferStats
 from dispenser.ports import Clock, SegmentStore
 from dispenser.service.retry import Backoff
 from dispenser.service.timing import run_within, wait_event
 
-__all__ = ["AllocatorSettings", "SegmentAllocator", "Sizer", "TagAllocator"]
+__all__ = ["AllocatorSettings", "ResidueCheck", "SegmentAllocator", "Sizer", "TagAllocator"]
 
 FETCH_RATE_SPAN = 60.0
 """Seconds over which :meth:`TagAllocator.fetches_per_minute` counts fetches."""
@@ -34,6 +35,26 @@ Sizer = Callable[["TagAllocator"], int]
 the configured step: the operator's floor."""
 
 log = logging.getLogger(__name__)
+
+
+class ResidueCheck(Protocol):
+    """Whether this worker may serve a tag's class: no other database serves an intersecting one.
+
+    :class:`~dispenser.service.residues.ResidueGuard` is the one implementation (docs/datacenters.md).
+    """
+
+    async def claim(self, tag: str, residue: Residue) -> None:
+        """Claim ``tag``'s class before its first ID is handed out.
+
+        Raises:
+            ResidueOverlap: another database serves an intersecting class of ``tag``.
+            DispenserError: the claim could not be made now (the fetch is tried again).
+        """
+        ...
+
+    def release(self, tag: str) -> None:
+        """The tag is gone from this worker."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +91,16 @@ class TagAllocator:
         on_unknown: Callable[[str], None] | None = None,
         sizer: Sizer | None = None,
         meter: RateMeter | None = None,
+        check: ResidueCheck | None = None,
     ) -> None:
         self.tag = tag
         self.residue = LEAF
         """The tag's residue class, from its first segment: the buffer holds its ordinals (Leaf's: the IDs)."""
+        self.refusal: DispenserError | None = None
+        """Why no more IDs of this tag are handed out, buffered ones included (None: they are)."""
+        self.check = check
+        """Claims the tag's class before its first ID (None: not checked)."""
+        self._claimed: Residue | None = None
         self.meter = meter if meter is not None else RateMeter(clock.monotonic())
         """IDs handed out, per second."""
         self.refill = Refill(
@@ -117,6 +144,8 @@ class TagAllocator:
 
     def try_take(self, count: int) -> IdBatch | None:
         """Take from the buffer without waiting; ``None`` when it is short (then await :meth:`take`)."""
+        if self.refusal is not None:
+            return None
         refill = self.refill
         batch = refill.take(count, self._clock.monotonic())
         if refill.wants_fetch:
@@ -134,6 +163,8 @@ class TagAllocator:
         """
         refill = self.refill
         while True:
+            if self.refusal is not None:
+                raise self.refusal
             batch = refill.take(count, self._clock.monotonic())
             if refill.wants_fetch:
                 self._start_fetch()
@@ -209,6 +240,14 @@ class TagAllocator:
                 started = time.perf_counter()
                 try:
                     allocation = await self._store.next_segment(self.tag, step)
+                    if self.check is not None and allocation.residue != self._claimed:
+                        # Before any ID of this class is handed out: this segment is burnt if refused.
+                        await self.check.claim(self.tag, allocation.residue)
+                        self._claimed = allocation.residue
+                except ResidueOverlap as exc:
+                    refill.give_up()
+                    self.refuse(exc)
+                    return
                 except TagExhausted as exc:
                     # No retry can help: what is buffered is still served, then takes get this error.
                     self.fetch_errors += 1
@@ -316,6 +355,12 @@ class TagAllocator:
                 log.exception("sizing the next segment of %r failed; using the configured step", self.tag)
         return self.refill.size(step)
 
+    def refuse(self, error: DispenserError) -> None:
+        """Hand out no more IDs of this tag, buffered ones included: every take fails with ``error``."""
+        self.refusal = self.last_error = error
+        self._closed = True
+        self._notify()
+
     async def close(self, reason: DispenserError | None = None) -> None:
         """Stop fetching; later takes that find the buffer short fail with ``reason``."""
         self._closed = True
@@ -357,6 +402,19 @@ class SegmentAllocator:
         self._refreshing: asyncio.Task[None] | None = None
         self._last_refresh = float("-inf")
         self._refresher: asyncio.Task[None] | None = None
+        self._check: ResidueCheck | None = None
+
+    def check_residues(self, check: ResidueCheck) -> None:
+        """Claim each tag's class with ``check`` before its first ID, the tags known already included."""
+        self._check = check
+        for allocator in self._tags.values():
+            allocator.check = check
+
+    def refuse(self, tag: str, error: DispenserError) -> None:
+        """Stop handing out ``tag``'s IDs (another database serves an intersecting class)."""
+        allocator = self._tags.get(tag)
+        if allocator is not None:
+            allocator.refuse(error)
 
     @property
     def tags(self) -> dict[str, TagAllocator]:
@@ -464,6 +522,7 @@ class SegmentAllocator:
                     on_unknown=self._forget,
                     sizer=self._sizer,
                     meter=self._meters(info.tag) if self._meters is not None else None,
+                    check=self._check,
                 )
                 log.info("tag %r appeared (step %d)", info.tag, info.step)
             else:
@@ -471,11 +530,17 @@ class SegmentAllocator:
         for tag in [t for t in self._tags if t not in seen]:
             log.info("tag %r was removed from the store", tag)
             await self._tags.pop(tag).close(UnknownTag(tag))
+            self._release(tag)
 
     def _forget(self, tag: str) -> None:
         # The store said the tag is gone while we fetched: drop it now rather than at the next refresh.
         if self._tags.pop(tag, None) is not None:
             log.info("forgetting tag %r until its next lookup", tag)
+            self._release(tag)
+
+    def _release(self, tag: str) -> None:
+        if self._check is not None:
+            self._check.release(tag)
 
     async def run_refresh_loop(self) -> None:
         """Refresh the tag list every ``refresh_interval`` seconds, until cancelled."""

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import pytest
 
-from dispenser.core.errors import StoreUnavailable, TagExhausted, UnknownTag
+from dispenser.core.errors import ResidueOverlap, StoreUnavailable, TagExhausted, UnknownTag
 from dispenser.core.residue import Residue
 from dispenser.core.segment import Segment
 from dispenser.ports import Allocation
@@ -280,3 +280,55 @@ async def test_a_class_changed_under_the_worker_stops_the_tag(
     with pytest.raises(StoreUnavailable, match="stride of 't' changed"):
         await finish(clock, allocator.take("t", 1, deadline(clock)))
     assert "never change a tag's class" in caplog.text
+
+
+class RecordingCheck:
+    """A residue check that refuses the classes it is told to, and records what was claimed and released."""
+
+    def __init__(self, refuse: set[Residue]) -> None:
+        self.refuse = refuse
+        self.claimed: list[tuple[str, Residue]] = []
+        self.released: list[str] = []
+
+    async def claim(self, tag: str, residue: Residue) -> None:
+        self.claimed.append((tag, residue))
+        if residue in self.refuse:
+            raise ResidueOverlap(tag, f"{residue.offset} mod {residue.stride} here", "another database's")
+
+    def release(self, tag: str) -> None:
+        self.released.append(tag)
+
+
+async def test_a_tag_whose_class_is_refused_hands_out_no_id(clock: ManualClock) -> None:
+    """The check runs on the first segment, before any ID: a refusal is the reply, every time, no IDs."""
+    store = MemorySegmentStore()
+    await store.add_tag("t", 10, residue=Residue(2, 0))
+    await store.add_tag("u", 10)
+    allocator = SegmentAllocator(store, clock, FAST)
+    await allocator.refresh()
+    check = RecordingCheck({Residue(2, 0)})
+    allocator.check_residues(check)  # tags known before the check was wired are checked too
+    for _ in range(2):
+        with pytest.raises(ResidueOverlap) as caught:
+            await finish(clock, allocator.take("t", 1, deadline(clock)))
+        assert caught.value.code == "residue_overlap"
+    assert allocator.try_take("t", 1) is None
+    assert (await finish(clock, allocator.take("u", 3, deadline(clock)))).ranges == ((1, 3),)
+    await finish(clock, allocator.take("u", 10, deadline(clock)))  # a second segment: claimed once only
+    assert check.claimed == [("t", Residue(2, 0)), ("u", Residue())]
+
+
+async def test_a_later_refusal_stops_the_buffered_ids_too(clock: ManualClock) -> None:
+    """A rival heard while serving: the tag's buffered IDs are not handed out any more; a removed tag is released."""
+    store = MemorySegmentStore()
+    allocator = await allocator_with(clock, store, ("t", 100))
+    check = RecordingCheck(set())
+    allocator.check_residues(check)
+    assert (await finish(clock, allocator.take("t", 1, deadline(clock)))).ranges == ((1, 1),)
+    allocator.refuse("t", ResidueOverlap("t", "0 mod 1 here", "0 mod 1 there"))
+    assert allocator.try_take("t", 1) is None
+    with pytest.raises(ResidueOverlap):
+        await finish(clock, allocator.take("t", 1, deadline(clock)))
+    await store.remove_tag("t")
+    await allocator.refresh()
+    assert check.released == ["t"]
