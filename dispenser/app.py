@@ -421,6 +421,7 @@ class Worker:
             sf.datacenter_id,
             lambda: self.snowflake.worker_id if self.snowflake is not None else lease.worker_id,
             registration.address,
+            layout=registration.layout,
         )
         if self.nc is not None:
             self.identity_guard = guard

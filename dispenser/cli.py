@@ -276,14 +276,26 @@ def _parser() -> argparse.ArgumentParser:
             "if any failed. Use it in a deployment's pre-flight, or to find out why a worker will not start."
         ),
     )
-    add_parser(
+    migrate = add_parser(
         "migrate",
         help="create or upgrade the tables in PostgreSQL (idempotent)",
         description=(
             "Create leaf_alloc (Leaf's own table) and the dispenser's tables in postgres.dsn, or upgrade them "
             "to this version's schema. Safe to run again, and on a database Leaf already uses (existing "
-            "rows are kept)."
+            "rows are kept). Behind a long transaction it waits for a table lock at most --lock-timeout at a "
+            "time (fetches queued behind it wait that long), rolls back and tries again until "
+            "--lock-retry-for has passed, then exits 1 with nothing applied."
         ),
+    )
+    migrate.add_argument(
+        "--lock-timeout",
+        type=positive_float,
+        help="seconds one attempt waits for a table lock (default 1)",
+    )
+    migrate.add_argument(
+        "--lock-retry-for",
+        type=positive_float,
+        help="seconds of attempts before giving up (default 60)",
     )
     add_parser(
         "config",
@@ -668,10 +680,12 @@ def _with_store(config: Config, action: Callable[[Any], Awaitable[T]]) -> T:
     return run_async(go())
 
 
-def _migrate(_args: argparse.Namespace, config: Config) -> int:
+def _migrate(args: argparse.Namespace, config: Config) -> int:
     from dispenser.adapters.postgres.schema import migrate  # noqa: PLC0415
 
-    applied = run_async(migrate(config.postgres.dsn))
+    # Unset: the defaults of migrate() (the schema module imports asyncpg, so it is not imported up here).
+    limits = {name: getattr(args, name) for name in ("lock_timeout", "lock_retry_for") if getattr(args, name)}
+    applied = run_async(migrate(config.postgres.dsn, **limits))
     if applied:
         print(f"applied schema version(s) {', '.join(map(str, applied))}")
     else:

@@ -160,6 +160,15 @@ async def _check_snowflake_peers(config: Config) -> CheckResult:
         for (dc, worker), holders in sorted(by_node.items())
         if len(holders) > 1
     ]
+    # Other pairs whose node bits compose the same IDs (another layout, or datacenter bits in one only).
+    problems += [
+        f"datacenter {a.datacenter_id}, worker {a.worker_id} ({a.bits.describe() if a.bits else '?'}): "
+        f"{a.describe()} and datacenter {b.datacenter_id}, worker {b.worker_id} "
+        f"({b.bits.describe() if b.bits else '?'}): {b.describe()}"
+        for i, a in enumerate(claims)
+        for b in claims[i + 1 :]
+        if a.node != b.node and a.overlaps(b)
+    ]
     refusing = [c for c in claims if c.state == "refused"]
     if problems or refusing:
         detail = "; ".join(problems) if problems else ", ".join(c.describe() for c in refusing)

@@ -174,13 +174,18 @@ class RateEvent(Struct, kw_only=True):
     """The worker's datacenter (``nats.datacenter``; "": not set, or a worker older than this field)."""
 
 
+BitPosition = Annotated[int, Meta(ge=0, le=64)]
+"""A bit position or width within a 64-bit ID."""
+
+
 class ClockReading(Struct):
     """A snowflake worker's answer to a peer's check on ``<prefix>.snowflake-clock``, and its own check's body.
 
     An empty check body is an observer's, such as ``dispenser check``'s.
 
-    ``datacenter_id``, ``worker_id``, ``nonce`` and ``state`` are the worker's claim on its ID: a worker
-    that hears a live peer claim its own (datacenter, worker) pair refuses to issue (docs/snowflake.md).
+    ``datacenter_id``, ``worker_id``, the node bits, ``nonce`` and ``state`` are the worker's claim on its ID:
+    a worker that hears a live peer claim node bits that can compose one of its own IDs refuses to issue
+    (docs/snowflake.md).
     """
 
     wall_ms: int
@@ -195,6 +200,20 @@ class ClockReading(Struct):
     """``starting`` (checking its peers), ``serving``, or ``refused`` (found its ID held by a live peer)."""
     address: str = ""
     """The worker's registry address, for the messages."""
+    node_shift: BitPosition | None = None
+    """The lowest bit of the node field (datacenter and worker IDs side by side) in the worker's IDs: its
+    layout's ``sequence_bits``. The five ``node_*``/``id_bits``/``epoch_ms`` fields say where the worker's
+    IDs can fall, on its layout; a peer whose node bits can compose one same ID refuses, whatever the two
+    (datacenter, worker) pairs (``null``: a worker older than these fields, compared by its pair)."""
+    node_width: BitPosition | None = None
+    """The node field's width: ``datacenter_bits + worker_bits``."""
+    node_value: Annotated[int, Meta(ge=0)] | None = None
+    """The node field's value: ``datacenter_id << worker_bits | worker_id``."""
+    id_bits: BitPosition | None = None
+    """How wide the worker's IDs are (timestamp, node and sequence bits; 63 for a full layout)."""
+    epoch_ms: int | None = None
+    """The layout's epoch, Unix milliseconds (said for the messages: another epoch does not keep IDs apart)."""
+
 
 
 WIRE_TYPES: Final[dict[str, type[Struct]]] = {

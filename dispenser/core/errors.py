@@ -298,7 +298,7 @@ class LeaseLost(DispenserError):
 
 
 class WorkerIdInUse(DispenserError):
-    """A live peer claims this worker's (datacenter, worker) ID: this worker issues no snowflake ID.
+    """A live peer claims this worker's ID, or node bits its IDs share: this worker issues no snowflake ID.
 
     Two workers on one ID would hand out the same IDs (Leaf #187: a ZooKeeper per datacenter and no
     datacenter field). Retryable: another worker may serve the request.
@@ -308,12 +308,20 @@ class WorkerIdInUse(DispenserError):
     status = 503
     retryable = True
 
-    def __init__(self, datacenter_id: int, worker_id: int, holder: str) -> None:
-        super().__init__(
-            f"snowflake worker ID {worker_id} of datacenter {datacenter_id} is also claimed by the live worker "
-            f"{holder}: this worker issues no snowflake IDs until restarted; give each datacenter its own "
-            "snowflake.datacenter_id (with datacenter_bits) or its own worker IDs"
-        )
+    def __init__(self, datacenter_id: int, worker_id: int, holder: str, overlap: str = "") -> None:
+        if overlap:  # another layout (or epoch) whose node bits match ours: the pairs differ, the IDs do not
+            clash = (
+                f"can issue the same IDs as the live worker {holder} ({overlap}): this worker issues no "
+                "snowflake IDs until restarted; give every worker node bits of its own (one layout across "
+                "the fleet, each datacenter its own snowflake.datacenter_id; docs/snowflake.md)"
+            )
+        else:
+            clash = (
+                f"is also claimed by the live worker {holder}: this worker issues no snowflake IDs until "
+                "restarted; give each datacenter its own snowflake.datacenter_id (with datacenter_bits) or its "
+                "own worker IDs"
+            )
+        super().__init__(f"snowflake worker ID {worker_id} of datacenter {datacenter_id} {clash}")
         self.datacenter_id = datacenter_id
         self.worker_id = worker_id
 

@@ -1,7 +1,7 @@
 """What the snowflake workers learn from each other on the clock subject.
 
 The start-up check of the local clock against the live peers' clocks (Meituan's blog has it; Leaf's code
-lacks it), and the claims on (datacenter, worker) IDs that no two live workers may share (Leaf #187).
+lacks it), and the claims on the node bits of IDs that no two live workers may share (Leaf #187).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from dispenser.core.errors import ClockDisagreesWithPeers
+from dispenser.core.node_bits import NodeBits, can_collide
 
 __all__ = ["Claim", "ClaimState", "PeerReading", "check_peer_clocks", "rival_claims"]
 
@@ -20,13 +21,15 @@ ClaimState = Literal["starting", "serving", "refused", ""]
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A worker's claim on a snowflake ID: its (datacenter, worker) pair, its run, and its phase."""
+    """A worker's claim on a snowflake ID: its (datacenter, worker) pair and node bits, its run, and its phase."""
 
     datacenter_id: int
     worker_id: int
     nonce: str
     state: ClaimState
     address: str = ""
+    bits: NodeBits | None = None
+    """Where its node field sits in its IDs, on its layout (None: a worker older than this field)."""
 
     @property
     def node(self) -> tuple[int, int]:
@@ -43,10 +46,21 @@ class Claim:
         who = self.address or f"run {self.nonce or '?'}"
         return f"{who} ({self.state or 'serving'})"
 
+    def overlaps(self, other: Claim) -> bool:
+        """Whether the two claimants can issue one same ID (symmetric).
+
+        Both say their node bits: :func:`~dispenser.core.node_bits.can_collide`, whatever the layouts. A
+        worker older than the node bits says only its pair, and was built for one layout across the
+        fleet: the pairs are compared, as that worker itself does.
+        """
+        if self.bits is not None and other.bits is not None:
+            return can_collide(self.bits, other.bits)
+        return self.node == other.node
+
 
 def rival_claims(own: Claim, others: Iterable[Claim]) -> list[Claim]:
-    """The live peers' claims on ``own``'s (datacenter, worker) pair (ours and refused ones left out)."""
-    return [c for c in others if c.node == own.node and c.nonce != own.nonce and c.state != "refused"]
+    """The live peers' claims that can issue one of ``own``'s IDs (ours and refused ones left out)."""
+    return [c for c in others if c.nonce != own.nonce and c.state != "refused" and own.overlaps(c)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
-"""The guard against two live workers issuing under one (datacenter, worker) ID, whatever the configuration.
+"""The guard against two live workers that can issue one same ID, whatever the configuration.
 
-Snowflake workers exchange claims (datacenter, worker, a nonce of the run, its phase) on the clock subject,
+Snowflake workers exchange claims (datacenter, worker, the node bits they put in their IDs on their layout,
+a nonce of the run, its phase) on the clock subject,
 at start and every ``snowflake.peer_recheck_interval``. No broker here: the wiring passes the claims in
 (:meth:`IdentityGuard.heard`) and sends :meth:`claim`. The rules, and why they are safe:
 ``docs/snowflake.md`` ("Two workers on one ID").
@@ -13,7 +14,9 @@ import secrets
 from collections.abc import Callable, Iterable
 
 from dispenser.core.errors import WorkerIdInUse
+from dispenser.core.node_bits import node_bits
 from dispenser.core.peers import Claim, ClaimState, rival_claims
+from dispenser.core.snowflake import SnowflakeLayout
 
 __all__ = ["IdentityGuard"]
 
@@ -28,6 +31,8 @@ class IdentityGuard:
         worker_id: Reads the worker ID the worker issues under now (the registry may hand out another).
         address: The worker's registry address, named in the messages.
         on_refuse: Called once, with the error, when the worker must stop issuing.
+        layout: The worker's layout (Leaf's by default): its claim says the node bits it puts in its IDs,
+            and a peer whose node bits can compose one of its IDs is a rival, whatever its pair.
     """
 
     def __init__(
@@ -36,8 +41,11 @@ class IdentityGuard:
         worker_id: Callable[[], int],
         address: str = "",
         on_refuse: Callable[[WorkerIdInUse], None] | None = None,
+        *,
+        layout: SnowflakeLayout | None = None,
     ) -> None:
         self.datacenter_id = datacenter_id
+        self.layout = layout if layout is not None else SnowflakeLayout()
         self._worker_id = worker_id
         self.address = address
         self.nonce = secrets.token_hex(8)
@@ -51,7 +59,9 @@ class IdentityGuard:
 
     def claim(self) -> Claim:
         """This worker's claim now."""
-        return Claim(self.datacenter_id, self._worker_id(), self.nonce, self.state, self.address)
+        worker_id = self._worker_id()
+        bits = node_bits(self.layout, self.datacenter_id, worker_id)
+        return Claim(self.datacenter_id, worker_id, self.nonce, self.state, self.address, bits)
 
     def heard(self, claims: Iterable[Claim]) -> WorkerIdInUse | None:
         """Judge the claims heard from live peers (answers to a check, or a peer's own check).
@@ -88,7 +98,15 @@ class IdentityGuard:
 
     def _refuse(self, own: Claim, rival: Claim) -> None:
         self.state = "refused"
-        self.refusal = WorkerIdInUse(own.datacenter_id, own.worker_id, rival.describe())
+        overlap = ""
+        if (
+            own.bits is not None
+            and rival.bits is not None
+            and (own.node, own.bits) != (rival.node, rival.bits)
+        ):
+            overlap = f"ours: {own.bits.describe()}; theirs: datacenter {rival.datacenter_id}, worker "
+            overlap += f"{rival.worker_id}, {rival.bits.describe()}"
+        self.refusal = WorkerIdInUse(own.datacenter_id, own.worker_id, rival.describe(), overlap)
         log.error("%s", self.refusal)
         if self.on_refuse is not None:
             self.on_refuse(self.refusal)

@@ -7,13 +7,22 @@ import logging
 import pytest
 
 from dispenser.core.errors import WorkerIdInUse
+from dispenser.core.node_bits import node_bits
 from dispenser.core.peers import Claim, ClaimState
+from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.service.identity import IdentityGuard
 
 
-def guard(datacenter_id: int = 1, worker_id: int = 0) -> tuple[IdentityGuard, list[WorkerIdInUse]]:
+TWITTER = SnowflakeLayout(datacenter_bits=5, worker_bits=5)
+
+
+def guard(
+    datacenter_id: int = 1, worker_id: int = 0, layout: SnowflakeLayout = TWITTER
+) -> tuple[IdentityGuard, list[WorkerIdInUse]]:
     refused: list[WorkerIdInUse] = []
-    return IdentityGuard(datacenter_id, lambda: worker_id, "10.0.0.1:7", refused.append), refused
+    return IdentityGuard(
+        datacenter_id, lambda: worker_id, "10.0.0.1:7", refused.append, layout=layout
+    ), refused
 
 
 def rival(state: ClaimState, datacenter_id: int = 1, worker_id: int = 0, nonce: str = "other") -> Claim:
@@ -95,4 +104,26 @@ def test_a_refusal_is_for_the_rest_of_the_run() -> None:
     me.started()
     assert me.heard([]) is me.refusal
     assert me.claim().state == "refused"
+    assert len(refused) == 1
+
+
+def test_a_claim_on_another_layout_is_judged_by_its_node_bits() -> None:
+    """Leaf's worker 32 and the 5 + 5 layout's datacenter 1, worker 0: other pairs, the same IDs."""
+    me, refused = guard(1, 0)
+    leaf_32 = Claim(0, 32, "leaf", "serving", "10.0.0.3:7", node_bits(SnowflakeLayout(), 0, 32))
+    leaf_33 = Claim(0, 33, "leaf", "serving", "10.0.0.3:7", node_bits(SnowflakeLayout(), 0, 33))
+    assert me.heard([leaf_33]) is None
+    refusal = me.heard([leaf_32])
+    assert refusal is not None
+    assert "node bits 12-21 = 32" in str(refusal)
+    assert "datacenter 0, worker 32" in str(refusal)
+    assert len(refused) == 1
+
+
+def test_a_claim_without_node_bits_is_compared_by_its_pair() -> None:
+    """A worker older than the node bits says only its pair; it runs the fleet's layout, as it assumes."""
+    me, refused = guard(1, 0)
+    assert me.heard([Claim(0, 32, "old", "serving")]) is None
+    assert me.heard([Claim(1, 0, "old", "serving")]) is not None
+    assert me.claim().bits == node_bits(TWITTER, 1, 0)
     assert len(refused) == 1

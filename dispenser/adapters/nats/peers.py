@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from dispenser.core.node_bits import NodeBits
 from dispenser.core.peers import Claim, ClaimState, PeerReading
 from dispenser.messages import ClockReading
 
@@ -28,15 +29,41 @@ _STATES: dict[str, ClaimState] = {"starting": "starting", "serving": "serving", 
 
 
 def claim_of(reading: ClockReading) -> Claim:
-    """The claim a peer's message makes (an older worker's: datacenter 0, no nonce, taken as serving)."""
+    """The claim a peer's message makes (an older worker's: datacenter 0, no nonce, no node bits, serving)."""
     state = _STATES.get(reading.state, "")
-    return Claim(reading.datacenter_id, reading.worker_id, reading.nonce, state, reading.address)
+    return Claim(
+        reading.datacenter_id, reading.worker_id, reading.nonce, state, reading.address, _bits_of(reading)
+    )
+
+
+def _bits_of(reading: ClockReading) -> NodeBits | None:
+    shift, width, value, id_bits, epoch_ms = (
+        reading.node_shift,
+        reading.node_width,
+        reading.node_value,
+        reading.id_bits,
+        reading.epoch_ms,
+    )
+    if shift is None or width is None or value is None or id_bits is None or epoch_ms is None:
+        return None  # a worker older than the node bits (they come all together)
+    return NodeBits(shift=shift, width=width, value=value, id_bits=id_bits, epoch_ms=epoch_ms)
 
 
 def reading_of(wall_ms: int, claim: Claim) -> ClockReading:
     """This worker's message: its clock and its claim."""
+    bits = claim.bits
     return ClockReading(
-        wall_ms, claim.worker_id, claim.datacenter_id, claim.nonce, claim.state or "serving", claim.address
+        wall_ms,
+        claim.worker_id,
+        claim.datacenter_id,
+        claim.nonce,
+        claim.state or "serving",
+        claim.address,
+        node_shift=None if bits is None else bits.shift,
+        node_width=None if bits is None else bits.width,
+        node_value=None if bits is None else bits.value,
+        id_bits=None if bits is None else bits.id_bits,
+        epoch_ms=None if bits is None else bits.epoch_ms,
     )
 
 

@@ -7,6 +7,7 @@ Migrations are append-only, run in one transaction under an advisory lock, and k
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -15,9 +16,14 @@ import asyncpg
 
 from dispenser.adapters.postgres.errors import dsn_secrets, invalid_settings, map_store_errors
 from dispenser.adapters.postgres.hosts import connect_to_primary
+from dispenser.core.errors import StoreUnavailable
+from dispenser.ports import Clock, SystemClock
 from dispenser.redaction import redact
+from dispenser.service.retry import Backoff
 
-__all__ = ["MIGRATIONS", "Migration", "migrate", "schema_version"]
+__all__ = ["LOCK_RETRY_FOR", "LOCK_TIMEOUT", "MIGRATIONS", "Migration", "migrate", "schema_version"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +222,19 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
 LOCK_KEY: Final = 0x6C65_6166_6469_7370
 """``pg_advisory_xact_lock`` key serialising migrations (the bytes of ``leafdisp``)."""
 
+LOCK_TIMEOUT: Final = 1.0
+"""Seconds a migration waits for a table lock (``lock_timeout``) before it rolls back and tries again.
+
+Every fetch that comes after a DDL statement in PostgreSQL's lock queue waits behind it, so this is how long
+one attempt can hold the fleet's fetches: below ``postgres.command_timeout`` (2 s), so that they wait and
+succeed rather than time out."""
+
+LOCK_RETRY_FOR: Final = 60.0
+"""Seconds a migration keeps trying to take its locks before it gives up (nothing applied)."""
+
+_BACKOFF_INITIAL, _BACKOFF_CAP = 0.2, 5.0
+"""Between attempts (doubling, jittered): fetches run freely meanwhile."""
+
 _CREATE_VERSION_TABLE = """
 CREATE TABLE IF NOT EXISTS dispenser_schema_version (
     version    int         PRIMARY KEY,
@@ -250,46 +269,100 @@ def _where(target: _Target) -> tuple[str, tuple[str, ...]]:
 
 
 async def migrate(
-    target: _Target, *, migrations: Sequence[Migration] = MIGRATIONS, command_timeout: float = 60.0
+    target: _Target,
+    *,
+    migrations: Sequence[Migration] = MIGRATIONS,
+    command_timeout: float = 60.0,
+    lock_timeout: float = LOCK_TIMEOUT,
+    lock_retry_for: float = LOCK_RETRY_FOR,
+    clock: Clock | None = None,
 ) -> list[int]:
     """Apply the migrations the database has not seen yet.
+
+    Each attempt runs the pending migrations in one transaction with ``lock_timeout`` on every table lock
+    they take: a DDL statement queued behind a long transaction would otherwise hold every later fetch
+    behind it. An attempt that times out on a lock is rolled back whole and tried again after a back-off,
+    for ``lock_retry_for`` seconds.
 
     Args:
         target: a DSN (a connection is opened and closed) or an open asyncpg connection (not in a
             transaction).
         migrations: the migrations to apply; the default is this release's.
         command_timeout: seconds to connect, and for each statement, including the wait for another process's
-            migration to finish.
+            migration to finish (that wait is not bounded by ``lock_timeout``).
+        lock_timeout: seconds one attempt waits for a table lock.
+        lock_retry_for: seconds of attempts before giving up.
+        clock: whose time the back-off and ``lock_retry_for`` are (tests may pass a manual one).
 
     Returns:
         The versions applied by this call, in order; empty when the schema was already up to date.
 
     Raises:
-        StoreUnavailable: PostgreSQL could not be reached, or a migration failed (nothing was applied).
-        ValueError: two migrations share a version, or the DSN is malformed.
+        StoreUnavailable: PostgreSQL could not be reached, a migration failed, or its locks could not be taken
+            within ``lock_retry_for`` (in every case nothing was applied).
+        ValueError: two migrations share a version, a timeout is not positive, or the DSN is malformed.
     """
     ordered = sorted(migrations, key=lambda m: m.version)
     versions = [m.version for m in ordered]
     if len(set(versions)) != len(versions):
         raise ValueError(f"migration versions must be unique, got {versions}")
+    if lock_timeout <= 0 or lock_retry_for < 0:
+        raise ValueError(
+            f"need lock_timeout > 0 and lock_retry_for >= 0, got {lock_timeout}, {lock_retry_for}"
+        )
+    clock = clock or SystemClock()
     where, secrets = _where(target)
-    applied: list[int] = []
     with map_store_errors("migrating the schema", where=where, secrets=secrets, timeout=command_timeout):
-        async with _connection(target, command_timeout) as conn, conn.transaction():
-            # Held until commit: a concurrent migrate waits here, then sees our versions as done.
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", LOCK_KEY)
-            await conn.execute(_CREATE_VERSION_TABLE)
-            rows = await conn.fetch("SELECT version FROM dispenser_schema_version")
-            done = {row["version"] for row in rows}
-            for migration in ordered:
-                if migration.version in done:
-                    continue
-                await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO dispenser_schema_version (version, applied_at) VALUES ($1, now())",
-                    migration.version,
-                )
-                applied.append(migration.version)
+        async with _connection(target, command_timeout) as conn:
+            backoff = Backoff(_BACKOFF_INITIAL, _BACKOFF_CAP, clock=clock, jitter=0.2)
+            give_up_at = clock.monotonic() + lock_retry_for
+            attempts = 0
+            while True:
+                attempts += 1
+                try:
+                    return await _apply(conn, ordered, lock_timeout)
+                except asyncpg.LockNotAvailableError as exc:
+                    if clock.monotonic() + backoff.delay >= give_up_at:
+                        raise StoreUnavailable(
+                            f"migrating the schema ({where}): could not take a lock on a table within "
+                            f"{lock_timeout:g} s in {attempts} attempt(s) over {lock_retry_for:g} s: a long "
+                            f"transaction holds it (find it with pg_stat_activity and pg_blocking_pids); "
+                            f"nothing was applied. End that transaction, or run `dispenser migrate` again "
+                            f"(--lock-retry-for to try longer)"
+                        ) from exc
+                    log.warning(
+                        "migrating the schema (%s): waits for a lock held by another transaction (%s); "
+                        "rolled back, trying again in %.1f s so that fetches are not held meanwhile",
+                        where,
+                        exc,
+                        backoff.delay,
+                    )
+                    await backoff.wait()
+
+
+async def _apply(
+    conn: asyncpg.Connection[Any], ordered: Sequence[Migration], lock_timeout: float
+) -> list[int]:
+    """One attempt: every pending migration in one transaction (rolled back whole if any statement fails)."""
+    applied: list[int] = []
+    async with conn.transaction():
+        # Held until commit: a concurrent migrate waits here, then sees our versions as done. Taken before
+        # the lock timeout is set, so that this wait is bounded by the statement timeout only.
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", LOCK_KEY)
+        # SET LOCAL: the transaction's only, so a connection handed in keeps its own setting.
+        await conn.execute(f"SET LOCAL lock_timeout = '{round(lock_timeout * 1000)}ms'")
+        await conn.execute(_CREATE_VERSION_TABLE)
+        rows = await conn.fetch("SELECT version FROM dispenser_schema_version")
+        done = {row["version"] for row in rows}
+        for migration in ordered:
+            if migration.version in done:
+                continue
+            await conn.execute(migration.sql)
+            await conn.execute(
+                "INSERT INTO dispenser_schema_version (version, applied_at) VALUES ($1, now())",
+                migration.version,
+            )
+            applied.append(migration.version)
     return applied
 
 
