@@ -4,8 +4,9 @@ No cluster runs here: each manifest is validated offline against the JSON schema
 ``kubernetes-validate`` package bundles (strict: an unknown or misspelt field fails), then checked for what a
 schema cannot know — the probes reach the worker's metrics port and its ``/healthz`` and ``/readyz``, the
 ConfigMap's file is a configuration the dispenser accepts, every variable of the Secret is a real setting,
-the state directory is a volume of the pod's own, a preStop hook runs before the drain, the
-PodDisruptionBudget selects the Deployment's pods, and the Service reaches the port Leaf's HTTP API is served on.
+the state directory is a claim of the pod's own that outlives it (a StatefulSet's volumeClaimTemplates, so a
+rolling update keeps the grant memory), a preStop hook runs before the drain, the PodDisruptionBudget selects
+the workers' pods, and the Service reaches the port Leaf's HTTP API is served on.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 MANIFESTS = sorted(DEPLOY.glob("*.yaml"))
 KUBERNETES_VERSION = "1.37.0"
+WORKERS = "StatefulSet"
+"""The kind that runs the workers: each pod's state directory a claim of its own (docs/kubernetes.md)."""
 
 
 def _documents() -> list[dict[str, Any]]:
@@ -42,7 +45,7 @@ def _one(kind: str) -> dict[str, Any]:
 
 
 def _container() -> dict[str, Any]:
-    containers = _one("Deployment")["spec"]["template"]["spec"]["containers"]
+    containers = _one(WORKERS)["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
     container: dict[str, Any] = containers[0]
     return container
@@ -50,7 +53,7 @@ def _container() -> dict[str, Any]:
 
 def test_the_manifests_are_there() -> None:
     kinds = sorted(document["kind"] for document in _documents())
-    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Secret", "Service"]
+    assert kinds == ["ConfigMap", "PodDisruptionBudget", "Secret", "Service", "StatefulSet"]
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda path: path.name)
@@ -60,12 +63,10 @@ def test_valid_against_the_kubernetes_schemas(path: Path) -> None:
 
 
 def test_strict_validation_catches_a_misspelt_field() -> None:
-    deployment = _one("Deployment")
-    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {
-        "httpGet": {"path": "/readyz"}
-    }
+    workers = _one(WORKERS)
+    workers["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {"path": "/readyz"}}
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(workers, KUBERNETES_VERSION, strict=True)
 
 
 def _config_file() -> tuple[str, str]:
@@ -74,7 +75,7 @@ def _config_file() -> tuple[str, str]:
     env = {item["name"]: item.get("value") for item in container.get("env", [])}
     config_path = Path(env["DISPENSER_CONFIG"])
     mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
-    volumes = {volume["name"]: volume for volume in _one("Deployment")["spec"]["template"]["spec"]["volumes"]}
+    volumes = {volume["name"]: volume for volume in _one(WORKERS)["spec"]["template"]["spec"]["volumes"]}
     config_volume = next(name for name, volume in volumes.items() if "configMap" in volume)
     assert volumes[config_volume]["configMap"]["name"] == _one("ConfigMap")["metadata"]["name"]
     assert str(config_path.parent) == mounts[config_volume]
@@ -117,40 +118,67 @@ def test_probes_reach_health_endpoints_on_the_metrics_port() -> None:
 
 
 def test_a_prestop_hook_before_the_drain_and_time_for_both() -> None:
-    pod = _one("Deployment")["spec"]["template"]["spec"]
+    pod = _one(WORKERS)["spec"]["template"]["spec"]
     pre_stop = _container()["lifecycle"]["preStop"]
     assert pre_stop["sleep"]["seconds"] > 0
     assert pod["terminationGracePeriodSeconds"] >= pre_stop["sleep"]["seconds"] + 10
 
 
-def test_the_state_directory_is_a_volume_of_the_pods_own() -> None:
+def test_the_state_directory_is_a_claim_of_the_pods_own_that_outlives_it() -> None:
+    """segment.state_dir and snowflake.state_dir are mounted from a volumeClaimTemplates claim, never an emptyDir.
+
+    An emptyDir dies with its pod, so every rolling update erased the grant memory (issue 29 item 9); a
+    StatefulSet's claim is handed to the pod that replaces it. ReadWriteOnce: never shared between workers.
+    """
     _, text = _config_file()
     settings = tomllib.loads(text)
-    container = _container()
-    volumes = {volume["name"]: volume for volume in _one("Deployment")["spec"]["template"]["spec"]["volumes"]}
-    mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+    workers = _one(WORKERS)
+    pod_volumes = {volume["name"]: volume for volume in workers["spec"]["template"]["spec"]["volumes"]}
+    claims = {
+        claim["metadata"]["name"]: claim["spec"] for claim in workers["spec"].get("volumeClaimTemplates", [])
+    }
+    mounts = {mount["mountPath"]: mount["name"] for mount in _container()["volumeMounts"]}
     for section in ("segment", "snowflake"):
         state_dir = settings[section]["state_dir"]
         assert state_dir in mounts, f"{section}.state_dir must be a mounted volume"
-        volume = volumes[mounts[state_dir]]
-        # Never shared between pods (docs/snowflake.md): an emptyDir, not a ReadWriteMany claim.
-        assert "emptyDir" in volume, volume
-    assert settings["snowflake"]["mode"] == "zookeeper-lease", "pods of a Deployment get new names"
+        name = mounts[state_dir]
+        assert name not in pod_volumes, (
+            f"{section}.state_dir is a pod volume ({pod_volumes.get(name)}): it dies with the pod"
+        )
+        assert name in claims, f"{section}.state_dir must be a volumeClaimTemplates claim"
+        assert claims[name]["accessModes"] in (["ReadWriteOnce"], ["ReadWriteOncePod"]), "never shared"
+    retention = workers["spec"]["persistentVolumeClaimRetentionPolicy"]
+    assert retention == {"whenScaled": "Retain", "whenDeleted": "Retain"}, "a scale-down keeps the memory"
+    assert settings["snowflake"]["mode"] == "zookeeper-lease", "lease mode: IDs recycled safely"
 
 
-def test_the_disruption_budget_selects_the_deployments_pods() -> None:
-    deployment = _one("Deployment")
+def test_every_claim_is_mounted_and_a_rollout_replaces_one_pod_at_a_time() -> None:
+    """Kubernetes refuses a claim template no container mounts; pods start in parallel, roll one by one."""
+    workers = _one(WORKERS)["spec"]
+    mounted = {mount["name"] for mount in _container()["volumeMounts"]}
+    for claim in workers["volumeClaimTemplates"]:
+        assert claim["metadata"]["name"] in mounted
+    assert workers["podManagementPolicy"] == "Parallel", "no worker waits for another to be ready"
+    strategy = workers["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert (
+        strategy["rollingUpdate"]["maxUnavailable"] <= _one("PodDisruptionBudget")["spec"]["maxUnavailable"]
+    )
+
+
+def test_the_disruption_budget_selects_the_workers_pods() -> None:
+    workers = _one(WORKERS)
     budget = _one("PodDisruptionBudget")
-    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    labels = workers["spec"]["template"]["metadata"]["labels"]
     assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert budget["spec"]["maxUnavailable"] < deployment["spec"]["replicas"]
+    assert workers["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert budget["spec"]["maxUnavailable"] < workers["spec"]["replicas"]
 
 
-def test_the_service_reaches_leafs_http_api_on_the_deployments_pods() -> None:
-    deployment = _one("Deployment")
+def test_the_service_reaches_leafs_http_api_on_the_workers_pods() -> None:
+    workers = _one(WORKERS)
     service = _one("Service")
-    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    labels = workers["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     _, text = _config_file()
     http = tomllib.loads(text)["http"]
