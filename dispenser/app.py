@@ -16,6 +16,8 @@ import msgspec
 from prometheus_client import CollectorRegistry
 
 from dispenser.adapters.http import HttpServer, LeafApi, Operations
+from dispenser.adapters.http.access import HttpAccess
+from dispenser.adapters.http.guard import FD_RESERVE, raise_open_files_limit
 from dispenser.adapters.kafka.clients import KafkaRateSink, check_security
 from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
 from dispenser.adapters.kafka.rates import KafkaRateListener
@@ -26,15 +28,25 @@ from dispenser.adapters.nats.client import Connection
 from dispenser.adapters.nats.connection import connect, drain
 from dispenser.adapters.nats.peers import collect_peer_clocks, serve_clock
 from dispenser.adapters.nats.rates import rate_sink, subscribe_rates
+from dispenser.adapters.nats.residues import announce, ask_residues, message_of, serve_residues
 from dispenser.adapters.nats.service import NatsIdService
+from dispenser.adapters.postgres.database import database_of
 from dispenser.adapters.postgres.replay import PostgresReplayStore
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.adapters.prometheus import EnricherCollector, exposition, worker_registry
 from dispenser.config import Config
 from dispenser.core.errors import DispenserError, PeerClockUnverified, StateDirUnusable, WorkerIdInUse
 from dispenser.core.peers import check_peer_clocks
+from dispenser.core.residue_claims import Database, ResidueClaim
 from dispenser.core.step import StepPolicy
-from dispenser.messages import DECODE_TAG, Kind, clock_subject, id_subject
+from dispenser.messages import (
+    DECODE_TAG,
+    Kind,
+    clock_subject,
+    id_subject,
+    residue_check_subject,
+    residue_subject,
+)
 from dispenser.ports import Clock, IdSource, ReplayStore, SegmentStore, SystemClock
 from dispenser.readiness import not_ready
 from dispenser.redaction import redact
@@ -43,6 +55,7 @@ from dispenser.service.decode import decode_handler, decode_id
 from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.identity import IdentityGuard
 from dispenser.service.rates import EventSink, RateBook, RatePublisher, RateSettings
+from dispenser.service.residues import ResidueGuard
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 
@@ -50,8 +63,9 @@ __all__ = ["Run", "Worker", "grants_dir", "open_grants", "run_enricher", "run_un
 
 log = logging.getLogger(__name__)
 
-_MAX_SNOWFLAKE_METERS = 512
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_PROBE_CONNECTIONS = 128
+"""Open connections to the metrics port at once: probes and scrapers, a handful in practice."""
 
 
 class Worker:
@@ -78,6 +92,7 @@ class Worker:
                 interval=rate.interval,
                 window=rate.window,
                 retention=rate.retention,
+                peak_sustain=rate.peak_sustain,
                 stale_after=rate.stale_after,
                 adaptive_step=rate.adaptive_step,
                 persist_interval=rate.persist_interval,
@@ -113,6 +128,8 @@ class Worker:
         self.snowflake: SnowflakeGenerator | None = None
         self.registration: SnowflakeRegistration | None = None
         self.identity_guard: IdentityGuard | None = None
+        self.residue_guard: ResidueGuard | None = None
+        """The guard against another database serving a tag in an intersecting class (segments with NATS)."""
         """The guard against a live peer on this worker's snowflake ID (with NATS)."""
         self._snowflake_left = False
         self._stack = contextlib.AsyncExitStack()
@@ -192,6 +209,9 @@ class Worker:
             self.nc = nc = await connect(config.nats, on_retry=_first_nats_failure(config))
             stack.push_async_callback(drain, nc)
             log.info("connected to NATS at %s", redact(config.nats.url))
+            if self.allocator is not None:
+                self.phase = "checking the tags' residue classes against the other databases' workers"
+                await self._start_residues(stack, self.allocator, nc)
         special = {}
         if config.snowflake.enabled:
             self.phase = f"registering the snowflake worker ID ({config.snowflake.mode} mode)"
@@ -211,7 +231,10 @@ class Worker:
             await self._start_rates(stack)
         operations = self._operations()
         if config.metrics.port is not None and not self._metrics_on_http_port():
-            self.metrics = HttpServer(config.metrics.host, config.metrics.port, operations)
+            # A small cap of its own: the probes' port never shares the fate of the API's sockets.
+            self.metrics = HttpServer(
+                config.metrics.host, config.metrics.port, operations, max_connections=_PROBE_CONNECTIONS
+            )
             stack.push_async_callback(self.metrics.stop)
             await self.metrics.start()
             log.info("serving Prometheus metrics on %s/metrics (and /healthz, /readyz)", self.metrics.url)
@@ -269,16 +292,38 @@ class Worker:
         except DispenserError as exc:  # a broken layout of a generator that is off: no decode, no exit
             log.warning("no /decodeSnowflakeId: %s", exc)
         leaf = LeafApi(self.dispatchers, decode=decode)
-        assert config.http.port is not None
-        self.http = HttpServer(config.http.host, config.http.port, operations, leaf)
+        http = config.http
+        assert http.port is not None
+        access = HttpAccess.from_config(http)
+        if not self._metrics_on_http_port():  # /metrics names every tag and its volume: not to every caller
+            operations = dataclasses.replace(operations, metrics=None)
+        self.http = HttpServer(
+            http.host,
+            http.port,
+            operations,
+            leaf,
+            access=access,
+            max_connections=http.max_connections,
+            open_files=raise_open_files_limit(),
+            keepalive_timeout=http.keepalive_timeout,
+            head_timeout=http.head_timeout,
+        )
+        if self.http.max_connections < http.max_connections:
+            log.warning(
+                "http.max_connections lowered from %d to %d to fit the open files limit (ulimit -n) with %d to spare",
+                http.max_connections,
+                self.http.max_connections,
+                FD_RESERVE,
+            )
         stack.push_async_callback(self.http.stop)
         await self.http.start()
         if self._metrics_on_http_port():
             self.metrics = self.http
         log.info(
-            "serving Leaf's HTTP API on %s (%s)",
+            "serving Leaf's HTTP API on %s (%s; %s)",
             self.http.url,
             ", ".join(f"/api/{kind}/get/<key>" for kind in self.dispatchers) or "no generator",
+            f"callers: {', '.join(access.names())}" if not access.open else "open to anyone who reaches it",
         )
 
     async def _postgres(self, stack: contextlib.AsyncExitStack) -> PostgresSegmentStore:
@@ -409,6 +454,58 @@ class Worker:
         self.rate_publisher = RatePublisher(self.rates, self.allocator, sinks, peak_store=self.store)
         _background(stack, self.rate_publisher.run(), "rate-events")
 
+    async def _start_residues(
+        self, stack: contextlib.AsyncExitStack, allocator: SegmentAllocator, nc: Connection
+    ) -> None:
+        """Claim each tag's class at its first segment, against the other databases' (docs/datacenters.md)."""
+        config = self.config
+        prefix = config.nats.subject_prefix
+        subject, check_subject = residue_subject(prefix), residue_check_subject(prefix)
+        store = self.postgres
+        assert store is not None
+
+        async def database() -> Database:
+            return await database_of(store)
+
+        async def announce_claims(claims: list[ResidueClaim]) -> None:
+            await announce(nc, subject, guard, claims)
+
+        guard = ResidueGuard(
+            self.rates.worker,
+            database,
+            announce_claims,
+            datacenter=config.nats.datacenter,
+            on_refuse=allocator.refuse,
+        )
+        self.residue_guard = guard
+        if store.connected:
+            with contextlib.suppress(DispenserError):  # else read at the first segment
+                await guard.read_database()
+        # Announcements first, so that none made from here on is missed; then ask, before answering checks
+        # ourselves: with no other worker listening, the server's "no responders" ends the wait at once.
+        await serve_residues(nc, subject, None, guard)
+        window = config.segment.residue_check_window
+        heard = await ask_residues(nc, check_subject, window, message_of(guard, []))
+        await guard.heard(heard.claims)
+        await serve_residues(nc, None, check_subject, guard)
+        allocator.check_residues(guard)
+        _background(stack, self._recheck_residues(guard, nc, check_subject), "residue-checks")
+
+    async def _recheck_residues(self, guard: ResidueGuard, nc: Connection, subject: str) -> None:
+        """Check the claims again now and then: a worker that missed an announcement hears it here."""
+        segment = self.config.segment
+        while True:
+            await asyncio.sleep(segment.residue_recheck_interval)
+            round_ = guard.begin_round()
+            try:
+                heard = await ask_residues(
+                    nc, subject, segment.residue_check_window, message_of(guard, guard.claims())
+                )
+            except Exception as exc:  # NATS down or slow: the next round tries again
+                log.debug("could not check the residue classes (will retry): %r", exc)
+                continue
+            await guard.end_round(round_, heard.claims)
+
     async def _start_snowflake(self, stack: contextlib.AsyncExitStack) -> SnowflakeGenerator:
         """Register the worker ID, check the clock against the record and the peers, start the generator."""
         config = self.config
@@ -517,11 +614,9 @@ class Worker:
             guard.heard(heard.claims)
 
     def _snowflake_meter(self, tag: str, count: int) -> None:
-        # Snowflake serves any tag name: meter the first few hundred, so that a client inventing tag
-        # names cannot grow the worker's memory without bound.
-        meters = self.rates
-        if meters.known("snowflake", tag) or meters.count("snowflake") < _MAX_SNOWFLAKE_METERS:
-            meters.meter("snowflake", tag).record(self.clock.monotonic(), count)
+        # Snowflake serves any tag name: the book keeps a bounded table of meters in which invented names
+        # give way to each other first, and every tag served gets one (issue 33, item 6).
+        self.rates.record("snowflake", tag, count)
 
 
 def _first_nats_failure(config: Config) -> Callable[[Exception], None]:

@@ -107,6 +107,11 @@ class SegmentConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     state_dir: str | None = None
     """Where ``remember_grants`` keeps its file; default ``snowflake.state_dir``, else
     ``~/.local/state/leaf-dispenser``. Never a temporary directory."""
+    residue_check_window: Positive = 0.3
+    """Seconds a starting worker (with NATS) listens for the other databases' workers' residue classes
+    before serving (docs/datacenters.md); none at all when no other worker listens."""
+    residue_recheck_interval: Positive = 10.0
+    """Seconds between a worker's checks of its tags' classes against the other databases' workers'."""
 
 
 class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -252,9 +257,12 @@ class RateConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     interval: Positive = 5.0
     window: AtLeastOne = 60
     """Seconds averaged for the current rate and for each peak candidate (the peak is the highest
-    ``window``-second average)."""
+    candidate: the lowest ``window``-second average over ``peak_sustain`` windows)."""
     retention: Positive = 86_400.0
     """Seconds a peak is remembered (and saved in PostgreSQL, so a restart keeps it)."""
+    peak_sustain: Annotated[int, Meta(ge=0, le=1440)] = 2
+    """Windows over which a peak candidate must hold: IDs drawn within ``peak_sustain - 1`` windows cannot
+    raise the peak; 0: each window average is a candidate (the peak is the highest)."""
     adaptive_step: bool = True
     """Size each segment from the rates; false: the tag's configured step, as Leaf."""
     segment_seconds: Positive = 600.0
@@ -279,12 +287,49 @@ class MetricsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
 
 
+class HttpCaller(Struct, forbid_unknown_fields=True, kw_only=True):
+    """One HTTP caller (``[[http.callers]]``): its token, the tags it may take, its own ID budget."""
+
+    name: str
+    """Who it is, for the logs and the errors (never the token)."""
+    token_file: str | None = None
+    """A file holding the caller's token (a Kubernetes secret); read once at start."""
+    token_sha256: str | None = None
+    """Or the token's SHA-256, in hex: the config then holds no secret (``printf %s "$TOKEN" | sha256sum``)."""
+    tags: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    """Tags it may take, as shell patterns (``order``, ``order.*``)."""
+    kinds: list[Literal["segment", "snowflake"]] = msgspec.field(
+        default_factory=lambda: ["segment", "snowflake"]
+    )
+    ids_per_second: Positive | None = None
+    """Its budget; default ``http.ids_per_second``."""
+    ids_burst: Positive | None = None
+    """Its burst; default ``http.ids_burst``."""
+
+
 class HttpConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Leaf's HTTP API (docs/http.md), with ``/metrics``, ``/healthz`` and ``/readyz`` beside it."""
 
     port: Port | None = None
     """Serve Leaf's HTTP API on this port; none: off. The same port as ``metrics.port``: one server for both."""
     host: str = "127.0.0.1"
+    keepalive_timeout: Positive = 75.0
+    """Seconds a connection may sit idle, before its first request or between two (nginx's default)."""
+    head_timeout: Positive = 10.0
+    """Seconds from a request's first byte to the end of its head (request line and headers): a client
+    that sends its head byte by byte (slowloris) is cut off then."""
+    max_connections: AtLeastOne = 4096
+    """Open connections to the API at once; a new one past it is answered 503 (``too_many_connections``) and
+    closed. Lowered at start to fit the file-descriptor limit, with room kept for the probes, NATS, Kafka,
+    PostgreSQL and the state files (docs/security.md)."""
+    ids_per_second: Positive = 10_000_000.0
+    """Each HTTP caller's ID budget, sustained (a caller: its ``http.callers`` entry, or its address)."""
+    ids_burst: Positive = 100_000_000.0
+    """The most IDs a caller may take at once: the budget's bucket. A request over what is left answers
+    ``over_budget`` (429, retryable, with ``Retry-After``)."""
+    callers: list[HttpCaller] = msgspec.field(default_factory=list)
+    """Who may take which IDs over HTTP (``[[http.callers]]``); empty: anyone who can reach the port, as
+    Leaf's API. When set, every ID request needs ``Authorization: Bearer <token>`` (docs/security.md)."""
 
 
 class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
