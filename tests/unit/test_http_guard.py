@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import resource
+import tomllib
+from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from dispenser.adapters.http.guard import FD_RESERVE, LogLimiter, fit_connections, raise_open_files_limit
 
@@ -44,3 +47,13 @@ def test_the_open_files_limit_is_raised_to_the_hard_limit() -> None:
         )
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_aiohttp_is_required_past_its_request_smuggling_fixes() -> None:
+    """pyproject.toml's floor for aiohttp excludes every release before 3.13.3 (smuggling fixes missing)."""
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    requirements = [Requirement(r) for r in project["optional-dependencies"]["server"]]
+    (aiohttp,) = [r for r in requirements if r.name == "aiohttp"]
+    assert "3.13.2" not in aiohttp.specifier
+    assert "3.12.14" not in aiohttp.specifier
+    assert "3.13.3" in aiohttp.specifier
