@@ -37,6 +37,8 @@ from dispenser.messages import (
     clock_subject,
     id_subject,
     rate_subject,
+    residue_check_subject,
+    residue_subject,
 )
 from dispenser.service.enrichment import Placement, RejectionCode
 
@@ -233,7 +235,7 @@ def _nats_replies() -> _Part:
         "NATS replies",
         "The requester's reply subject (its inbox), as NATS request/reply sets it.",
         server="nats",
-        messages=("reply", "decodeReply", "clockReading"),
+        messages=("reply", "decodeReply", "clockReading", "residueClaims"),
     )
     error = {"code": "unknown_tag", "message": "unknown tag 'order'", "retryable": False}
     reply = {
@@ -266,6 +268,7 @@ def _nats_replies() -> _Part:
         "reply": reply,
         "decodeReply": _payload_message("DecodeReply", "Decode reply"),
         "clockReading": _payload_message("ClockReading", "Clock reading"),
+        "residueClaims": _payload_message("ResidueClaims", "Residue claims"),
     }
     return _Part("natsReplies", channel, messages=messages)
 
@@ -329,6 +332,55 @@ def _snowflake_clock(nats: NatsConfig) -> _Part:
         "`dispenser check`), with a reply subject.",
     }
     return _Part("snowflakeClock", channel, operations, {"clockCheck": clock_check})
+
+
+def _segment_residues(nats: NatsConfig) -> _Part:
+    channel = _channel(
+        residue_subject(nats.subject_prefix),
+        "Segment residue claims",
+        "A segment worker announces the residue class of a tag in its database (PostgreSQL's system "
+        "identifier and the database's name) when it starts serving the tag, and when it refuses one. Every "
+        "segment worker listens (no queue group); a worker whose database serves a class of the same tag "
+        "that shares IDs with another database's refuses it (`residue_overlap`; docs/datacenters.md).",
+        server="nats",
+        messages=("residueAnnouncement",),
+    )
+    operations = {
+        "announceResidues": _operation(
+            "send", "segmentResidues", "This worker's claim on a tag's class, at the tag's first segment."
+        ),
+        "followResidues": _operation("receive", "segmentResidues", "The other workers' claims."),
+    }
+    message = _payload_message("ResidueClaims", "Residue claims", name="ResidueAnnouncement")
+    return _Part("segmentResidues", channel, operations, {"residueAnnouncement": message})
+
+
+def _segment_residue_checks(nats: NatsConfig) -> _Part:
+    channel = _channel(
+        residue_check_subject(nats.subject_prefix),
+        "Segment residue check",
+        "A segment worker asks every live one for its tags' classes: at start-up (within "
+        "`segment.residue_check_window`) and every `segment.residue_recheck_interval`. Each worker on "
+        "another database that claims tags answers with its claims; `dispenser check` asks as an observer.",
+        server="nats",
+        messages=("residueCheck",),
+    )
+    operations = {
+        "answerResidueChecks": _operation(
+            "receive",
+            "segmentResidueChecks",
+            "Every segment worker on another database with claims answers with them.",
+            reply=_nats_reply("residueClaims"),
+        ),
+        "checkResidues": _operation(
+            "send",
+            "segmentResidueChecks",
+            "Ask the other databases' workers for their claims (this worker's own sent along).",
+            reply=_nats_reply("residueClaims"),
+        ),
+    }
+    message = _payload_message("ResidueClaims", "Residue check", name="ResidueCheck")
+    return _Part("segmentResidueChecks", channel, operations, {"residueCheck": message})
 
 
 # -- Kafka -----------------------------------------------------------------------------------------------
@@ -552,6 +604,8 @@ def _parts(config: Config) -> list[_Part]:
         _nats_replies(),
         _rate_events(nats),
         _snowflake_clock(nats),
+        _segment_residues(nats),
+        _segment_residue_checks(nats),
         _kafka_requests(kafka),
         _kafka_replies(kafka),
         _kafka_rate_events(config),

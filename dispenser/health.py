@@ -189,6 +189,53 @@ async def _check_snowflake_peers(config: Config) -> CheckResult:
     return CheckResult(name, True, f"{len(claims)} live snowflake worker(s), each on an ID of its own")
 
 
+async def _check_residues(config: Config) -> CheckResult:
+    """Ask the live segment workers for their tags' classes: no two databases may serve intersecting ones."""
+    from dispenser.adapters.nats.connection import connect  # noqa: PLC0415
+    from dispenser.adapters.nats.residues import ask_residues  # noqa: PLC0415
+    from dispenser.core.residue_claims import clashes  # noqa: PLC0415
+    from dispenser.messages import ResidueClaims, residue_check_subject  # noqa: PLC0415
+
+    name = "residue classes"
+    try:
+        nc = await asyncio.wait_for(connect(config.nats, name="dispenser-check"), config.nats.connect_timeout)
+    except (OSError, TimeoutError) as exc:
+        return CheckResult(name, False, str(exc) or f"no answer from {redact(config.nats.url)}")
+    try:
+        window = max(config.segment.residue_check_window, 0.5)
+        heard = await ask_residues(
+            nc, residue_check_subject(config.nats.subject_prefix), window, ResidueClaims()
+        )
+    finally:
+        await nc.close()
+    claims = heard.claims
+    problems = [f"tag {one.tag!r}: {one.describe()} and {other.describe()}" for one, other in clashes(claims)]
+    problems += [f"tag {c.tag!r}: {c.describe()}" for c in claims if c.state == "refused"]
+    if problems:
+        return CheckResult(
+            name,
+            False,
+            f"two databases serve one tag in residue classes that share IDs ({'; '.join(problems)}); a worker "
+            "that finds it refuses the tag (residue_overlap): give the tag one stride in every database and a "
+            "different offset in each (docs/datacenters.md)",
+        )
+    if not heard.answered:
+        return CheckResult(
+            name,
+            True,
+            "no answer on the residue check subject, not even 'no responders'",
+            warning="the tags' classes across databases are not checked: no permission to publish there "
+            "(or to receive on _INBOX.>), or the server is slow",
+        )
+    databases = {c.database for c in claims}
+    return CheckResult(
+        name,
+        True,
+        f"{len(claims)} claim(s) on {len({c.tag for c in claims})} tag(s) from {len(databases)} database(s), "
+        "no two intersecting",
+    )
+
+
 async def _check_zookeeper(config: Config) -> CheckResult:
     hosts = config.snowflake.zookeeper_hosts
     last = "no hosts configured"
@@ -272,6 +319,8 @@ async def check_all(config: Config) -> list[CheckResult]:
         checks.append(_check_postgres(config))
     if config.segment.enabled and config.segment.remember_grants:
         checks.append(check_grants_dir(config))
+    if config.segment.enabled and config.nats.enabled:
+        checks.append(_check_residues(config))
     if config.snowflake.enabled:
         checks.append(_check_snowflake(config))
         if config.nats.enabled:

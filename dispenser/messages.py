@@ -30,6 +30,8 @@ __all__ = [
     "Kind",
     "RateEvent",
     "Reply",
+    "ResidueClaims",
+    "TagResidue",
     "clock_subject",
     "decode_kafka_request",
     "decode_request",
@@ -38,6 +40,8 @@ __all__ = [
     "json_schemas",
     "query_request",
     "rate_subject",
+    "residue_check_subject",
+    "residue_subject",
     "strict_decode",
 ]
 
@@ -58,6 +62,16 @@ def id_subject(prefix: str, kind: str, tag: str) -> str:
 def rate_subject(prefix: str, tag: str) -> str:
     """Where rate events of ``tag`` are published: ``<prefix>.rate.<tag>`` (listeners: ``tag=">"``)."""
     return f"{prefix}.rate.{tag}"
+
+
+def residue_subject(prefix: str) -> str:
+    """Where segment workers announce their tags' residue classes: ``<prefix>.segment-residue``."""
+    return f"{prefix}.segment-residue"
+
+
+def residue_check_subject(prefix: str) -> str:
+    """Where segment workers answer a peer's check of the classes: ``<prefix>.segment-residue-check``."""
+    return f"{prefix}.segment-residue-check"
 
 
 def clock_subject(prefix: str) -> str:
@@ -216,6 +230,40 @@ class ClockReading(Struct):
 
 
 
+class TagResidue(Struct, kw_only=True):
+    """One tag's residue class in a worker's database (``offset`` modulo ``stride``; Leaf's tag: 0 mod 1)."""
+
+    tag: str
+    stride: int
+    offset: int
+    state: str = "serving"
+    """``serving``, or ``refused`` (another database serves an intersecting class of the tag)."""
+    issued: bool = True
+    """Whether the worker handed out IDs of the tag under this class (false: refused at its first segment)."""
+
+
+class ResidueClaims(Struct, kw_only=True):
+    """A segment worker's claims on its tags' classes.
+
+    Announced on ``<prefix>.segment-residue`` when the worker starts serving a tag or refuses one; sent as a
+    check on ``<prefix>.segment-residue-check`` (with a reply subject: every worker on another database
+    that claims tags answers with its own claims; an observer such as ``dispenser check`` sends no
+    ``worker``), and as the answers. Two databases must never serve one tag in classes that share an ID
+    (docs/datacenters.md).
+    """
+
+    worker: str = ""
+    """Who: ``<host>:<pid>:<random>``, as in its rate events ("": an observer)."""
+    datacenter: str = ""
+    """``nats.datacenter``."""
+    system_identifier: str = ""
+    """The worker's PostgreSQL system identifier ("": not known yet)."""
+    database: str = ""
+    """The worker's database name (with the system identifier: which database its tags' rows are in)."""
+    claims: list[TagResidue] = msgspec.field(default_factory=list)
+    """The tags it claims (it serves, or refused), each with its class."""
+
+
 WIRE_TYPES: Final[dict[str, type[Struct]]] = {
     "id-request": IdRequest,
     "kafka-id-request": KafkaIdRequest,
@@ -224,6 +272,7 @@ WIRE_TYPES: Final[dict[str, type[Struct]]] = {
     "decode-reply": DecodeReply,
     "rate-event": RateEvent,
     "clock-reading": ClockReading,
+    "residue-claims": ResidueClaims,
 }
 """Every wire message, by the name of its schema file under ``schemas/`` (``<name>.schema.json``)."""
 

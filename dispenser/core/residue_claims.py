@@ -13,7 +13,7 @@ from typing import Literal
 
 from dispenser.core.residue import Residue
 
-__all__ = ["Database", "ResidueClaim", "ResidueState", "overlaps", "rivals"]
+__all__ = ["Database", "ResidueClaim", "ResidueState", "clashes", "overlaps", "rivals"]
 
 ResidueState = Literal["serving", "refused"]
 """A claim's phase: the worker hands out the tag's IDs, or refuses to (it found an intersecting class)."""
@@ -78,3 +78,21 @@ def overlaps(own: ResidueClaim, other: ResidueClaim) -> bool:
 def rivals(own: ResidueClaim, others: Iterable[ResidueClaim]) -> list[ResidueClaim]:
     """The live claims of other databases that intersect ``own`` (a claim refused before serving is not one)."""
     return [c for c in others if c.live and overlaps(own, c)]
+
+
+def clashes(claims: Iterable[ResidueClaim]) -> list[tuple[ResidueClaim, ResidueClaim]]:
+    """Pairs of live claims of two databases on one tag whose classes intersect (one pair per two databases)."""
+    by_tag: dict[str, list[ResidueClaim]] = {}
+    for claim in claims:
+        if claim.live:
+            by_tag.setdefault(claim.tag, []).append(claim)
+    found: dict[tuple[str, Database, Database], tuple[ResidueClaim, ResidueClaim]] = {}
+    for tag, group in sorted(by_tag.items()):
+        for i, one in enumerate(group):
+            for other in group[i + 1 :]:
+                if overlaps(one, other):
+                    first, second = sorted(
+                        (one, other), key=lambda c: (c.database.system_identifier, c.database.name)
+                    )
+                    found.setdefault((tag, first.database, second.database), (first, second))
+    return list(found.values())

@@ -205,6 +205,8 @@ def test_every_subject_topic_and_header_is_described() -> None:
         "leaf.snowflake.decode",
         "leaf.rate.{tag}",
         "leaf.snowflake-clock",
+        "leaf.segment-residue",
+        "leaf.segment-residue-check",
         None,  # NATS replies go to the requester's inbox
         "leaf.requests",
         "leaf.replies",

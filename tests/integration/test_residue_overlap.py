@@ -1,0 +1,140 @@
+"""Two databases serving one tag in classes that share IDs: the second worker refuses (docs/datacenters.md).
+
+Two PostgreSQL servers (A's, B's), a NATS server per datacenter joined by gateways (so that each
+datacenter's caller reaches its own worker), a worker in each on its own database. Before the guard,
+``--stride 2`` with offset 0 in both handed out 300 of 600 IDs twice, and ``dispenser check`` was silent.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import asyncpg
+import msgspec
+import pytest
+
+from dispenser.adapters.postgres.schema import migrate
+from dispenser.adapters.postgres.segments import PostgresSegmentStore
+from dispenser.core.residue import LEAF, Residue
+from dispenser.health import check_all
+from dispenser.messages import Reply
+from dispenser.testing.servers import NatsGateways, PostgresServer
+from tests.integration.segment_support import client, request, running_worker, worker_config
+
+pytestmark = [pytest.mark.postgres, pytest.mark.nats]
+
+STEP = 50
+# tag: (A's class, B's class). The first three share IDs; "apart" does not.
+CLASSES = {
+    "same": (Residue(2, 0), Residue(2, 0)),  # `--stride 2` in both, offset 0 by default before
+    "strides": (Residue(3, 1), Residue(2, 0)),  # 1 mod 3 and 0 mod 2 share 4, 10, ...
+    "plain": (LEAF, Residue(2, 1)),  # a Leaf tag beside a strided one: every ID is the former's
+    "apart": (Residue(2, 0), Residue(2, 1)),
+}
+
+
+async def _prepare(dsn: str, side: int) -> str:
+    """Migrate, add the tags with this side's classes; returns the server's system identifier."""
+    await migrate(dsn)
+    async with await PostgresSegmentStore.connect(dsn) as store:
+        for tag, classes in CLASSES.items():
+            await store.add_tag(tag, STEP, residue=classes[side])
+    conn = await asyncpg.connect(dsn)
+    try:
+        return str(await conn.fetchval("SELECT system_identifier FROM pg_control_system()"))
+    finally:
+        await conn.close()
+
+
+async def _ask(url: str, tag: str, count: int = 20) -> Reply:
+    async with client(url) as nc:
+        body = msgspec.json.encode({"count": count})
+        return msgspec.json.decode((await request(nc, f"leaf.segment.{tag}", body)).data, type=Reply)
+
+
+def _config(url: str, dsn: str, datacenter: str, state_dir: Path):  # type: ignore[no-untyped-def]
+    config = worker_config(url, dsn, state_dir=str(state_dir))
+    return msgspec.structs.replace(config, nats=msgspec.structs.replace(config.nats, datacenter=datacenter))
+
+
+async def test_the_second_database_refuses_a_tag_whose_class_intersects(
+    postgres_server: PostgresServer,
+    private_postgres: PostgresServer,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A serves first; B refuses every intersecting tag with residue_overlap (no ID), serves the disjoint one; check fails."""
+    dsn_a = postgres_server.create_database("residue_overlap_a")
+    dsn_b = private_postgres.dsn
+    try:
+        system_a = await _prepare(dsn_a, 0)
+        system_b = await _prepare(dsn_b, 1)
+        assert system_a != system_b
+        with NatsGateways(tmp_path / "nats", ("dc-a", "dc-b")) as dcs:
+            url_a, url_b = dcs.url_of("dc-a"), dcs.url_of("dc-b")
+            config_a = _config(url_a, dsn_a, "dc-a", tmp_path / "a")
+            config_b = _config(url_b, dsn_b, "dc-b", tmp_path / "b")
+            async with running_worker(config_a):
+                served_a = {tag: await _ask(url_a, tag) for tag in CLASSES}
+                async with running_worker(config_b):
+                    with caplog.at_level(logging.WARNING):
+                        served_b = {tag: await _ask(url_b, tag) for tag in CLASSES}
+                        again = await _ask(url_b, "same")
+                    results = {r.name: r for r in await check_all(config_b)}
+    finally:
+        postgres_server.drop_database("residue_overlap_a")
+
+    ids_a = {tag: reply.ids for tag, reply in served_a.items()}
+    assert all(ids and len(ids) == 20 for ids in ids_a.values()), served_a
+    for tag in ("same", "strides", "plain"):
+        reply = served_b[tag]
+        assert reply.ids is None
+        assert reply.error is not None
+        assert (reply.error.code, reply.error.retryable) == ("residue_overlap", False)
+        # Both databases named, by system identifier.
+        assert system_a in reply.error.message
+        assert system_b in reply.error.message
+    assert again.error is not None
+    assert again.error.code == "residue_overlap"  # refused for good, not once
+    # The disjoint class is served: odd IDs beside A's even ones, none repeated.
+    apart_b = served_b["apart"].ids
+    assert apart_b
+    assert all(i % 2 == 1 for i in apart_b)
+    assert not set(apart_b) & set(ids_a["apart"] or [])
+    # One ERROR line per refused tag in B; A warns that a worker of another database was turned away.
+    assert sum("is not served by this worker" in r.getMessage() for r in caplog.records) == 3
+    assert "was refused tag 'same'" in caplog.text
+    check = results["residue classes"]
+    assert not check.ok
+    assert "'same'" in check.detail
+    assert system_b in check.detail
+
+
+async def test_disjoint_classes_both_serve_and_check_passes(
+    postgres_server: PostgresServer, private_postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """2:0 in A and 2:1 in B, A's and B's callers at once: both serve, no ID repeats, and check passes."""
+    dsn_a = postgres_server.create_database("residue_apart_a")
+    dsn_b = private_postgres.dsn
+    try:
+        for dsn, offset in ((dsn_a, 0), (dsn_b, 1)):
+            await migrate(dsn)
+            async with await PostgresSegmentStore.connect(dsn) as store:
+                await store.add_tag("order", STEP, residue=Residue(2, offset))
+        with NatsGateways(tmp_path / "nats", ("dc-a", "dc-b")) as dcs:
+            url_a, url_b = dcs.url_of("dc-a"), dcs.url_of("dc-b")
+            config_a = _config(url_a, dsn_a, "dc-a", tmp_path / "a")
+            config_b = _config(url_b, dsn_b, "dc-b", tmp_path / "b")
+            async with running_worker(config_a), running_worker(config_b):
+                replies = [await _ask(url, "order", 100) for _ in range(3) for url in (url_a, url_b)]
+                results = {r.name: r for r in await check_all(config_a)}
+    finally:
+        postgres_server.drop_database("residue_apart_a")
+    ids = [i for reply in replies for i in reply.ids or []]
+    assert all(reply.error is None for reply in replies), replies
+    assert len(ids) == 600
+    assert len(set(ids)) == 600
+    check = results["residue classes"]
+    assert check.ok, check.detail
+    assert "from 2 database(s)" in check.detail
