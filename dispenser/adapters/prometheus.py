@@ -209,7 +209,8 @@ class WorkerCollector(Collector):
             left = tag_allocator.buffer.remaining
             buffered.add_metric([tag], left)
             meter = tag_allocator.meter
-            runway.add_metric([tag], runway_seconds(left, meter.peak(now) or meter.rate(now)))
+            # At the peak, or at the current rate while higher (a rise, or a burst, not yet sustained).
+            runway.add_metric([tag], runway_seconds(left, max(meter.peak(now), meter.rate(now))))
         yield from (fetches, fetch_time, fetch_errors, step, floor, buffered, runway)
 
 

@@ -7,6 +7,7 @@ __all__ = [
     "errors",
     "ids",
     "leaf_import",
+    "lru",
     "peers",
     "rate",
     "refill",

@@ -24,33 +24,50 @@ class PeakSample:
 class RateMeter:
     """IDs and requests issued per second for one tag, with the current and the peak rate.
 
+    Each second, once a whole window has been seen, gives a *window average* (the sliding
+    ``window``-second mean). With ``sustain`` n ≥ 1 a *peak candidate* is the lowest of the last
+    n x ``window`` window averages: the rate held throughout, so IDs drawn within any (n - 1) x ``window``
+    consecutive seconds cannot raise it (each such burst leaves one of those averages untouched), and a
+    steady load counts in full once held (n + 1) x ``window`` - 1 seconds. With ``sustain`` 0 a candidate is
+    the window average itself. The peak is the highest candidate within the retention.
+
     Args:
         now: the time the meter starts (seconds).
         window: seconds averaged for the current rate and for each peak candidate (default 60: the
             peak is the highest 1-minute average).
         retention: seconds a peak is remembered (default 24 h).
+        sustain: windows over which a peak candidate must hold (default 0: a single window average).
     """
 
     __slots__ = (
         "_buckets",
         "_filled",
+        "_hold",
         "_ids",
+        "_lows",
         "_peaks",
         "_requests",
         "_second",
         "_sum_ids",
         "_sum_requests",
         "retention",
+        "sustain",
         "total_ids",
         "total_requests",
         "window",
     )
 
-    def __init__(self, now: float, *, window: int = 60, retention: float = 86_400.0) -> None:
+    def __init__(
+        self, now: float, *, window: int = 60, retention: float = 86_400.0, sustain: int = 0
+    ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1 second, got {window}")
+        if sustain < 0:
+            raise ValueError(f"sustain must be at least 0 windows, got {sustain}")
         self.window = window
         self.retention = retention
+        self.sustain = sustain
+        self._hold = max(1, sustain * window)  # window averages a candidate is the minimum of
         self._second = math.floor(now)
         self._ids = 0
         self._requests = 0
@@ -59,6 +76,8 @@ class RateMeter:
         self._sum_requests = 0
         self._filled = 0  # completed seconds observed since the start (for "a whole window seen")
         self._peaks: collections.deque[PeakSample] = collections.deque()  # decreasing rates, increasing times
+        # The last ``_hold`` window averages' sliding minimum: increasing rates, increasing times.
+        self._lows: collections.deque[PeakSample] = collections.deque()
         self.total_ids = 0
         self.total_requests = 0
 
@@ -78,6 +97,8 @@ class RateMeter:
             self._push(0, 0, self._second + 1 + offset)
         if gap > self.window + 1:
             self._filled += gap - self.window - 1
+            # The window averages skipped were zeros: the latest stands for them all in the minimum.
+            self._average(0.0, float(second))
         self._second = second
         self._ids = 0
         self._requests = 0
@@ -95,7 +116,18 @@ class RateMeter:
         self.total_requests += requests
         self._filled += 1
         if self._filled >= self.window:
-            self._offer(PeakSample(self._sum_ids / self.window, float(end)))
+            self._average(self._sum_ids / self.window, float(end))
+
+    def _average(self, rate: float, end: float) -> None:
+        """Take the window average ending at ``end``; offer the lowest of the last ``_hold`` as a candidate."""
+        lows = self._lows
+        while lows and lows[-1].rate >= rate:
+            lows.pop()
+        lows.append(PeakSample(rate, end))
+        while lows[0].at <= end - self._hold:
+            lows.popleft()
+        if self._filled - self.window + 1 >= self._hold:  # that many window averages seen
+            self._offer(PeakSample(lows[0].rate, end))
 
     def _offer(self, sample: PeakSample) -> None:
         peaks = self._peaks
@@ -139,7 +171,7 @@ class RateMeter:
         return self._sum_requests / len(self._buckets)
 
     def peak(self, now: float) -> float:
-        """The highest window average seen within the retention (0 if none yet)."""
+        """The highest peak candidate seen within the retention (0 if none yet): see the class."""
         self.advance(now)
         self._expire(now)
         return self._peaks[0].rate if self._peaks else 0.0

@@ -17,15 +17,20 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
+from dispenser.core.lru import ProtectedLru
 from dispenser.core.rate import FleetPeak, PeakSample, RateMeter, runway_seconds
 from dispenser.core.step import FleetView, StepPolicy
 from dispenser.messages import Kind, RateEvent
 from dispenser.ports import Clock, SegmentStore
 from dispenser.service.segments import SegmentAllocator, TagAllocator
 
-__all__ = ["RateBook", "RatePublisher", "RateSettings", "worker_name"]
+__all__ = ["MAX_SNOWFLAKE_METERS", "RateBook", "RatePublisher", "RateSettings", "worker_name"]
 
 log = logging.getLogger(__name__)
+
+MAX_SNOWFLAKE_METERS = 512
+"""Snowflake serves any tag name: a worker meters this many snowflake tags at most (the least recently used
+newcomer gives way to a new one, see :class:`~dispenser.core.lru.ProtectedLru`)."""
 
 EventSink = Callable[[RateEvent], Awaitable[None]]
 """Publishes one event (NATS subject, Kafka topic); may raise: the publisher logs and carries on."""
@@ -46,6 +51,8 @@ class RateSettings:
     """Seconds averaged for the current rate and for each peak candidate."""
     retention: float = 86_400.0
     """Seconds a peak is remembered."""
+    peak_sustain: int = 2
+    """Windows over which a peak candidate must hold (:class:`~dispenser.core.rate.RateMeter`'s ``sustain``)."""
     stale_after: float = 15.0
     """A peer not heard from for this long no longer counts in the fleet."""
     adaptive_step: bool = True
@@ -64,6 +71,8 @@ class RateBook:
         policy: StepPolicy,
         worker: str | None = None,
         datacenter: str = "",
+        *,
+        max_snowflake_meters: int = MAX_SNOWFLAKE_METERS,
     ) -> None:
         self.clock = clock
         """The clock rates are measured on (the publisher sleeps on it too)."""
@@ -72,31 +81,89 @@ class RateBook:
         self.worker = worker or worker_name()
         self.datacenter = datacenter
         """This worker's datacenter, named in its events."""
+        # Segment tags are the store's (it refuses others), each meter held by its tag's allocator too: never
+        # evicted. Snowflake tags are anyone's to invent: a bounded table, idle ones forgotten.
         self._meters: dict[tuple[str, str], RateMeter] = {}
+        self._snowflake: ProtectedLru[str, RateMeter] = ProtectedLru(max_snowflake_meters)
         self._fleet_peaks: dict[tuple[str, str], FleetPeak] = {}
         self._peers: dict[tuple[str, str], dict[str, tuple[RateEvent, float]]] = {}
 
+    def _new_meter(self, now: float) -> RateMeter:
+        settings = self.settings
+        return RateMeter(
+            now, window=settings.window, retention=settings.retention, sustain=settings.peak_sustain
+        )
+
     def meter(self, kind: Kind, tag: str) -> RateMeter:
-        """The meter of ``tag`` (created on first use): this worker's own rates and peak."""
+        """The meter of ``tag``, used now (created on first use): this worker's own rates and peak.
+
+        A snowflake tag's meter may be one just made, in place of one evicted or forgotten as idle (see
+        :meth:`record`); nothing but rates and metrics reads it.
+        """
+        if kind == "snowflake":
+            now = self.clock.monotonic()
+            meter = self._snowflake.get(tag, now)
+            if meter is None:
+                meter = self._new_meter(now)
+                evicted = self._snowflake.add(tag, meter, now)
+                if evicted is not None:
+                    self._forget("snowflake", evicted[0])
+            return meter
         key = (kind, tag)
         meter = self._meters.get(key)
         if meter is None:
-            now = self.clock.monotonic()
-            meter = RateMeter(now, window=self.settings.window, retention=self.settings.retention)
-            self._meters[key] = meter
+            meter = self._meters[key] = self._new_meter(self.clock.monotonic())
         return meter
+
+    def record(self, kind: Kind, tag: str, ids: int) -> None:
+        """Count ``ids`` IDs handed out now for ``tag`` in one request (a snowflake tag always gets a meter)."""
+        self.meter(kind, tag).record(self.clock.monotonic(), ids)
+
+    def _existing(self, kind: str, tag: str) -> RateMeter | None:
+        """The meter of ``tag`` if it has one, not counted as a use."""
+        return self._snowflake.peek(tag) if kind == "snowflake" else self._meters.get((kind, tag))
 
     def meters(self) -> list[tuple[tuple[str, str], RateMeter]]:
         """Every meter, by (kind, tag)."""
-        return list(self._meters.items())
+        snowflake = [(("snowflake", tag), meter) for tag, meter in self._snowflake.items()]
+        return list(self._meters.items()) + snowflake
 
     def known(self, kind: Kind, tag: str) -> bool:
         """Whether ``tag`` has a meter."""
-        return (kind, tag) in self._meters
+        return self._existing(kind, tag) is not None
 
     def count(self, kind: Kind) -> int:
         """How many meters of ``kind`` there are."""
+        if kind == "snowflake":
+            return len(self._snowflake)
         return sum(1 for meter_kind, _ in self._meters if meter_kind == kind)
+
+    def sweep(self) -> None:
+        """Forget what no longer says anything: idle snowflake meters, silent peers, expired fleet peaks.
+
+        A snowflake tag used in one second only (an invented name, most likely) is forgotten a window after;
+        one used in two seconds or more once idle for the retention (by then its peak has expired too).
+        """
+        now = self.clock.monotonic()
+        settings = self.settings
+        for tag, _ in self._snowflake.expire(
+            now, newcomer_idle=settings.window, established_idle=settings.retention
+        ):
+            self._forget("snowflake", tag)
+        oldest = now - settings.stale_after
+        for key, known in list(self._peers.items()):
+            for worker in [w for w, (_, seen) in known.items() if seen < oldest]:
+                del known[worker]
+            if not known:
+                del self._peers[key]
+        for key in [k for k, peak in self._fleet_peaks.items() if peak.snapshot(now) is None]:
+            if self._existing(*key) is None:
+                del self._fleet_peaks[key]
+
+    def _forget(self, kind: Kind, tag: str) -> None:
+        """Drop what the book holds about ``tag`` besides its meter (already gone)."""
+        self._fleet_peaks.pop((kind, tag), None)
+        self._peers.pop((kind, tag), None)
 
     def segment_meter(self, tag: str) -> RateMeter:
         """The allocator's meter factory."""
@@ -117,7 +184,7 @@ class RateBook:
         """``tag → (the fleet's peak, unix seconds last seen)`` of every tag with one, to save."""
         mono, wall = self.clock.monotonic(), self.clock.wall_ms() / 1000
         saved = {}
-        for key_kind, tag in list(self._fleet_peaks.keys() | self._meters.keys()):
+        for key_kind, tag in list(self._fleet_peaks.keys() | self._meters.keys()):  # segment tags: no LRU
             if key_kind != kind:
                 continue
             self.fleet_peak(kind, tag)  # takes in the latest sum of the live workers' peaks
@@ -139,7 +206,8 @@ class RateBook:
         Remembered: the highest such sum seen within the retention, by this worker or saved by any.
         """
         now = self.clock.monotonic()
-        measured = self.meter(kind, tag).peak(now) if (kind, tag) in self._meters else 0.0
+        meter = self._existing(kind, tag)
+        measured = meter.peak(now) if meter is not None else 0.0
         measured += sum(e.peak_ids_per_s for e in self.peers(kind, tag))
         return self._fleet_peak(kind, tag).update(measured, now)
 
@@ -166,7 +234,7 @@ class RateBook:
     def view(self, kind: Kind, tag: str, recent: float = 0.0) -> FleetView:
         """This worker's and its live peers' rates for ``tag`` (``recent``: see :class:`FleetView`)."""
         now = self.clock.monotonic()
-        meter = self.meter(kind, tag)
+        meter = self._existing(kind, tag) or self.meter(kind, tag)
         own_rate, own_peak = meter.rate(now), meter.peak(now)
         peers = self.peers(kind, tag)
         return FleetView(
@@ -195,10 +263,11 @@ class RateBook:
         # intervals) after its events stop, so the sum is always taken while it still includes it.
         self.fleet_peak(kind, tag)
         now = self.clock.monotonic()
-        meter = self.meter(kind, tag)
+        meter = self._existing(kind, tag) or self.meter(kind, tag)  # reading is no use of a snowflake meter
         rate, peak = meter.rate(now), meter.peak(now)
         buffered = allocator.buffer.remaining if allocator is not None else 0
-        runway = runway_seconds(buffered, peak or rate) if allocator is not None else math.inf
+        # At the peak, or at the current rate while that is higher (a rise, or a burst, not yet sustained).
+        runway = runway_seconds(buffered, max(peak, rate)) if allocator is not None else math.inf
         return RateEvent(
             tag=tag,
             kind=kind,
@@ -223,9 +292,8 @@ class RateBook:
         tags = dict(allocator.tags) if allocator is not None else {}
         for tag, tag_allocator in tags.items():
             yield self.event("segment", tag, tag_allocator)
-        for kind, tag in list(self._meters):
-            if kind == "snowflake":
-                yield self.event("snowflake", tag)
+        for tag, _ in self._snowflake.items():
+            yield self.event("snowflake", tag)
 
 
 def len_window(meter: RateMeter) -> int:
@@ -251,6 +319,7 @@ class RatePublisher:
 
     async def publish_once(self) -> None:
         """Publish the current events (a sink that fails is logged; the others still get them)."""
+        self._book.sweep()
         for event in self._book.events(self._allocator):
             for sink in self._sinks:
                 try:
