@@ -26,7 +26,7 @@ from dispenser.adapters.local.grants import GrantFile
 from dispenser.adapters.local.statefile import default_state_dir
 from dispenser.adapters.nats.client import Connection
 from dispenser.adapters.nats.connection import connect, drain
-from dispenser.adapters.nats.peers import collect_peer_clocks, serve_clock
+from dispenser.adapters.nats.peers import collect_peer_clocks, join_peers
 from dispenser.adapters.nats.rates import rate_sink, subscribe_rates
 from dispenser.adapters.nats.residues import announce, ask_residues, message_of, serve_residues
 from dispenser.adapters.nats.service import NatsIdService
@@ -522,14 +522,9 @@ class Worker:
         )
         if self.nc is not None:
             self.identity_guard = guard
-            # Answer (and hear the peers' claims) before asking: of two workers starting at once, at least
-            # one then hears the other (docs/snowflake.md, "Two workers on one ID").
-            await serve_clock(self.nc, clock_check, self.clock.wall_ms, guard.claim, guard.hear)
-            heard = await collect_peer_clocks(
-                self.nc, clock_check, self.clock.wall_ms, sf.peer_check_timeout, claim=guard.claim()
-            )
-            guard.heard(heard.claims)
-            guard.started()
+            # Answer (and hear the peers' claims) before asking, and ask again a window later: of two workers
+            # starting at once, at most one serves (docs/snowflake.md, "Two workers on one ID").
+            _, heard = await join_peers(self.nc, clock_check, self.clock.wall_ms, sf.peer_check_timeout, guard)
             readings = heard.readings
             if not heard.answered:
                 detail = (
