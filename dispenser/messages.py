@@ -166,7 +166,8 @@ class RateEvent(Struct, kw_only=True):
     ids_per_s: float
     requests_per_s: float
     peak_ids_per_s: float
-    """The highest ``window_s`` average within the retention (default: the last 24 hours)."""
+    """The highest rate sustained within the retention (default: the last 24 hours): the lowest ``window_s``
+    average over ``rate.peak_sustain`` windows, at its highest (docs/operations.md)."""
     step: int | None = None
     """The size of the last segment fetched (segment kind)."""
     configured_step: int | None = None
@@ -174,8 +175,8 @@ class RateEvent(Struct, kw_only=True):
     ids_buffered: int = 0
     """IDs this worker can hand out without the database (both buffers)."""
     runway_s: float | None = None
-    """Seconds until the buffers run dry at the peak rate if the database went away now (``null``: no
-    demand, no end in sight)."""
+    """Seconds until the buffers run dry at the peak rate (or the current one, if higher) if the database
+    went away now (``null``: no demand, no end in sight)."""
     fetches: int = 0
     """Segments fetched since the worker started."""
     fetches_per_min: float | None = None
