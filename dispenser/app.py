@@ -486,6 +486,13 @@ class Worker:
         await serve_residues(nc, subject, None, guard)
         window = config.segment.residue_check_window
         heard = await ask_residues(nc, check_subject, window, message_of(guard, []))
+        if not heard.answered:
+            log.warning(
+                "the residue check on %r got no answer at all, not even the server's 'no responders': no "
+                "permission to publish there (or to receive on _INBOX.>), or the server is slow; the tags' "
+                "classes are checked only against the claims announced from now on (docs/datacenters.md)",
+                check_subject,
+            )
         await guard.heard(heard.claims)
         await serve_residues(nc, None, check_subject, guard)
         allocator.check_residues(guard)
