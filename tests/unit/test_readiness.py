@@ -1,4 +1,8 @@
-"""/readyz's rule (dispenser.readiness.not_ready): NATS up, and a store or buffered IDs to serve from."""
+"""/readyz's rule (dispenser.readiness.not_ready) and the separate "cannot issue" signal (cannot_issue).
+
+Ready: started, NATS up, and every ID source reached once since the start; a dependency lost after that
+leaves the worker ready, answering coded retryable errors, and shows in cannot_issue instead.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from dataclasses import dataclass, field
 
 from dispenser.config import Config, load_config
 from dispenser.core.errors import StoreUnavailable, UnknownTag
-from dispenser.readiness import not_ready
+from dispenser.readiness import cannot_issue, not_ready
 
 
 @dataclass
@@ -52,7 +56,9 @@ class FakeWorker:
 
 
 NATS_DOWN = "NATS is not connected"
-DRY = "PostgreSQL cannot be reached and no segment IDs are buffered"
+NEVER_REACHED = "PostgreSQL has not been reached since the worker started: it has never issued segment IDs"
+DRY = "segment: PostgreSQL cannot be reached and no segment IDs are buffered"
+LEASE = "snowflake: the worker ID is not held (registering, or the lease was lost)"
 
 
 def segment_worker(**changes: object) -> FakeWorker:
@@ -81,26 +87,48 @@ def test_nats_down_or_never_connected_is_not_ready() -> None:
     assert not_ready(FakeWorker(off, nc=None)) == []
 
 
-def test_postgresql_down_is_ready_while_ids_are_buffered() -> None:
-    """The store failing with IDs in hand: ready (they are served); with every buffer dry: not ready."""
+def test_postgresql_lost_after_the_start_leaves_the_worker_ready_and_says_it_cannot_issue() -> None:
+    """Every buffer dry and the store failing: still ready (it answers `unavailable`), and cannot_issue says why.
+
+    Before, such a worker turned unready, and since a PostgreSQL outage reaches every worker at once, every
+    pod left the Service together: Leaf's HTTP callers got the load balancer's refusal instead of the coded,
+    retryable `unavailable`.
+    """
     failing = Tag(Buffer(0), StoreUnavailable("down"))
+    dry = segment_worker(allocator=Allocator({"a": failing}))
+    assert not_ready(dry) == []
+    assert cannot_issue(dry) == [DRY]
     riding = Allocator({"a": failing, "b": Tag(Buffer(500), StoreUnavailable("down"))})
     assert not_ready(segment_worker(allocator=riding)) == []
-    assert not_ready(segment_worker(allocator=Allocator({"a": failing}))) == [DRY]
-    assert not_ready(segment_worker(postgres=Store(connected=False))) == [DRY]
+    assert cannot_issue(segment_worker(allocator=riding)) == []
     # A tag-level error that is not the store's (an unknown tag) says nothing about reaching PostgreSQL.
     unknown = Allocator({"gone": Tag(Buffer(0), UnknownTag("gone"))})
-    assert not_ready(segment_worker(allocator=unknown)) == []
+    assert cannot_issue(segment_worker(allocator=unknown)) == []
 
 
-def test_snowflake_needs_its_worker_id() -> None:
-    """A snowflake worker without its lease (or not started) is not ready; the enricher skips NATS."""
+def test_postgresql_never_reached_since_the_start_is_not_ready() -> None:
+    """A lazy start whose pool never opened (a wrong DSN, a new pod in an outage): not ready, so a rollout stops."""
+    never = segment_worker(postgres=Store(connected=False))
+    assert not_ready(never) == [NEVER_REACHED]
+    assert cannot_issue(never) == [DRY]
+    assert not_ready(segment_worker(postgres=None)) == [NEVER_REACHED]
+
+
+def test_snowflake_lease_lost_after_the_start_is_ready_and_cannot_issue() -> None:
+    """The worker ID is held at the start (start() waits for it); lost later: ready, `lease_lost` answered."""
     config = load_config(
         environ={"DISPENSER_SEGMENT_ENABLED": "false", "DISPENSER_SNOWFLAKE_ENABLED": "true"}
     )
-    lease = "the snowflake worker ID is not held (registering, or the lease was lost)"
     assert not_ready(FakeWorker(config, snowflake=Snowflake())) == []
-    assert not_ready(FakeWorker(config, snowflake=Snowflake(holds_lease=False))) == [lease]
-    assert not_ready(FakeWorker(config, snowflake=None)) == [lease]
+    assert cannot_issue(FakeWorker(config, snowflake=Snowflake())) == []
+    lost = FakeWorker(config, snowflake=Snowflake(holds_lease=False))
+    assert not_ready(lost) == []
+    assert cannot_issue(lost) == [LEASE]
+    assert cannot_issue(FakeWorker(config, snowflake=None)) == [LEASE]
     enricher = load_config(environ={})
     assert not_ready(FakeWorker(enricher, serve=False, nc=None)) == []
+
+
+def test_a_stopping_worker_cannot_issue_either() -> None:
+    """From stop() on, both signals say so (no request is taken)."""
+    assert cannot_issue(segment_worker(started=False)) == ["starting, or stopping"]
