@@ -98,10 +98,12 @@ class RateBook:
         """The meter of ``tag``, used now (created on first use): this worker's own rates and peak.
 
         A snowflake tag's meter may be one just made, in place of one evicted or forgotten as idle (see
-        :meth:`record`); nothing but rates and metrics reads it.
+        :meth:`sweep`); nothing but rates, events and metrics reads it.
         """
+        return self._meter_at(kind, tag, self.clock.monotonic())
+
+    def _meter_at(self, kind: Kind, tag: str, now: float) -> RateMeter:
         if kind == "snowflake":
-            now = self.clock.monotonic()
             meter = self._snowflake.get(tag, now)
             if meter is None:
                 meter = self._new_meter(now)
@@ -112,12 +114,13 @@ class RateBook:
         key = (kind, tag)
         meter = self._meters.get(key)
         if meter is None:
-            meter = self._meters[key] = self._new_meter(self.clock.monotonic())
+            meter = self._meters[key] = self._new_meter(now)
         return meter
 
     def record(self, kind: Kind, tag: str, ids: int) -> None:
         """Count ``ids`` IDs handed out now for ``tag`` in one request (a snowflake tag always gets a meter)."""
-        self.meter(kind, tag).record(self.clock.monotonic(), ids)
+        now = self.clock.monotonic()
+        self._meter_at(kind, tag, now).record(now, ids)
 
     def _existing(self, kind: str, tag: str) -> RateMeter | None:
         """The meter of ``tag`` if it has one, not counted as a use."""
