@@ -20,6 +20,8 @@ from dispenser.core.ids import Kind
 __all__ = [
     "DECODE_TAG",
     "MSGPACK",
+    "REQUEST_ID_MAX_LENGTH",
+    "REQUEST_ID_PATTERN",
     "WIRE_TYPES",
     "ClockReading",
     "DecodeReply",
@@ -80,7 +82,20 @@ def clock_subject(prefix: str) -> str:
 
 
 Format = Literal["ids", "ranges"]
-RequestId = Annotated[str, Meta(min_length=1, max_length=128)]
+REQUEST_ID_MAX_LENGTH: Final = 128
+"""The longest ``request_id`` (the ``dispenser_request.request_id`` column is ``varchar(128)``)."""
+REQUEST_ID_PATTERN: Final = r"^[!-~]+$(?!\n)"
+"""A ``request_id`` is printable ASCII without space: ``!`` (0x21) to ``~`` (0x7E), nothing else.
+
+It is a key in a store every caller shares: a NUL (which PostgreSQL refuses in text), a control character,
+or invalid UTF-8 that a URL decoder turned into U+FFFD (``%ff``, ``%fe`` and ``%c0`` would be one key) never
+becomes one. ``(?!\n)``: Python's ``$`` also matches before a final newline (JSON Schema's, ECMA-262's,
+does not; there the lookahead is always true)."""
+RequestId = Annotated[str, Meta(min_length=1, max_length=REQUEST_ID_MAX_LENGTH, pattern=REQUEST_ID_PATTERN)]
+_REQUEST_ID_RULE: Final = (
+    f"request_id must be 1 to {REQUEST_ID_MAX_LENGTH} characters of printable ASCII from '!' to '~' "
+    "(no space, control or non-ASCII character)"
+)
 
 
 class IdRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -89,7 +104,9 @@ class IdRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
     count: int = 1
     """How many IDs (at least 1; at most the worker's limit for the format)."""
     request_id: RequestId | None = None
-    """Idempotency key: a retry with the same key within the worker's TTL gets the same IDs."""
+    """Idempotency key: a retry with the same key within the worker's TTL gets the same IDs. 1 to 128
+    characters of printable ASCII without space (``!`` to ``~``); unguessable (a UUID), since any caller
+    who sends the same key within the TTL gets the same IDs: it is not a credential."""
     format: Format = "ids"
     """``ids``: a list of IDs; ``ranges``: inclusive ``[first, last]`` pairs, for large batches."""
 
@@ -230,7 +247,6 @@ class ClockReading(Struct):
     """The layout's epoch, Unix milliseconds (said for the messages: another epoch does not keep IDs apart)."""
 
 
-
 class TagResidue(Struct, kw_only=True):
     """One tag's residue class in a worker's database (``offset`` modulo ``stride``; Leaf's tag: 0 mod 1)."""
 
@@ -300,7 +316,7 @@ def strict_decode(decoder: msgspec.json.Decoder[T] | msgspec.msgpack.Decoder[T],
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:  # a subclass of DecodeError: first
-        raise InvalidRequest(str(exc)) from None
+        raise _invalid(exc) from None
     except msgspec.DecodeError as exc:
         raise MalformedRequest(str(exc)) from None
 
@@ -332,7 +348,15 @@ def query_request(params: Mapping[str, str]) -> IdRequest:
         # strict=False: query values are strings ("100" is the int 100), as environment values are.
         return msgspec.convert(dict(params), IdRequest, strict=False)
     except msgspec.ValidationError as exc:
-        raise InvalidRequest(str(exc)) from None
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: msgspec.ValidationError) -> InvalidRequest:
+    """The error for a failed validation: msgspec's words, or the rule's for a ``request_id`` out of its alphabet."""
+    detail = str(exc)
+    if detail.startswith("Expected `str` matching regex") and detail.endswith("- at `$.request_id`"):
+        detail = f"{_REQUEST_ID_RULE} - at `$.request_id`"
+    return InvalidRequest(detail)
 
 
 def decode_kafka_request(data: bytes, msgpack: bool = False) -> KafkaIdRequest:

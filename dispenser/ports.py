@@ -234,6 +234,8 @@ class ReplayStore(Protocol):
 
         Raises:
             StoreUnavailable: the store could not be reached (the request fails, retryably).
+            StoreRefusedValue: the store refused a value of this request (the request fails, not
+                retryably); it fails no other request.
         """
         ...
 

@@ -130,6 +130,24 @@ class StoreUnavailable(Unavailable):
         super().__init__(f"segment store unavailable: {detail}")
 
 
+class StoreRefusedValue(BadRequest):
+    """The store refused a value the request carries (PostgreSQL's data errors, SQLSTATE class 22).
+
+    The store is up and answered: the same request can never be stored, so no retry helps. Raised for the
+    one request whose value it was; the others written with it are not failed by it.
+    """
+
+    code = "invalid"
+
+    def __init__(self, action: str, sqlstate: str, detail: str) -> None:
+        super().__init__(
+            f"{action}: the store refused a value of this request (SQLSTATE {sqlstate}: {detail})"
+        )
+        self.sqlstate = sqlstate
+        self.reason = detail
+        """The store's own words (PostgreSQL's message)."""
+
+
 class TagExhausted(DispenserError):
     """The tag's next segment would pass the largest 64-bit ID (2**63 - 1): no retry can help."""
 

@@ -1,7 +1,7 @@
 """The driver's failures as this project's errors, and the DSN's password kept out of every message.
 
-asyncpg's exceptions (and ``OSError``, which covers timeouts) become :class:`StoreUnavailable` in one place,
-:func:`map_store_errors`; the DSN's password never appears in a message, a ``repr`` or a log line.
+asyncpg's exceptions (and ``OSError``, which covers timeouts) become :class:`StoreUnavailable` (a data error:
+:class:`StoreRefusedValue`) in one place, :func:`map_store_errors`; the DSN's password never appears in a message, a ``repr`` or a log line.
 """
 
 from __future__ import annotations
@@ -13,11 +13,14 @@ from collections.abc import Callable, Iterator, Sequence
 
 import asyncpg
 
-from dispenser.core.errors import DispenserError, StoreUnavailable
+from dispenser.core.errors import DispenserError, StoreRefusedValue, StoreUnavailable
 
 __all__ = ["dsn_secrets", "host_count", "invalid_settings", "map_store_errors", "misconfigured", "scrub"]
 
 _REDACTED = "***"
+
+_DATA_DETAIL = 200
+"""Most characters of a data error's text kept in the message (asyncpg's quotes the value it refused)."""
 
 
 def host_count(dsn: str) -> int:
@@ -91,7 +94,9 @@ def map_store_errors(
 ) -> Iterator[None]:
     """Turn the driver's exceptions raised inside the block into :class:`StoreUnavailable` (or ``unavailable``).
 
-    Converted: every asyncpg error (server-side ``PostgresError``, client-side ``InterfaceError``, and
+    A data error (SQLSTATE class 22: a NUL in text, a value too long for its column) becomes
+    :class:`StoreRefusedValue` instead: the server is up and refused the statement's values. Converted
+    otherwise: every asyncpg error (server-side ``PostgresError``, client-side ``InterfaceError``, and
     ``InternalClientError``) and ``OSError`` (refused or reset connections, DNS failures, and
     ``TimeoutError``). Our own errors and cancellation pass through untouched.
 
@@ -106,6 +111,11 @@ def map_store_errors(
     """
     try:
         yield
+    except asyncpg.DataError as exc:
+        # SQLSTATE class 22 (and asyncpg's own "invalid input for query argument"): PostgreSQL answered and
+        # refused a value. No outage, and no retry of the same values can succeed.
+        detail = str(exc) if len(str(exc)) <= _DATA_DETAIL else str(exc)[:_DATA_DETAIL] + "…"
+        raise StoreRefusedValue(action, exc.sqlstate, scrub(detail, secrets)) from exc
     except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError) as exc:
         raw = f"{action} ({where}): {_describe(exc, timeout, max(hosts, host_count(where)))}"
         message = scrub(raw, secrets)

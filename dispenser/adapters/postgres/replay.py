@@ -11,7 +11,7 @@ import asyncio
 from typing import Final
 
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
-from dispenser.core.errors import StoreUnavailable
+from dispenser.core.errors import StoreRefusedValue, StoreUnavailable
 from dispenser.ports import Settled
 
 __all__ = ["PostgresReplayStore"]
@@ -47,11 +47,20 @@ WRITERS: Final = 2
 
 _Key = tuple[str, str, str]
 _Row = tuple[int, str, str, float]  # count, format, ranges as an array literal, ttl
+_Batch = dict[_Key, tuple[_Row, list[asyncio.Future[Settled]]]]
 
 _SWEEP: Final = """
 WITH gone AS (DELETE FROM dispenser_request WHERE expires_at <= now() RETURNING 1)
 SELECT count(*) AS n FROM gone
 """
+
+
+def _fail(batch: _Batch, failure: BaseException) -> None:
+    """Fail every request of ``batch`` still waiting with ``failure``."""
+    for _, futures in batch.values():
+        for future in futures:
+            if not future.done():
+                future.set_exception(failure)
 
 
 class PostgresReplayStore:
@@ -64,7 +73,7 @@ class PostgresReplayStore:
     def __init__(self, store: PostgresSegmentStore) -> None:
         """Share ``store``'s pool (the caller closes the store)."""
         self._store = store
-        self._queue: dict[_Key, tuple[_Row, list[asyncio.Future[Settled]]]] = {}
+        self._queue: _Batch = {}
         self._writers: set[asyncio.Task[None]] = set()
 
     async def settle(
@@ -79,6 +88,8 @@ class PostgresReplayStore:
 
         Raises:
             StoreUnavailable: PostgreSQL could not be reached or did not answer in time.
+            StoreRefusedValue: PostgreSQL refused a value of this request (a data error, such as a NUL in
+                the request_id); the other answers written with it are recorded all the same.
         """
         literal = "{" + ",".join(str(bound) for pair in ranges for bound in pair) + "}"
         future: asyncio.Future[Settled] = asyncio.get_running_loop().create_future()
@@ -105,43 +116,70 @@ class PostgresReplayStore:
     async def _write_queued(self) -> None:
         while self._queue:
             keys = list(self._queue)[:MAX_BATCH]
-            batch = {key: self._queue.pop(key) for key in keys}
-            try:
-                rows = await self._store.fetch(
-                    f"recording the answers to {len(batch)} request_id(s)",
-                    _SETTLE_MANY,
-                    [k[0] for k in keys],
-                    [k[1] for k in keys],
-                    [k[2] for k in keys],
-                    [batch[k][0][0] for k in keys],
-                    [batch[k][0][1] for k in keys],
-                    [batch[k][0][2] for k in keys],
-                    [batch[k][0][3] for k in keys],
-                )
-            except BaseException as exc:
-                failure = exc if isinstance(exc, Exception) else StoreUnavailable("the worker is stopping")
-                for _, futures in batch.values():
-                    for future in futures:
-                        if not future.done():
-                            future.set_exception(failure)
-                if failure is not exc:
-                    raise
-                continue
-            held = {
-                (r["kind"], r["biz_tag"], r["request_id"]): Settled(
-                    r["count"], r["format"], tuple(zip(r["ranges"][::2], r["ranges"][1::2], strict=True))
-                )
-                for r in rows
-            }
-            for key, (_, futures) in batch.items():
-                settled = held.get(key)
-                for future in futures:
-                    if future.done():
-                        continue  # its request gave up (deadline); the record stands
-                    if settled is None:  # an upsert returns every row; never seen
-                        future.set_exception(RuntimeError(f"no row returned for {key!r}"))
-                    else:
-                        future.set_result(settled)
+            await self._write_batch({key: self._queue.pop(key) for key in keys})
+
+    async def _write_batch(self, batch: _Batch) -> None:
+        """Record ``batch`` in one statement and answer its requests; a row PostgreSQL refuses fails alone.
+
+        A data error (:class:`StoreRefusedValue`: a NUL in text, a value too long) fails the whole
+        statement, and one request's value must not cost the others their record: the batch is written
+        again in halves, down to the row refused (about ``2·log2(n)`` statements for one bad row of ``n``).
+        """
+        keys = sorted(batch)
+        try:
+            rows = await self._store.fetch(
+                f"recording the answers to {len(batch)} request_id(s)",
+                _SETTLE_MANY,
+                [k[0] for k in keys],
+                [k[1] for k in keys],
+                [k[2] for k in keys],
+                [batch[k][0][0] for k in keys],
+                [batch[k][0][1] for k in keys],
+                [batch[k][0][2] for k in keys],
+                [batch[k][0][3] for k in keys],
+            )
+        except StoreRefusedValue as exc:
+            await self._write_apart(batch, keys, exc)
+            return
+        except BaseException as exc:
+            failure = exc if isinstance(exc, Exception) else StoreUnavailable("the worker is stopping")
+            _fail(batch, failure)
+            if failure is not exc:
+                raise
+            return
+        held = {
+            (r["kind"], r["biz_tag"], r["request_id"]): Settled(
+                r["count"], r["format"], tuple(zip(r["ranges"][::2], r["ranges"][1::2], strict=True))
+            )
+            for r in rows
+        }
+        for key, (_, futures) in batch.items():
+            settled = held.get(key)
+            for future in futures:
+                if future.done():
+                    continue  # its request gave up (deadline); the record stands
+                if settled is None:  # an upsert returns every row; never seen
+                    future.set_exception(RuntimeError(f"no row returned for {key!r}"))
+                else:
+                    future.set_result(settled)
+
+    async def _write_apart(self, batch: _Batch, keys: list[_Key], refused: StoreRefusedValue) -> None:
+        """After PostgreSQL refused a value of ``batch``: its halves again, or the one row's requests fail."""
+        if len(keys) == 1:
+            _fail(
+                batch,
+                StoreRefusedValue(
+                    f"recording the answer to request_id {keys[0][2]!r}", refused.sqlstate, refused.reason
+                ),
+            )
+            return
+        half = len(keys) // 2
+        try:
+            for part in (keys[:half], keys[half:]):
+                await self._write_batch({key: batch[key] for key in part})
+        except BaseException as exc:  # cancelled (the worker is stopping): no request is left waiting
+            _fail(batch, exc if isinstance(exc, Exception) else StoreUnavailable("the worker is stopping"))
+            raise
 
     async def sweep(self) -> int:
         """Delete expired answers (one round trip, served by the ``expires_at`` index).
