@@ -16,6 +16,7 @@ import pytest
 
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
+from dispenser.config import Config
 from dispenser.core.residue import LEAF, Residue
 from dispenser.health import check_all
 from dispenser.messages import Reply
@@ -48,12 +49,14 @@ async def _prepare(dsn: str, side: int) -> str:
 
 
 async def _ask(url: str, tag: str, count: int = 20) -> Reply:
+    """One request for ``count`` IDs of ``tag`` from a caller at ``url``."""
     async with client(url) as nc:
         body = msgspec.json.encode({"count": count})
         return msgspec.json.decode((await request(nc, f"leaf.segment.{tag}", body)).data, type=Reply)
 
 
-def _config(url: str, dsn: str, datacenter: str, state_dir: Path):  # type: ignore[no-untyped-def]
+def _config(url: str, dsn: str, datacenter: str, state_dir: Path) -> Config:
+    """A worker in ``datacenter`` on ``dsn``, its grants in a state directory of its own."""
     config = worker_config(url, dsn, state_dir=str(state_dir))
     return msgspec.structs.replace(config, nats=msgspec.structs.replace(config.nats, datacenter=datacenter))
 
