@@ -34,7 +34,9 @@ class IdBudget:
 
     def __init__(self, rate: float, burst: float, max_callers: int = 10_000) -> None:
         if rate <= 0 or burst < 1 or max_callers < 1:
-            raise ValueError(f"an ID budget needs rate > 0, burst >= 1, max_callers >= 1 (got {rate}, {burst})")
+            raise ValueError(
+                f"an ID budget needs rate > 0, burst >= 1, max_callers >= 1 (got {rate}, {burst})"
+            )
         self.rate = rate
         self.burst = burst
         self.max_callers = max_callers
