@@ -6,6 +6,7 @@ one line.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -42,6 +43,8 @@ class _QuietPoolFloor(logging.Filter):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return True
 
+
+log = logging.getLogger(__name__)
 
 _pool_logger = logging.getLogger("asyncpg.pool")
 if not any(isinstance(f, _QuietPoolFloor) for f in _pool_logger.filters):
@@ -115,24 +118,49 @@ async def lend(pool: asyncpg.Pool[asyncpg.Record], timeout: float | None) -> Asy
     statement terminated unconfirmed may still complete on the server later: like any failed fetch, its
     range is never handed out (a gap).
 
+    A block cancelled (a stop) terminates its connection at once: its statement, if one is in flight, is
+    abandoned, and waiting for a silent server to confirm its cancellation would hold the stop for up to
+    the acquire ``timeout``. Every release runs in a task of its own whose outcome is always retrieved:
+    asyncpg shields its release from cancellation, and a release whose waiter was cancelled then failed
+    with nobody to retrieve the error (asyncio's "Task exception was never retrieved", logged at ERROR).
+
     Raises:
         TimeoutError: no connection within ``timeout`` (asyncpg's acquire), or the statement timed out.
     """
-    async with pool.acquire(timeout=timeout) as conn:
+    conn = await pool.acquire(timeout=timeout)
+    try:
+        yield conn
+    except TimeoutError:
         try:
-            yield conn
-        except TimeoutError:
-            try:
-                await pool.release(conn, timeout=CANCEL_GRACE)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError):
-                # asyncpg terminated the connection when the wait ran out (and released it to the pool).
-                await pool.expire_connections()
-                raise TimeoutError(
-                    "no answer within postgres.command_timeout, nor to the cancellation; connection dropped"
-                ) from None
-            raise
-        except OSError:  # the connection broke: the others may be as bad
-            with contextlib.suppress(asyncpg.InterfaceError):  # already released to the pool
-                conn.terminate()
+            await _release(pool, conn, CANCEL_GRACE)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError):
+            # asyncpg terminated the connection when the wait ran out (and released it to the pool).
             await pool.expire_connections()
-            raise
+            raise TimeoutError(
+                "no answer within postgres.command_timeout, nor to the cancellation; connection dropped"
+            ) from None
+        raise
+    except OSError:  # the connection broke: the others may be as bad
+        with contextlib.suppress(asyncpg.InterfaceError):  # already released to the pool
+            conn.terminate()
+        await pool.expire_connections()
+        raise
+    except asyncio.CancelledError:
+        with contextlib.suppress(asyncpg.InterfaceError):  # already released to the pool
+            conn.terminate()
+        raise
+    finally:
+        await _release(pool, conn, None)  # does nothing if released above (or terminated)
+
+
+async def _release(pool: asyncpg.Pool[asyncpg.Record], conn: Pooled, timeout: float | None) -> None:
+    """``pool.release(conn)`` in a task that survives a cancellation of its waiter, its error always retrieved."""
+    release = asyncio.ensure_future(pool.release(conn, timeout=timeout))
+    release.add_done_callback(_retrieved)
+    await asyncio.shield(release)
+
+
+def _retrieved(release: asyncio.Future[None]) -> None:
+    """Take a release's outcome, so that asyncio never logs it as an error nobody saw."""
+    if not release.cancelled() and (exc := release.exception()) is not None:
+        log.debug("a pooled connection's release failed (its connection is dropped): %r", exc)
