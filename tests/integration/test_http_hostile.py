@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -102,6 +103,23 @@ async def test_parse_errors_answer_coded_json_and_log_one_info_line(
     assert not [r for r in ours if r.exc_info]
     lines = [r for r in ours if "bad HTTP request" in r.getMessage()]
     assert 1 <= len(lines) < 30  # one a second at most, with the count of those left out
+
+
+async def test_good_pipelined_requests_before_a_bad_one_are_answered(
+    nats_server: NatsServer, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Two good requests and a bad one in one write: 200, 200, then the 400, in order.
+
+    Before: the parser's error dropped the requests it had parsed in the same chunk: only the 400 came back.
+    """
+    good = b"GET /api/segment/get/demo HTTP/1.1\r\nHost: x\r\n\r\n"
+    async with api(nats_server.url, pg_dsn, tmp_path) as worker:
+        assert worker.http is not None
+        answer = await exchange(worker.http.port, good + good + b"GET / HTTP/1.1\r\nBad Header\r\n\r\n")
+    statuses = [int(status) for status in re.findall(rb"HTTP/1\.[01] (\d{3}) ", answer)]
+    assert statuses == [200, 200, 400]
+    assert answer.count(b"\r\n\r\n1") == 1
+    assert answer.count(b"\r\n\r\n2") == 1
 
 
 async def test_idle_and_slow_heads_are_cut_off(nats_server: NatsServer, pg_dsn: str, tmp_path: Path) -> None:

@@ -131,7 +131,21 @@ class GuardedHandler(web.RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
 
     def data_received(self, data: bytes) -> None:
-        """Parse what arrived; start the head deadline at the first byte of a request not yet parsed."""
+        """Parse what arrived; start the head deadline at the first byte of a request not yet parsed.
+
+        Pipelined requests that arrive in one chunk are parsed one head at a time: aiohttp's parser drops
+        the requests it has already parsed in a chunk when a later one in it is malformed, so the good ones
+        before a bad one would get no answer.
+        """
+        end = data.find(b"\r\n\r\n") + 4
+        if 3 < end < len(data):  # more after the first head: pipelined requests (or a body)
+            while 3 < end < len(data):
+                self._parse(data[:end])
+                data = data[end:]
+                end = data.find(b"\r\n\r\n") + 4
+        self._parse(data)
+
+    def _parse(self, data: bytes) -> None:
         # aiohttp counts the requests it has parsed on this connection: a change means a head arrived.
         parsed = self._request_count
         super().data_received(data)
