@@ -48,7 +48,7 @@ from dispenser.messages import (
     residue_subject,
 )
 from dispenser.ports import Clock, IdSource, ReplayStore, SegmentStore, SystemClock
-from dispenser.readiness import not_ready
+from dispenser.readiness import cannot_issue, not_ready
 from dispenser.redaction import redact
 from dispenser.registries import SnowflakeRegistration, layout_of, open_registration
 from dispenser.service.decode import decode_handler, decode_id
@@ -280,7 +280,11 @@ class Worker:
     def _operations(self) -> Operations:
         """What ``/metrics``, ``/healthz`` and ``/readyz`` read of this worker."""
         self.registry = registry = worker_registry(self)
-        return Operations(metrics=lambda: exposition(registry), not_ready=lambda: not_ready(self))
+        return Operations(
+            metrics=lambda: exposition(registry),
+            not_ready=lambda: not_ready(self),
+            cannot_issue=lambda: cannot_issue(self),
+        )
 
     async def _start_http(self, stack: contextlib.AsyncExitStack, operations: Operations) -> None:
         """Leaf's HTTP API (docs/http.md), answered by the same dispatchers as NATS and Kafka."""
@@ -355,7 +359,7 @@ class Worker:
                 log.warning(
                     "PostgreSQL cannot be reached yet, serving anyway: segment requests are answered "
                     "'unavailable' (retryable) until it can (%s)",
-                    self.postgres.start_error.message,
+                    self.postgres.start_error,  # str(): where PostgreSQL is, for the operator
                 )
             else:
                 log.info("connected to PostgreSQL at %s", redact(pg.dsn))

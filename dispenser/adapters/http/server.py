@@ -73,6 +73,9 @@ class Operations:
     """The Prometheus text exposition, for ``/metrics`` (and ``/``, as the metrics port always had)."""
     not_ready: Callable[[], Sequence[str]] = tuple
     """Why the worker cannot answer now: ``/readyz`` answers 503 with these reasons; none: ready."""
+    cannot_issue: Callable[[], Sequence[str]] = tuple
+    """Which kinds it cannot hand out IDs of now, and why (it still answers, with coded errors): in
+    ``/readyz``'s body, and a 503 for ``/readyz?issue=1`` (a probe that wants the stricter meaning)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,11 +269,17 @@ class HttpServer:
             # answer to a dependency being down (that is what /readyz says).
             return web.Response(text="ok\n", headers=_HEADERS)
 
-        async def readyz(_request: web.Request) -> web.Response:
+        cannot_issue = operations.cannot_issue
+
+        async def readyz(request: web.Request) -> web.Response:
             reasons = list(not_ready())
             if reasons:
                 return _json({"status": "not ready", "reasons": reasons}, 503)
-            return _json({"status": "ready"})
+            short = list(cannot_issue())
+            if not short:
+                return _json({"status": "ready"})
+            strict = request.query.get("issue") not in (None, "", "0", "false")
+            return _json({"status": "ready", "cannot_issue": short}, 503 if strict else 200)
 
         router.add_get("/healthz", healthz)
         router.add_get("/readyz", readyz)
