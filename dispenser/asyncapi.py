@@ -360,8 +360,9 @@ def _segment_residue_checks(nats: NatsConfig) -> _Part:
         residue_check_subject(nats.subject_prefix),
         "Segment residue check",
         "A segment worker asks every live one for its tags' classes: at start-up (within "
-        "`segment.residue_check_window`) and every `segment.residue_recheck_interval`. Each worker on "
-        "another database that claims tags answers with its claims; `dispenser check` asks as an observer.",
+        "`segment.residue_check_window`) and every `segment.residue_recheck_interval`. Every segment "
+        "worker answers, with its claims when it is on another database; `dispenser check` asks as an "
+        "observer.",
         server="nats",
         messages=("residueCheck",),
     )
@@ -369,7 +370,7 @@ def _segment_residue_checks(nats: NatsConfig) -> _Part:
         "answerResidueChecks": _operation(
             "receive",
             "segmentResidueChecks",
-            "Every segment worker on another database with claims answers with them.",
+            "Every segment worker answers, with its claims when it is on another database.",
             reply=_nats_reply("residueClaims"),
         ),
         "checkResidues": _operation(

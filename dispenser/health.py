@@ -231,8 +231,8 @@ async def _check_residues(config: Config) -> CheckResult:
     return CheckResult(
         name,
         True,
-        f"{len(claims)} claim(s) on {len({c.tag for c in claims})} tag(s) from {len(databases)} database(s), "
-        "no two intersecting",
+        f"{len(heard.messages)} live segment worker(s); {len(claims)} claim(s) on {len({c.tag for c in claims})} "
+        f"tag(s) from {len(databases)} database(s), no two intersecting",
     )
 
 

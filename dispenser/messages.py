@@ -263,9 +263,9 @@ class ResidueClaims(Struct, kw_only=True):
     """A segment worker's claims on its tags' classes.
 
     Announced on ``<prefix>.segment-residue`` when the worker starts serving a tag or refuses one; sent as a
-    check on ``<prefix>.segment-residue-check`` (with a reply subject: every worker on another database
-    that claims tags answers with its own claims; an observer such as ``dispenser check`` sends no
-    ``worker``), and as the answers. Two databases must never serve one tag in classes that share an ID
+    check on ``<prefix>.segment-residue-check`` (with a reply subject: every worker answers, with its
+    claims when it is on another database; an observer such as ``dispenser check`` sends no ``worker``),
+    and as the answers. Two databases must never serve one tag in classes that share an ID
     (docs/datacenters.md).
     """
 

@@ -1,7 +1,7 @@
 """The residue-class exchange over NATS: claims announced, and checks answered, by every segment worker.
 
 Announcements go to ``<prefix>.segment-residue``, checks to ``<prefix>.segment-residue-check``. A worker's message carries its database and its claims (:class:`~dispenser.messages.ResidueClaims`). A
-check has a reply subject: each worker on another database with claims answers with them. The rules:
+check has a reply subject: every worker answers, with its claims if it is on another database. The rules:
 :mod:`dispenser.service.residues`.
 """
 
@@ -108,9 +108,9 @@ def _hearer(subject: str, guard: ResidueGuard, *, answer: bool = False) -> Calla
             database.system_identifier,
             database.name,
         )
-        # Workers of one database share each tag's row: only another database's classes can clash.
-        if own and not same:
-            await msg.respond(_encoder.encode(message_of(guard, own)))
+        # Workers of one database share each tag's row: only another database's classes can clash. The
+        # others answer too, without claims, so that the asker knows its check was heard.
+        await msg.respond(_encoder.encode(message_of(guard, [] if same else own)))
 
     return hear
 
