@@ -164,12 +164,13 @@ class GrantMemory(Protocol):
     fetches again (see docs/ha.md).
     """
 
-    def remembered(self, cluster: str) -> dict[str, int]:
+    async def remembered(self, cluster: str) -> dict[str, int]:
         """Tag → the highest ``max_id`` granted in ``cluster`` (``<system identifier>/<database>``).
 
         Granted to this worker, and to any worker whose memory this one can read (one sharing its state
         directory), on any timeline of the cluster: a primary on an earlier timeline (a restored backup)
-        lost them just as a promoted replica does.
+        lost them just as a promoted replica does. Reads what it must within a bound (a stalled disk gives
+        what was last read).
         """
         ...
 
@@ -182,7 +183,20 @@ class GrantMemory(Protocol):
         ...
 
     async def remember(self, cluster: str, tag: str, max_id: int) -> None:
-        """Record a grant; returns once it is durable (a restarted worker will remember it)."""
+        """Record a grant; returns once it is durable (a restarted worker will remember it).
+
+        Raises:
+            StoreUnavailable: it could not be made durable within a bound (a stalled disk): the grant is
+                remembered in memory, and its segment must not be handed out.
+        """
+        ...
+
+    def stalled(self) -> str | None:
+        """Why no grant can be made durable now (a write that outlasted its bound is still under way), or None.
+
+        A fetch asks first, so that a stalled disk costs no segment (a grant that could not be remembered
+        is skipped, a gap).
+        """
         ...
 
     def server(self, cluster: str) -> str | None:

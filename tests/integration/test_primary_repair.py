@@ -48,7 +48,7 @@ async def test_a_new_primary_gets_the_remembered_grants_back_before_any_fetch(
             assert store.watch is not None
             cluster = store.watch.cluster
             assert cluster is not None
-            assert grants.remembered(cluster) == {"order": 301}
+            assert await grants.remembered(cluster) == {"order": 301}
             this_primary = grants.server(cluster)
             assert this_primary is not None
             system = this_primary.partition("/")[0]
@@ -219,8 +219,8 @@ async def test_grants_of_one_cluster_are_never_repaired_into_another(
         assert first != second
         assert first.endswith(f"/{database}")
         assert second.endswith(f"/{database}")
-        assert grants.remembered(first) == {"order": 501}
-        assert grants.remembered(second) == {"order": 101}
+        assert await grants.remembered(first) == {"order": 501}
+        assert await grants.remembered(second) == {"order": 101}
         assert "raised max_id" not in caplog.text
     finally:
         grants.close()

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from pathlib import Path
 
 import pytest
 
 import dispenser.adapters.local.grants as module
 from dispenser.adapters.local.grants import GrantFile
+from dispenser.adapters.local.statefile import write_atomically
 from dispenser.app import open_grants
 from dispenser.config import load_config
-from dispenser.core.errors import StateDirUnusable
+from dispenser.core.errors import StateDirUnusable, StoreUnavailable
 from dispenser.health import check_grants_dir
 
 
@@ -25,9 +27,9 @@ async def test_a_grant_is_on_disk_when_remember_returns(tmp_path: Path) -> None:
     again = GrantFile.open(tmp_path)  # the same slot, so the same file: a restart remembers
     try:
         assert again.path == grants.path
-        assert again.remembered("ids") == {"order": 1001}
+        assert await again.remembered("ids") == {"order": 1001}
         assert again.server("ids") == "7000/3"
-        assert again.remembered("other") == {}
+        assert await again.remembered("other") == {}
         assert again.server("other") is None
     finally:
         again.close()
@@ -39,7 +41,7 @@ async def test_concurrent_grants_all_reach_the_file(tmp_path: Path) -> None:
     grants.close()
     again = GrantFile.open(tmp_path)
     try:
-        assert again.remembered("ids") == {f"t{i}": i * 100 for i in range(1, 50)}
+        assert await again.remembered("ids") == {f"t{i}": i * 100 for i in range(1, 50)}
     finally:
         again.close()
 
@@ -54,7 +56,7 @@ async def test_workers_sharing_a_directory_see_each_others_grants(tmp_path: Path
         await second.remember("ids", "user", 50)
         # The highest of every worker's, even of one that is down (its file stays).
         second.close()
-        assert first.remembered("ids") == {"order": 700, "user": 50}
+        assert await first.remembered("ids") == {"order": 700, "user": 50}
     finally:
         first.close()
 
@@ -71,17 +73,19 @@ async def test_a_failed_write_is_logged_once_and_the_grant_kept(
         with caplog.at_level(logging.ERROR):
             await grants.remember("ids", "order", 10)
             await grants.remember("ids", "order", 20)
-        assert grants.remembered("ids") == {"order": 20}
+        assert await grants.remembered("ids") == {"order": 20}
         assert caplog.text.count("cannot save the segment grants") == 1
     finally:
         grants.close()
 
 
-def test_a_foreign_file_is_ignored_with_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_foreign_file_is_ignored_with_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "segment-grants-someone.json").write_text("not json")
     grants = GrantFile.open(tmp_path)
     try:
-        assert grants.remembered("ids") == {}
+        assert await grants.remembered("ids") == {}
         assert "not a segment grants file" in caplog.text
     finally:
         grants.close()
@@ -117,9 +121,9 @@ async def test_grants_are_kept_per_cluster_whatever_the_timeline(tmp_path: Path)
         await grants.remember("7000/ids", "order", 1001)
         await grants.set_server("8000/ids", "8000/1")  # another cluster with a database of the same name
         await grants.remember("8000/ids", "order", 51)
-        assert grants.remembered("7000/ids") == {"order": 1001}
-        assert grants.remembered("8000/ids") == {"order": 51}
-        assert grants.remembered("9000/ids") == {}
+        assert await grants.remembered("7000/ids") == {"order": 1001}
+        assert await grants.remembered("8000/ids") == {"order": 51}
+        assert await grants.remembered("9000/ids") == {}
         assert grants.floor("7000/ids", "order") == 1001
         assert grants.floor("8000/ids", "order") == 51
         assert grants.floor("9000/ids", "order") is None
@@ -139,11 +143,58 @@ async def test_a_file_of_the_first_format_is_placed_in_its_cluster(tmp_path: Pat
     )
     again = GrantFile.open(tmp_path)
     try:
-        assert again.remembered("7000/ids") == {"order": 1001}
+        assert await again.remembered("7000/ids") == {"order": 1001}
         assert again.server("7000/ids") == "7000/3"
-        assert again.remembered("ids") == {}
-        assert again.remembered("never") == {}  # no primary recorded: no cluster to put it in
+        assert await again.remembered("ids") == {}
+        assert await again.remembered("never") == {}  # no primary recorded: no cluster to put it in
         await again.remember("7000/ids", "order", 2001)
     finally:
         again.close()
     assert '"format":2' in grants.path.read_text()
+
+
+async def test_a_write_that_never_ends_fails_the_grant_within_its_bound_then_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29 item 10: a stalled disk fails the grant (unavailable, retryable) instead of holding it for ever.
+
+    Before, every remember() waited on the one writer, stuck in the default executor: every tag's fetch
+    hung, and the process outlived its stop budget (the executor is joined without a timeout at exit).
+    """
+    disk = threading.Event()  # the disk answers once set
+    real = write_atomically
+
+    def stalled_disk(path: Path, payload: bytes) -> None:
+        disk.wait()
+        real(path, payload)
+
+    grants = GrantFile.open(tmp_path)
+    grants.write_timeout = 0.2
+    monkeypatch.setattr(module, "write_atomically", stalled_disk)
+    try:
+        with pytest.raises(StoreUnavailable, match="could not be saved") as failed:
+            await asyncio.wait_for(grants.remember("ids", "order", 10), 10)  # a bound on the test only
+        assert (failed.value.code, failed.value.retryable) == ("unavailable", True)
+        assert grants.floor("ids", "order") == 10  # kept in memory: this worker never goes below it
+        stalled = grants.stalled()
+        assert stalled is not None
+        assert "no segment is fetched until it does" in stalled
+        # The threads holding the disk are daemons: they cannot keep the process alive at exit.
+        assert all(t.daemon for t in threading.enumerate() if t.name == "segment-grants-io")
+        disk.set()
+        for _ in range(1000):  # the stuck write ends; wait for the state, not a time
+            if grants.stalled() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert grants.stalled() is None
+        await grants.remember("ids", "order", 20)
+        assert caplog.text.count("could not be saved") == 1  # once per stall
+        assert "segment grants saved to" in caplog.text
+    finally:
+        disk.set()
+        grants.close()
+    again = GrantFile.open(tmp_path)
+    try:
+        assert await again.remembered("ids") == {"order": 20}
+    finally:
+        again.close()

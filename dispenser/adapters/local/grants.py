@@ -3,24 +3,37 @@
 The highest ``max_id`` granted per cluster (``<system identifier>/<database>``) and tag, written atomically
 and durably before the segment is handed out, so that a promoted replica that lost the last updates is
 raised back to it (:mod:`dispenser.adapters.postgres.primary`). See ``docs/ha.md``
-(``segment.remember_grants``).
+(``segment.remember_grants``). The directory's files are written and read in daemon threads under a bound
+(:data:`WRITE_TIMEOUT`): a stalled disk fails fetches as ``unavailable`` and never holds the process's exit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
 from dispenser.adapters.local.statefile import WorkerIdentity, write_atomically
+from dispenser.core.errors import StoreUnavailable
 
-__all__ = ["GrantFile"]
+__all__ = ["WRITE_TIMEOUT", "GrantFile"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+WRITE_TIMEOUT = 2.0
+"""Seconds a grant may take to reach the disk (or the directory to be read) before the fetch fails.
+
+A healthy disk writes and fsyncs the file in milliseconds; a stalled one (NFS, a frozen block device) never
+does. The same as ``postgres.command_timeout``'s default: the write is the second half of a fetch."""
 
 _PREFIX = "segment-grants-"
 
@@ -47,7 +60,11 @@ class GrantFile:
     Build one with :meth:`open` (it locks a slot of the directory until :meth:`close`).
     """
 
-    def __init__(self, directory: Path | None, identity: WorkerIdentity | None) -> None:
+    def __init__(
+        self, directory: Path | None, identity: WorkerIdentity | None, write_timeout: float = WRITE_TIMEOUT
+    ) -> None:
+        self.write_timeout = write_timeout
+        """Seconds a write (or a read of the directory) may take; past them the fetch fails (see module)."""
         self.directory = None if directory is None else Path(directory)
         self._identity = identity
         self.path = (
@@ -62,6 +79,8 @@ class GrantFile:
         self._flushed = asyncio.Event()
         self._failing = False
         self._others: dict[str, dict[str, int]] = {}  # cluster -> the other files' grants, as last read
+        self._stalled = False  # a flush gave up on the write under way, which has not ended yet
+        self._read_failing = False
 
     @classmethod
     def open(cls, directory: Path) -> GrantFile:
@@ -81,29 +100,51 @@ class GrantFile:
             found = self._data.databases[cluster] = _Database()
         return found
 
-    def remembered(self, cluster: str) -> dict[str, int]:
+    async def remembered(self, cluster: str) -> dict[str, int]:
         """Tag → highest ``max_id`` in ``cluster``: this worker's, and every other file's in the directory.
 
         Whatever the timeline each was granted on: a primary of the same system on an earlier timeline (a
         PITR restored without the later history files) lost them as a promoted replica does. The other
-        files' grants are kept for :meth:`floor` until the next call.
+        files' grants are kept for :meth:`floor` until the next call. The directory is read in a thread,
+        for at most :attr:`write_timeout`: on a stalled disk the other files' grants are those last read
+        (said once in the log).
 
         Args:
             cluster: ``<system identifier>/<database>``.
         """
-        others: dict[str, int] = {}
+        others = self._others.get(cluster, {})
         if self.directory is not None:
-            for other in sorted(self.directory.glob(f"{_PREFIX}*.json")):
-                data = _load(other) if other != self.path else None
-                db = None if data is None else data.databases.get(cluster)
-                for tag, max_id in (db.max_ids if db is not None else {}).items():
-                    others[tag] = max(others.get(tag, 0), max_id)
+            try:
+                async with asyncio.timeout(self.write_timeout):
+                    others = await _in_daemon_thread(self._read_others, cluster)
+            except TimeoutError:
+                if not self._read_failing:
+                    log.error(
+                        "cannot read the segment grants of the other workers in %s within %g s (a stalled "
+                        "disk?): using those last read",
+                        self.directory,
+                        self.write_timeout,
+                    )
+                self._read_failing = True
+            else:
+                self._read_failing = False
         self._others[cluster] = others
         merged = dict(others)
         own = self._data.databases.get(cluster)
         for tag, max_id in (own.max_ids if own is not None else {}).items():
             merged[tag] = max(merged.get(tag, 0), max_id)
         return merged
+
+    def _read_others(self, cluster: str) -> dict[str, int]:
+        """The other files' grants in ``cluster`` (blocking: run in a thread)."""
+        assert self.directory is not None
+        others: dict[str, int] = {}
+        for other in sorted(self.directory.glob(f"{_PREFIX}*.json")):
+            data = _load(other) if other != self.path else None
+            db = None if data is None else data.databases.get(cluster)
+            for tag, max_id in (db.max_ids if db is not None else {}).items():
+                others[tag] = max(others.get(tag, 0), max_id)
+        return others
 
     def floor(self, cluster: str, tag: str) -> int | None:
         """The highest ``max_id`` of ``tag`` in ``cluster``: this worker's, and the other files' as last read.
@@ -131,6 +172,10 @@ class GrantFile:
 
         A disk that refuses the write is logged (once per failing streak) and the grant stays in memory:
         the repair still covers this process, not a restart of it.
+
+        Raises:
+            StoreUnavailable: the write did not end within :attr:`write_timeout` (a stalled disk). The
+                grant stays in memory (this worker's floor covers it); its segment must not be handed out.
         """
         known = self._db(cluster).max_ids
         if known.get(tag, -1) >= max_id:
@@ -139,23 +184,47 @@ class GrantFile:
         await self._flush()
 
     async def set_server(self, cluster: str, identity: str) -> None:
-        """Record the primary now in use (durably, like a grant)."""
+        """Record the primary now in use (durably, like a grant; raises as :meth:`remember`)."""
         db = self._db(cluster)
         if db.server == identity:
             return
         db.server = identity
         await self._flush()
 
+    def stalled(self) -> str | None:
+        """Why a grant cannot be made durable now (a write that outlasted its bound is still under way), or None."""
+        if not self._stalled:
+            return None
+        return (
+            f"the segment grants could not be saved to {self.path} within {self.write_timeout:g} s and the "
+            "write has not ended (a stalled disk?): no segment is fetched until it does (docs/ha.md)"
+        )
+
     async def _flush(self) -> None:
         if self.path is None:
             return
         self._version += 1
         wanted = self._version
-        while self._written < wanted:
-            if self._writer is None:
-                self._writer = asyncio.create_task(self._write(), name="segment-grants-write")
-            flushed = self._flushed
-            await flushed.wait()
+        try:
+            async with asyncio.timeout(self.write_timeout):
+                while self._written < wanted:
+                    if self._writer is None:
+                        self._writer = asyncio.create_task(self._write(), name="segment-grants-write")
+                    flushed = self._flushed
+                    await flushed.wait()
+        except TimeoutError:
+            if not self._stalled:
+                log.error(
+                    "the segment grants could not be saved to %s within %g s (a stalled disk?): segment "
+                    "fetches fail (unavailable) until the write ends",
+                    self.path,
+                    self.write_timeout,
+                )
+            self._stalled = self._writer is not None  # until the write under way ends
+            raise StoreUnavailable(
+                f"the segment grants could not be saved to {self.path} within {self.write_timeout:g} s (a "
+                "stalled disk?): a segment this worker could not remember is not handed out"
+            ) from None
 
     async def _write(self) -> None:
         try:
@@ -165,7 +234,9 @@ class GrantFile:
                 version = self._version
                 payload = _encoder.encode(self._data) + b"\n"
                 try:
-                    await asyncio.to_thread(write_atomically, path, payload)
+                    # A daemon thread, not the default executor: a write that never ends (a stalled disk)
+                    # must not hold the process's exit, which joins the executor's threads.
+                    await _in_daemon_thread(write_atomically, path, payload)
                 except OSError as exc:
                     if not self._failing:
                         log.error(
@@ -176,9 +247,11 @@ class GrantFile:
                         )
                     self._failing = True
                 else:
-                    if self._failing:
+                    if self._failing or self._stalled:
                         log.info("segment grants saved to %s again", self.path)
                     self._failing = False
+                finally:
+                    self._stalled = False
                 self._written = version
                 done, self._flushed = self._flushed, asyncio.Event()
                 done.set()
@@ -189,6 +262,37 @@ class GrantFile:
         """Release the directory slot (the file stays for the next start)."""
         if self._identity is not None:
             self._identity.release()
+
+
+def _in_daemon_thread(fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
+    """``fn(*args)`` in a new daemon thread; its outcome lands on the returned future (if still wanted).
+
+    Unlike ``asyncio.to_thread`` (the default executor, joined without a timeout when the loop closes and
+    again when the interpreter exits), a thread stuck for ever here does not keep the process alive.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return  # given up on (the waiter's bound passed)
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]  # T when no error
+
+    def run() -> None:
+        result: T | None = None
+        error: BaseException | None = None
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the waiter, whatever it is
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="segment-grants-io", daemon=True).start()
+    return future
 
 
 def _safe(text: str) -> str:

@@ -108,6 +108,16 @@ class PrimaryWatch:
         if wait > 0:
             await self._clock.sleep(wait)
 
+    def check_memory(self) -> None:
+        """Refuse a fetch while the grant memory cannot make a grant durable (a stalled disk).
+
+        Raises:
+            StoreUnavailable: a write of the memory has outlasted its bound; nothing was fetched.
+        """
+        why = None if self.grants is None else self.grants.stalled()
+        if why is not None:
+            raise StoreUnavailable(why)
+
     def floor(self, tag: str) -> tuple[int, str] | None:
         """``(max_id, cluster)``: the floor this worker's next fetch of ``tag`` raises the row to, if any."""
         cluster = self.cluster
@@ -120,9 +130,11 @@ class PrimaryWatch:
         row = await conn.fetchrow(_IDENTITY)
         assert row is not None
         if row["standby"]:
+            advice = "name the primary, or every node of the cluster with target_session_attrs=read-write"
             raise StoreUnavailable(
-                f"connected to a standby, which cannot grant segments ({self._where}): name the primary, "
-                "or every node of the cluster with target_session_attrs=read-write (see docs/ha.md)"
+                f"connected to a standby, which cannot grant segments: {advice} (see docs/ha.md)",
+                logged=f"connected to a standby, which cannot grant segments ({self._where}): {advice} "
+                "(see docs/ha.md)",
             )
         database: str = row["database"]
         identity = identity_of(row["system"], row["walfile"])
@@ -181,7 +193,7 @@ class PrimaryWatch:
             return
         last = grants.server(cluster)
         system, timeline = identity.split("/")
-        remembered = grants.remembered(cluster)
+        remembered = await grants.remembered(cluster)
         if remembered:
             tags = sorted(remembered)
             try:

@@ -223,7 +223,9 @@ class PostgresSegmentStore:
         async with self._opening:
             if self._pool is None:
                 if self._closed:
-                    raise StoreUnavailable(f"the store is closed ({self._where})")
+                    raise StoreUnavailable(
+                        "the store is closed", logged=f"the store is closed ({self._where})"
+                    )
                 assert self._open_pool is not None
                 self._pool = await self._open_pool()
                 log.info("connected to PostgreSQL at %s", self._where)
@@ -243,12 +245,16 @@ class PostgresSegmentStore:
 
         Raises:
             UnknownTag: no such tag.
-            StoreUnavailable: PostgreSQL could not be reached or did not answer in time.
+            StoreUnavailable: PostgreSQL could not be reached or did not answer in time, or the grant could
+                not be remembered in the state directory within its bound (a stalled disk; the segment is
+                skipped, never handed out).
             BadRequest: ``step`` is below 1 or above the ``step`` column's range.
         """
         if step is not None:
             check_step(step)
         watch = self.watch
+        if watch is not None:
+            watch.check_memory()  # a stalled state directory: fail before granting (no segment burnt)
         with self._errors(f"fetching the next segment of {tag!r}"):
             try:
                 if watch is not None:
