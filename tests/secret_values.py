@@ -34,3 +34,6 @@ SECRETS["kafka_wrong_password"] = "kafka-Wrong-b83f05d2e917-secret"
 # Leaf's MySQL (MariaDB) user for `dispenser import-leaf` (tests/integration/test_leaf_import.py)
 SECRETS["leaf_mysql_password"] = "my-Leaf-6a0e93c1d7b4-secret"
 SECRETS["leaf_mysql_wrong_password"] = "my-Wrong-2c8f51e0a9d3-secret"
+
+# The DSN of an unreachable PostgreSQL (tests/integration/test_unavailable_bodies.py)
+SECRETS["whereabouts_postgres_password"] = "pg-Where-4b9e2d71c0a8-secret"

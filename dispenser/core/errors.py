@@ -2,7 +2,9 @@
 
 A client sees ``code`` (stable, machine-readable), ``message`` (for a person) and ``retryable`` (whether the
 same request may succeed later). ``status`` is the HTTP-like number sent in the ``Nats-Service-Error-Code``
-header, as the NATS services convention (ADR-32) expects. Errors caused by the request itself also subclass
+header, as the NATS services convention (ADR-32) expects. What only the worker's log and its operator may
+read (where a dependency is: the DSN's hosts, port, user and database; the driver's own words) is in
+``str(error)``, never in ``message``. Errors caused by the request itself also subclass
 :class:`ValueError`. Foreign exceptions (asyncpg, kazoo, nats) are converted into these only in the
 adapters; one handler in the service turns them into replies.
 """
@@ -17,8 +19,15 @@ class DispenserError(Exception):
     status: int = 500
     retryable: bool = False
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, logged: str | None = None) -> None:
+        """An error that answers ``message``; ``logged``: the same with what only the log may say.
+
+        Args:
+            message: what the caller is told (the error reply's ``message``).
+            logged: ``str(error)``, for the worker's log and the operator's command line (default:
+                ``message``): the message with where the dependency is and what its driver said.
+        """
+        super().__init__(message if logged is None else logged)
         self.message = message
 
 
@@ -126,8 +135,12 @@ class Unavailable(DispenserError):
 class StoreUnavailable(Unavailable):
     """The segment store could not be reached, and the buffer for this tag ran dry."""
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(f"segment store unavailable: {detail}")
+    def __init__(self, detail: str, *, logged: str | None = None) -> None:
+        """``detail`` is what failed, for the caller; ``logged`` says where too (see :class:`DispenserError`)."""
+        super().__init__(
+            f"segment store unavailable: {detail}",
+            logged=None if logged is None else f"segment store unavailable: {logged}",
+        )
 
 
 class StoreRefusedValue(BadRequest):
@@ -281,8 +294,12 @@ class InvalidId(BadRequest):
 class CoordinatorUnavailable(Unavailable):
     """The worker-ID registry (ZooKeeper, or Postgres in ``postgres`` mode) did not answer in time."""
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(f"worker-id coordinator unavailable: {detail}")
+    def __init__(self, detail: str, *, logged: str | None = None) -> None:
+        """``detail`` is what failed, for the caller; ``logged`` says where too (see :class:`DispenserError`)."""
+        super().__init__(
+            f"worker-id coordinator unavailable: {detail}",
+            logged=None if logged is None else f"worker-id coordinator unavailable: {logged}",
+        )
 
 
 class WorkerIdsExhausted(DispenserError):

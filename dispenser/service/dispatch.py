@@ -214,7 +214,8 @@ class Dispatcher:
                 # Exact or nothing: the IDs drawn become a gap; the client retries with the same request_id.
                 raise Unavailable(
                     f"the answer to request_id {request.request_id!r} could not be recorded ({exc.message}); "
-                    "retry with the same request_id"
+                    "retry with the same request_id",
+                    logged=f"the answer to request_id {request.request_id!r} could not be recorded ({exc})",
                 ) from None
             # The IDs are in hand and unique whatever happens; failing the request would make every
             # client that sends request_ids (as retrying clients should) lose the double buffer's
@@ -226,7 +227,7 @@ class Dispatcher:
                 log.warning(
                     "answering request_id requests without the fleet-wide replay store (%s): a retry on "
                     "another worker would get other IDs until it is back (%d so far)",
-                    exc.message,
+                    exc,  # str(): with where the store is, which the reply's message leaves out
                     self.replays_unsettled,
                 )
             return batch

@@ -1,7 +1,8 @@
-"""The driver's failures as this project's errors, and the DSN's password kept out of every message.
+"""The driver's failures as this project's errors, with the DSN's password in no message and its hosts in no reply.
 
 asyncpg's exceptions (and ``OSError``, which covers timeouts) become :class:`StoreUnavailable` (a data error:
-:class:`StoreRefusedValue`) in one place, :func:`map_store_errors`; the DSN's password never appears in a message, a ``repr`` or a log line.
+:class:`StoreRefusedValue`) in one place, :func:`map_store_errors`; the DSN's password never appears in a
+message, a ``repr`` or a log line, and where PostgreSQL is appears only in what is logged (``str(error)``).
 """
 
 from __future__ import annotations
@@ -82,6 +83,17 @@ def _describe(exc: BaseException, timeout: float | None, hosts: int = 1) -> str:
     return detail
 
 
+def _summary(exc: BaseException, timeout: float | None, hosts: int) -> str:
+    """What failed, in words that name no host, port, user or database: the caller's part of the message."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout} s" if timeout is not None else "timed out"
+    if hosts > 1 and isinstance(exc, (ConnectionRefusedError, asyncpg.TargetServerAttributeNotMatched)):
+        return f"no primary among the DSN's {hosts} hosts (each is down or a standby)"
+    if isinstance(exc, asyncpg.PostgresError) and exc.sqlstate:
+        return f"{type(exc).__name__} (SQLSTATE {exc.sqlstate})"
+    return type(exc).__name__
+
+
 @contextlib.contextmanager
 def map_store_errors(
     action: str,
@@ -89,7 +101,7 @@ def map_store_errors(
     where: str,
     secrets: Sequence[str] = (),
     timeout: float | None = None,
-    unavailable: Callable[[str], DispenserError] = StoreUnavailable,
+    unavailable: Callable[..., DispenserError] = StoreUnavailable,
     hosts: int = 1,
 ) -> Iterator[None]:
     """Turn the driver's exceptions raised inside the block into :class:`StoreUnavailable` (or ``unavailable``).
@@ -100,13 +112,17 @@ def map_store_errors(
     ``InternalClientError``) and ``OSError`` (refused or reset connections, DNS failures, and
     ``TimeoutError``). Our own errors and cancellation pass through untouched.
 
+    The error's ``message`` (what a caller is answered) says what failed and the driver's exception class,
+    never where: the DSN's hosts, port, user and database and the driver's own words are in ``str(error)``
+    only, for the worker's log and the operator (with the password masked there too).
+
     Args:
         action: what was being done, for the message ("fetching the next segment of 'order'").
         where: the redacted DSN (see :func:`dispenser.redaction.redact`).
         secrets: strings to blank out of the driver's message (see :func:`dsn_secrets`).
         timeout: the timeout in force, to say how long we waited when one fires.
-        unavailable: the error to raise, built from the message (the worker registry raises
-            ``CoordinatorUnavailable``).
+        unavailable: the error to raise, built from the caller's message and ``logged=`` the full one
+            (the worker registry raises ``CoordinatorUnavailable``).
         hosts: how many hosts the DSN names (a refused connection then means "no primary").
     """
     try:
@@ -117,13 +133,15 @@ def map_store_errors(
         detail = str(exc) if len(str(exc)) <= _DATA_DETAIL else str(exc)[:_DATA_DETAIL] + "…"
         raise StoreRefusedValue(action, exc.sqlstate, scrub(detail, secrets)) from exc
     except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError) as exc:
-        raw = f"{action} ({where}): {_describe(exc, timeout, max(hosts, host_count(where)))}"
-        message = scrub(raw, secrets)
-        if message == raw:
-            raise unavailable(message) from exc
+        hosts = max(hosts, host_count(where))
+        public = f"{action}: {_summary(exc, timeout, hosts)}; details in the worker's log"
+        raw = f"{action} ({where}): {_describe(exc, timeout, hosts)}"
+        logged = scrub(raw, secrets)
+        if logged == raw:
+            raise unavailable(scrub(public, secrets), logged=logged) from exc
         # The driver's message carried the password: suppress the chain so that tracebacks and error
         # reporters (which honour __suppress_context__) never print the original.
-        raise unavailable(message) from None
+        raise unavailable(scrub(public, secrets), logged=logged) from None
 
 
 _MISCONFIGURED = (ssl.SSLCertVerificationError, asyncpg.InvalidAuthorizationSpecificationError)
