@@ -535,7 +535,9 @@ class Worker:
             self.identity_guard = guard
             # Answer (and hear the peers' claims) before asking, and ask again a window later: of two workers
             # starting at once, at most one serves (docs/snowflake.md, "Two workers on one ID").
-            _, heard = await join_peers(self.nc, clock_check, self.clock.wall_ms, sf.peer_check_timeout, guard)
+            _, heard = await join_peers(
+                self.nc, clock_check, self.clock.wall_ms, sf.peer_check_timeout, guard
+            )
             readings = heard.readings
             if not heard.answered:
                 detail = (
