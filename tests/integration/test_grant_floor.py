@@ -17,6 +17,7 @@ import pytest
 from dispenser.adapters.local.grants import GrantFile
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
+from dispenser.core.errors import StoreUnavailable
 from dispenser.testing.servers import PostgresServer
 from tests.integration.segment_support import wait_until
 
@@ -83,6 +84,45 @@ async def test_a_live_worker_keeps_its_floor_on_its_pooled_connection(pg_dsn: st
             assert (await store.next_segment("order")).segment.first == 401
     finally:
         grants.close()
+
+
+async def test_after_a_restore_a_live_worker_sharing_the_state_directory_fetches_above_its_peers_grants(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Two workers, one state directory: b took [1, 100], a [101, 400]; a restore rewinds the row and cuts b's connection.
+
+    b's next fetch opens a new connection, which restores every grant of the directory first (a's file
+    included): b gets [401, 500], not [101, 200]. Before, the same primary was never repaired.
+    """
+    await migrate(pg_dsn)
+    a_grants = GrantFile.open(tmp_path / "shared")
+    b_grants = GrantFile.open(tmp_path / "shared")  # a second slot, a second file
+    try:
+        async with await PostgresSegmentStore.connect(pg_dsn, grants=b_grants, max_size=1) as b:
+            await b.add_tag("order", 100)
+            assert (await b.next_segment("order")).segment.first == 1
+            async with await PostgresSegmentStore.connect(pg_dsn, grants=a_grants) as a:
+                assert [(await a.next_segment("order")).segment.first for _ in range(3)] == [101, 201, 301]
+            # The restore: the row back where the snapshot had it, every session of the database cut.
+            conn = await asyncpg.connect(pg_dsn)
+            try:
+                await conn.execute("UPDATE leaf_alloc SET max_id = 101 WHERE biz_tag = 'order'")
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            finally:
+                await conn.close()
+            for _ in range(3):  # the first may find its connection cut (unavailable): the allocator retries
+                try:
+                    first = (await b.next_segment("order")).segment.first
+                    break
+                except StoreUnavailable:
+                    continue
+            assert first == 401
+    finally:
+        a_grants.close()
+        b_grants.close()
 
 
 async def rewind(dsn: str, tag: str, max_id: int) -> None:
