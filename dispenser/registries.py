@@ -61,6 +61,16 @@ def default_address() -> str:
 LEAF_ROOT = "/snowflake"
 """Leaf's ZooKeeper root (``SnowflakeZookeeperHolder``: ``"/snowflake/" + leaf.name``, not configurable)."""
 
+LEAF_UPLOAD_INTERVAL = 3.0
+"""Seconds between a live Leaf server's rewrites of its worker node (``ScheduledUploadData``'s fixed delay)."""
+
+LEAF_QUIET_WINDOW = 2 * LEAF_UPLOAD_INTERVAL + 1.0
+"""Sharing Leaf's registry: a worker node rewritten less than this long ago may be a live Leaf server's.
+
+Two of Leaf's intervals (one upload may fail or come late: a ZooKeeper blip, a GC pause) and a second more.
+A worker takes its address's existing node only once it has been quiet this long (docs/migrating-from-leaf.md).
+"""
+
 LEAF_LAYOUT = (41, 10, 12)
 """Leaf's timestamp, worker and sequence bits (``SnowflakeIDGenImpl``), with no datacenter field."""
 
@@ -113,7 +123,7 @@ def open_registry(
         from dispenser.adapters.zookeeper.registry import ZooKeeperRegistry  # noqa: PLC0415
 
         registry_class = ZooKeeperRegistry if config.mode == "zookeeper" else ZooKeeperLeaseRegistry
-        return registry_class(
+        registry = registry_class(
             config.zookeeper_hosts,
             config.name,
             address,
@@ -128,6 +138,10 @@ def open_registry(
             # Each datacenter numbers its workers in its own namespace (one ensemble spanning them).
             datacenter=config.datacenter_id if layout.datacenter_bits else None,
         )
+        if isinstance(registry, ZooKeeperRegistry) and config.zookeeper_root == LEAF_ROOT:
+            # Sharing Leaf's registry: a node a live Leaf server keeps fresh is not taken.
+            registry.quiet_window = LEAF_QUIET_WINDOW
+        return registry
     if config.mode == "postgres":
         from dispenser.adapters.postgres.workers import PostgresWorkerRegistry  # noqa: PLC0415
 
@@ -377,7 +391,9 @@ async def _register(
     try:
         lease = await registry.register()
     except CoordinatorUnavailable as exc:
-        if cached is None or config.mode == "zookeeper-lease":
+        # Sharing Leaf's registry, only ZooKeeper can show that no live Leaf server keeps this address's
+        # node fresh (a Leaf server may have started with it while this worker was stopped): no cache start.
+        if cached is None or config.mode == "zookeeper-lease" or config.zookeeper_root == LEAF_ROOT:
             await _close_quietly(registry)
             raise
         log.warning(

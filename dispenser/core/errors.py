@@ -401,6 +401,30 @@ class WorkerAddressInUse(DispenserError):
         self.address = address
 
 
+class WorkerNodeAlive(DispenserError):
+    """Sharing Leaf's registry: this address's worker node is kept fresh by someone else (a live Leaf server).
+
+    Leaf's scheme gives an address its own node, and so its worker ID, back: a worker configured with a
+    running Leaf server's ``ip:port`` would issue that server's IDs. A live Leaf server rewrites its node
+    every 3 s; a node rewritten by someone else while this worker watched it is not taken.
+    """
+
+    code = "worker_node_alive"
+    status = 409
+
+    def __init__(self, node: str, worker_id: int, writer: str, quiet_s: float) -> None:
+        super().__init__(
+            f"worker ID {worker_id} is in use by the Leaf server at {writer}: its node {node} was rewritten "
+            "by someone else while this worker watched it (a live Leaf server rewrites its node every 3 s), "
+            "and this worker would issue the same IDs; give this worker an address no Leaf server uses "
+            f"(snowflake.address), or stop that Leaf server and start this worker once its node has been "
+            f"quiet for {quiet_s:g} s"
+        )
+        self.node = node
+        self.worker_id = worker_id
+        self.writer = writer
+
+
 class StateFileCorrupt(DispenserError):
     """The local snowflake state file exists but cannot be read as one; it is never silently ignored."""
 

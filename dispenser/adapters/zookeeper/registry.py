@@ -13,18 +13,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 
 from dispenser.adapters.zookeeper.acl import check_auth, digest_id, registry_acl, shared_acl
-from dispenser.adapters.zookeeper.session import BadVersion, NodeExists, NoNode, ZkSession
+from dispenser.adapters.zookeeper.session import BadVersion, NodeExists, NodeStat, NoNode, ZkSession
 from dispenser.core.errors import (
     CoordinatorUnavailable,
     LeaseLost,
     WorkerAddressInUse,
     WorkerIdOutOfRange,
     WorkerIdsExhausted,
+    WorkerNodeAlive,
 )
 from dispenser.ports import Clock, SystemClock, WorkerLease
 
@@ -51,6 +52,7 @@ DEFAULT_ROOT = "/leaf/snowflake"
 """Parent of every registry namespace (``<root>/<name>/...``); Leaf itself used ``/snowflake``."""
 
 _SEQUENCE_DIGITS = 10  # ZooKeeper's sequential suffix: %010d
+_WATCH_POLL = 0.25  # seconds between two reads of a worker node watched for someone else's writes
 _SYSTEM_CLOCK = SystemClock()
 _CAS_ATTEMPTS = 20
 
@@ -246,12 +248,30 @@ class ZooKeeperRegistry(ZkRegistryBase):
 
     Takes the arguments of :class:`ZkRegistryBase`; the same ``address`` gets the same worker ID back,
     and ``session_timeout`` is how long ZooKeeper keeps the ephemeral node after the worker vanishes.
+
+    Args:
+        quiet_window: Sharing Leaf's registry (``root`` ``/snowflake``), where a live Leaf server holds no
+            ephemeral node but rewrites its worker node every 3 s: an existing node for this address
+            written less than this many seconds ago (ZooKeeper's clock) is watched until it has been
+            quiet that long, and refused (:class:`~dispenser.core.errors.WorkerNodeAlive`) if someone else
+            rewrites it meanwhile; and while registered, a report that finds the node rewritten by
+            someone else loses the ID (:class:`~dispenser.core.errors.LeaseLost`). 0: neither (the
+            dispenser's own root, where no Leaf server writes).
+        **base: The arguments of :class:`ZkRegistryBase`.
     """
 
     mode = "zookeeper"
     _HOME = "forever"
     _node: str | None = None  # our node under forever/, once registered
     _session_id: int | None = None  # the session holding our temporary node
+    _version: int | None = None  # with quiet_window: the node's data version after our last write
+    _pending: tuple[int, bytes] | None = None  # a write whose answer may be lost: (its version, its data)
+
+    def __init__(
+        self, hosts: str, name: str, address: str, *, quiet_window: float = 0.0, **base: Any
+    ) -> None:
+        super().__init__(hosts, name, address, **base)
+        self.quiet_window = quiet_window
 
     @property
     def forever_path(self) -> str:
@@ -326,6 +346,11 @@ class ZooKeeperRegistry(ZkRegistryBase):
                     raise WorkerIdsExhausted(self.max_worker_id + 1, self._where)
                 log.info("%s: new worker node %s", self, node)
             await self._hold_temporary(wait=True)
+            if self.quiet_window > 0:
+                # No other dispenser worker holds this address (the temporary node); a Leaf server holds
+                # none, but keeps its node fresh. A new node was just created: version 0, nobody else's.
+                self._version = await self._watch(node, worker_id) if mine else 0
+                self._pending = None
             self._node = node
             self._worker_id = worker_id
             self._lost = None
@@ -356,6 +381,67 @@ class ZooKeeperRegistry(ZkRegistryBase):
                 raise WorkerAddressInUse(self.address, self._where)
             await asyncio.sleep(0.1)
 
+    async def _watch(self, node: str, worker_id: int) -> int:
+        """Take ``node`` only once it has been quiet for ``quiet_window`` s; return its data version.
+
+        Raises:
+            WorkerNodeAlive: someone else rewrote it meanwhile (a live Leaf server, every 3 s).
+            CoordinatorUnavailable: it vanished, or ZooKeeper did not answer in time.
+        """
+        data, stat = await self._read_node(node)
+        quiet_s = (await self._zookeeper_now() - stat.mtime) / 1000
+        left = self.quiet_window - quiet_s
+        if left <= 0:
+            return stat.version
+        log.info(
+            "%s: worker node %s was written %.1f s ago (by %s): watching it for %.1f s, since a live Leaf "
+            "server rewrites its node every 3 s",
+            self,
+            node,
+            max(quiet_s, 0.0),
+            _writer(data, node),
+            left,
+        )
+        deadline = self._clock.monotonic() + left
+        while (wait := deadline - self._clock.monotonic()) > 0:
+            await self._clock.sleep(min(_WATCH_POLL, wait))
+            again, again_stat = await self._read_node(node)
+            if again_stat.version != stat.version:
+                raise WorkerNodeAlive(node, worker_id, _writer(again, node), self.quiet_window)
+        return stat.version
+
+    async def _read_node(self, node: str) -> tuple[bytes, NodeStat]:
+        found = await self._zk.get(node)
+        if found is None:
+            raise CoordinatorUnavailable(f"worker node {node} vanished while registering; try again")
+        return found
+
+    async def _zookeeper_now(self) -> int:
+        """ZooKeeper's clock now (Unix ms): write our ephemeral node as it is, and read when it was written."""
+        path = f"{self.temporary_path}/{self.address}"
+        data, _ = await self._read_node(path)
+        await self._zk.set(path, data, -1)
+        return (await self._read_node(path))[1].mtime
+
+    async def _raise_own_node(self, node: str) -> None:
+        """Raise our node's timestamp, unless someone else has written it since our last write (lost, then)."""
+        data, stat = await self._read_node(node)
+        if stat.version != self._version and (stat.version, data) != self._pending:
+            self._lost = (
+                f"its node {node} was rewritten by someone else ({_writer(data, node)}), as a live Leaf server "
+                "rewrites its node every 3 s: two workers on one worker ID would issue the same IDs"
+            )
+            raise LeaseLost(self._worker_id or 0, self._lost)
+        value = max(decode_node(data, node).timestamp, self._reported)
+        written = encode_node(self.address, value)
+        self._pending = (stat.version + 1, written)
+        try:
+            await self._zk.set(node, written, stat.version)
+        except BadVersion:
+            self._lost = f"its node {node} was rewritten by someone else while this worker wrote it"
+            raise LeaseLost(self._worker_id or 0, self._lost) from None
+        self._version, self._pending = stat.version + 1, None
+
     async def report(self, high_water_ms: int) -> None:
         """Raise the worker node's timestamp to ``high_water_ms``; restore the ephemeral node if needed.
 
@@ -371,7 +457,10 @@ class ZooKeeperRegistry(ZkRegistryBase):
         self._reported = max(self._reported, high_water_ms)
         async with self._lock:
             try:
-                await self._raise_timestamp(self._node, self._reported, create=False)
+                if self._version is not None:
+                    await self._raise_own_node(self._node)
+                else:
+                    await self._raise_timestamp(self._node, self._reported, create=False)
             except NoNode:
                 self._lost = f"its node {self._node} was deleted"
                 raise LeaseLost(self._worker_id, self._lost) from None
@@ -396,4 +485,14 @@ class ZooKeeperRegistry(ZkRegistryBase):
         async with self._lock:
             self._worker_id = None
             self._node = None
+            self._version = None
             await self._zk.close()
+
+
+def _writer(data: bytes, node: str) -> str:
+    """Who wrote a worker node, by the ``ip:port`` its data names (Leaf writes its own)."""
+    try:
+        record = decode_node(data, node)
+    except CoordinatorUnavailable:
+        return "an unknown writer"
+    return f"{record.ip}:{record.port}" if record.ip else "an unknown writer"

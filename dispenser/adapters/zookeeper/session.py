@@ -59,6 +59,8 @@ class NodeStat(NamedTuple):
     """The data version (for compare-and-set)."""
     ephemeral_owner: int
     """The session that owns the node if it is ephemeral, else 0."""
+    mtime: int = 0
+    """When the node was last written, Unix ms by ZooKeeper's clock (the leader's when it wrote)."""
 
 
 class ZkSession:
@@ -291,7 +293,9 @@ class ZkSession:
         except NoNode:
             return None
         owner = int(stat.ephemeralOwner)
-        return bytes(data or b""), NodeStat(version=int(stat.version), ephemeral_owner=owner)
+        return bytes(data or b""), NodeStat(
+            version=int(stat.version), ephemeral_owner=owner, mtime=int(stat.mtime)
+        )
 
     async def set(self, path: str, data: bytes, version: int) -> None:
         """Write a node's data if its version is still ``version`` (else :data:`BadVersion`)."""
