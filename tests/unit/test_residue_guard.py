@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dispenser.core.errors import ResidueOverlap
 from dispenser.core.residue import LEAF, Residue
-from dispenser.core.residue_claims import Database, ResidueClaim, ResidueState
+from dispenser.core.residue_claims import Database, ResidueClaim, ResidueState, clashes
 from dispenser.service.residues import ResidueGuard
 
 A = Database("7001", "leaf")
@@ -141,3 +143,40 @@ async def test_a_released_tag_can_be_claimed_again() -> None:
     assert g.guard.refusal("order") is None
     await g.guard.claim("order", Residue(2, 1))
     assert g.guard.refusal("order") is None
+
+
+small = st.integers(1, 6).flatmap(lambda n: st.builds(Residue, st.just(n), st.integers(0, n - 1)))
+some_claims = st.lists(
+    st.builds(
+        ResidueClaim,
+        tag=st.sampled_from(["t", "u"]),
+        database=st.sampled_from([A, B, Database("7003", "leaf")]),
+        residue=small,
+        worker=st.sampled_from(["w1", "w2", "w3", "w4"]),
+        state=st.sampled_from(["serving", "refused"]),
+        issued=st.booleans(),
+    ),
+    max_size=6,
+)
+
+
+@given(claims=some_claims)
+def test_clashes_are_exactly_the_pairs_that_share_an_id(claims: list[ResidueClaim]) -> None:
+    """``clashes`` names two databases for a tag iff two of their live claims on it share an ID (brute force)."""
+
+    def shared(one: ResidueClaim, other: ResidueClaim) -> bool:
+        return any(one.residue.owns(x) and other.residue.owns(x) for x in range(60))  # 60: lcm of 1..6
+
+    expected = {
+        (one.tag, frozenset((one.database, other.database)))
+        for one in claims
+        for other in claims
+        if one.live
+        and other.live
+        and one.tag == other.tag
+        and one.database != other.database
+        and one.worker != other.worker
+        and shared(one, other)
+    }
+    found = {(one.tag, frozenset((one.database, other.database))) for one, other in clashes(claims)}
+    assert found == expected
