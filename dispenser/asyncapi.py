@@ -304,9 +304,11 @@ def _snowflake_clock(nats: NatsConfig) -> _Part:
         "Snowflake clock check",
         "A starting snowflake worker asks every live one for its clock (no queue group: all answer) and "
         "refuses to start when its own is too far from their mean (`snowflake.peer_threshold_ms`). The "
-        "check and the answers carry each worker's claim on its (datacenter, worker) ID: a worker that hears "
-        "a live peer claim its own issues no snowflake ID (`worker_id_in_use`); serving workers check again "
-        "every `snowflake.peer_recheck_interval`.",
+        "check and the answers carry each worker's claim on its ID (datacenter, worker and the node bits "
+        "it puts in its IDs): a worker that hears a live peer whose node bits can compose one of its IDs "
+        "issues no snowflake ID (`worker_id_in_use`); a starting worker checks twice, "
+        "`snowflake.peer_check_timeout` apart, and serving workers check again every "
+        "`snowflake.peer_recheck_interval`.",
         server="nats",
         messages=("clockCheck",),
     )
@@ -320,8 +322,8 @@ def _snowflake_clock(nats: NatsConfig) -> _Part:
         "checkPeerClocks": _operation(
             "send",
             "snowflakeClock",
-            "At start-up and every `snowflake.peer_recheck_interval`, ask the live snowflake workers for "
-            "their clocks and claims (`snowflake.peer_check_timeout` to answer).",
+            "At start-up (twice, a window apart) and every `snowflake.peer_recheck_interval`, ask the live "
+            "snowflake workers for their clocks and claims (`snowflake.peer_check_timeout` to answer).",
             reply=_nats_reply("clockReading"),
         ),
     }
