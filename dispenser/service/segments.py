@@ -292,6 +292,9 @@ class TagAllocator:
                     await backoff.wait()
                     refill.start()
                     continue
+                if self.refusal is not None:
+                    refill.give_up()  # refused while this fetch was in flight: nothing of it is served
+                    return
                 self.step = allocation.configured_step
                 segment = allocation.segment
                 self.steps.append(segment.size)

@@ -13,17 +13,20 @@ from pathlib import Path
 import asyncpg
 import msgspec
 import pytest
+from nats.aio.subscription import Subscription
 
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.config import Config
 from dispenser.core.residue import LEAF, Residue
 from dispenser.health import check_all
-from dispenser.messages import Reply
-from dispenser.testing.servers import NatsGateways, PostgresServer
+from dispenser.messages import Reply, ResidueClaims, TagResidue
+from dispenser.testing.servers import NatsGateways, NatsServer, PostgresServer
 from tests.integration.segment_support import client, request, running_worker, worker_config
 
 pytestmark = [pytest.mark.postgres, pytest.mark.nats]
+
+ResidueClaims_ = msgspec.json.Decoder(ResidueClaims)
 
 STEP = 50
 # tag: (A's class, B's class). The first three share IDs; "apart" does not.
@@ -141,3 +144,51 @@ async def test_disjoint_classes_both_serve_and_check_passes(
     check = results["residue classes"]
     assert check.ok, check.detail
     assert "from 2 database(s)" in check.detail
+
+
+async def _next_of(subscription: Subscription, worker: str) -> ResidueClaims:
+    """The next announcement by ``worker`` ("": by a worker, not this test)."""
+    while True:
+        message = ResidueClaims_.decode((await subscription.next_msg(timeout=2)).data)
+        if message.worker == worker or (not worker and message.worker != "b1:1:beef"):
+            return message
+
+
+async def test_a_serving_worker_that_hears_a_serving_rival_stops_the_tag(
+    pg_dsn: str, private_nats: NatsServer, tmp_path: Path
+) -> None:
+    """A worker that hears another database's serving claim on its tag's class refuses the tag, buffered IDs too.
+
+    Two workers that served one class unheard by each other: the refusal is announced as having issued, so that
+    the other refuses as well.
+    """
+    await migrate(pg_dsn)
+    async with await PostgresSegmentStore.connect(pg_dsn) as store:
+        await store.add_tag("order", 1000, residue=Residue(2, 0))
+        await store.add_tag("other", 1000)
+    config = _config(private_nats.url, pg_dsn, "dc-a", tmp_path / "a")
+    async with running_worker(config) as worker, client(private_nats.url) as nc:
+        announced = await nc.subscribe("leaf.segment-residue")
+        first = await _ask(private_nats.url, "order")
+        assert first.ids
+        own = await _next_of(announced, "")
+        assert [(c.tag, c.stride, c.offset, c.state) for c in own.claims] == [("order", 2, 0, "serving")]
+        # Another database's worker, serving the same class of the tag (it did not hear this one in time).
+        rival = ResidueClaims(
+            worker="b1:1:beef",
+            datacenter="dc-b",
+            system_identifier="1234",
+            database="other",
+            claims=[TagResidue(tag="order", stride=2, offset=0)],
+        )
+        await nc.publish("leaf.segment-residue", msgspec.json.encode(rival))
+        refusal = await _next_of(announced, own.worker)
+        assert [(c.tag, c.state, c.issued) for c in refusal.claims] == [("order", "refused", True)]
+        assert refusal.worker == own.worker
+        after = await _ask(private_nats.url, "order", 1)  # 980 IDs were still buffered: none handed out
+        assert after.error is not None
+        assert after.error.code == "residue_overlap"
+        assert "PostgreSQL system 1234" in after.error.message
+        assert (await _ask(private_nats.url, "other", 1)).ids == [1]  # other tags go on
+        assert worker.residue_guard is not None
+        assert worker.residue_guard.refusal("order") is not None

@@ -332,3 +332,23 @@ async def test_a_later_refusal_stops_the_buffered_ids_too(clock: ManualClock) ->
     await store.remove_tag("t")
     await allocator.refresh()
     assert check.released == ["t"]
+
+
+async def test_a_fetch_in_flight_at_a_refusal_is_dropped(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused while its fetch waits on the store: the segment is neither installed nor taken for a recovery."""
+    store = GatedStore()
+    allocator = await allocator_with(clock, store, ("t", 10))
+    allocator.check_residues(RecordingCheck(set()))
+    waiting = asyncio.ensure_future(allocator.take("t", 1, deadline(clock, 5.0)))
+    await settle()
+    allocator.refuse("t", ResidueOverlap("t", "0 mod 1 here", "0 mod 1 there"))
+    store.gate.set()
+    with pytest.raises(ResidueOverlap):
+        await finish(clock, waiting)
+    await settle()
+    tag = allocator.get("t")
+    assert tag is not None
+    assert tag.stats().current is None
+    assert "recovered" not in caplog.text
