@@ -338,7 +338,7 @@ class Worker:
         """
         if self.postgres is None:
             pg = self.config.postgres
-            grants = open_grants(self.config)
+            grants = await open_grants(self.config)
             if grants is not None:
                 stack.callback(grants.close)
                 self.grants = grants
@@ -748,19 +748,20 @@ def grants_dir(config: Config) -> Path:
     return Path(configured) if configured else default_state_dir()
 
 
-def open_grants(config: Config) -> GrantFile | None:
+async def open_grants(config: Config) -> GrantFile | None:
     """Where this worker remembers its segment grants, or None (``segment.remember_grants`` off).
 
     Raises:
-        StateDirUnusable: the state directory cannot be written (remembering in memory only would leave a
-            restart unable to repair a primary that lost grants, and nobody would know).
+        StateDirUnusable: the state directory cannot be written, or did not answer within
+            ``grants.WRITE_TIMEOUT`` (remembering in memory only would leave a restart unable to repair a
+            primary that lost grants, and nobody would know).
     """
     segment = config.segment
     if not (segment.enabled and segment.remember_grants):
         return None
     directory = grants_dir(config)
     try:
-        return GrantFile.open(directory)
+        return await GrantFile.open_within(directory)
     except OSError as exc:
         raise StateDirUnusable(str(directory), exc.strerror or str(exc)) from exc
 

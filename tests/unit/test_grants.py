@@ -97,13 +97,13 @@ async def test_an_unusable_state_directory_refuses_the_start_and_fails_check(tmp
     not_a_dir.write_text("")
     config = load_config(environ={"DISPENSER_SEGMENT_STATE_DIR": str(not_a_dir / "state")})
     with pytest.raises(StateDirUnusable, match=r"cannot keep the segment grants in .*/file/state") as refused:
-        open_grants(config)
+        await open_grants(config)
     assert "segment.remember_grants = false" in str(refused.value)
     result = await check_grants_dir(config)
     assert not result.ok
     assert "`serve` would refuse to start" in result.detail
     off = load_config(environ={"DISPENSER_SEGMENT_REMEMBER_GRANTS": "false"})
-    assert open_grants(off) is None
+    assert await open_grants(off) is None
     usable = load_config(environ={"DISPENSER_SEGMENT_STATE_DIR": str(tmp_path / "state")})
     result = await check_grants_dir(usable)
     assert result.ok, result.detail
@@ -198,3 +198,39 @@ async def test_a_write_that_never_ends_fails_the_grant_within_its_bound_then_rec
         assert await again.remembered("ids") == {"order": 20}
     finally:
         again.close()
+
+
+async def test_a_state_directory_that_stalls_at_start_refuses_the_start_within_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29 item 10: the first read of the directory is bounded too, and the event loop runs meanwhile.
+
+    Before, the worker opened its grant file on the event loop itself: a stalled disk at start blocked the
+    loop, so not even SIGTERM was heard.
+    """
+    disk = threading.Event()
+    real = module._load
+
+    def stalled_read(path: Path) -> object:
+        disk.wait(10)  # a bound on the test only: the disk "stalls" for 10 s
+        return real(path)
+
+    monkeypatch.setattr(module, "_load", stalled_read)
+    monkeypatch.setattr(module, "WRITE_TIMEOUT", 0.2)
+    config = load_config(environ={"DISPENSER_SEGMENT_STATE_DIR": str(tmp_path / "state")})
+    ticks = 0
+
+    async def loop_runs() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticking = asyncio.create_task(loop_runs())
+    try:
+        with pytest.raises(StateDirUnusable, match=r"no answer within 0.2 s \(a stalled disk\?\)"):
+            await open_grants(config)
+        assert ticks > 1  # the loop went on while the disk stalled
+    finally:
+        ticking.cancel()
+        disk.set()

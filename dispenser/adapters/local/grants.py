@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import re
 import threading
@@ -90,6 +91,23 @@ class GrantFile:
             OSError: the directory cannot be written, or every slot is held.
         """
         return cls(directory, WorkerIdentity.claim(Path(directory), "segment-grants"))
+
+    @classmethod
+    async def open_within(cls, directory: Path, timeout: float | None = None) -> GrantFile:
+        """:meth:`open` in a daemon thread, for at most ``timeout`` seconds (:data:`WRITE_TIMEOUT`): a stalled disk.
+
+        The event loop goes on meanwhile (a SIGTERM is still heard), and a thread stuck for ever does not
+        keep the process alive.
+
+        Raises:
+            OSError: as :meth:`open`, or the directory did not answer within ``timeout``.
+        """
+        timeout = WRITE_TIMEOUT if timeout is None else timeout
+        try:
+            async with asyncio.timeout(timeout):
+                return await _in_daemon_thread(cls.open, Path(directory))
+        except TimeoutError:
+            raise OSError(errno.ETIMEDOUT, f"no answer within {timeout:g} s (a stalled disk?)") from None
 
     def __repr__(self) -> str:
         return f"GrantFile({str(self.path)!r})"
