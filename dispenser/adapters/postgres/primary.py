@@ -53,11 +53,12 @@ log = logging.getLogger(__name__)
 
 
 class PrimaryWatch:
-    """Checks every new connection: which primary it reached, and repairs a new one's lost grants first.
+    """Checks every new connection: which primary it reached, and restores the grants it lost first.
 
     Run by the pool on each connection it opens (asyncpg's ``init``), so no statement of this store runs on
-    a connection before the check: a standby is refused with a clear message, and a primary not seen
-    before (system identifier or timeline changed) gets the remembered grants back (see the module).
+    a connection before the check: a standby is refused with a clear message, and every remembered grant
+    of the cluster is restored (a failover, a restored snapshot); a primary on a new timeline also starts
+    the grace every fetch of the pool waits out (:meth:`hold`). Each fetch carries :meth:`floor` besides.
     """
 
     def __init__(
