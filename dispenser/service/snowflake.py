@@ -287,7 +287,12 @@ class SnowflakeGenerator:
             try:
                 await self._persist(self._state.worker_id, target)
             except OSError as exc:
-                raise Unavailable(f"cannot record the snowflake high-water mark: {exc}") from exc
+                # The OSError's text names the state file (where the state directory is): the log's only.
+                raise Unavailable(
+                    f"cannot record the snowflake high-water mark: {type(exc).__name__}; details in the "
+                    "worker's log",
+                    logged=f"cannot record the snowflake high-water mark: {exc}",
+                ) from exc
             self._reserved_ms = target
 
     def _reservation(self, now_ms: int) -> asyncio.Task[None]:

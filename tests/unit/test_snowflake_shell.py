@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import msgspec
 import pytest
 
 from dispenser.adapters.local.static_registry import StaticRegistry
 from dispenser.core.errors import LeaseLost, Unavailable, WorkerIdInUse
 from dispenser.core.snowflake import SnowflakeLayout
+from dispenser.messages import Reply
 from dispenser.ports import WorkerLease
+from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
 from dispenser.testing.clock import ManualClock, settle
 
@@ -307,4 +311,34 @@ async def test_a_failed_renewal_is_tried_again_soon() -> None:
     await clock.advance(2.5)
     tries = [round(t - started, 2) for t in writes.at[1:]]
     assert tries == [1.0, 1.1, 1.3, 2.3], tries  # failed, failed, renewed; then the interval again
+    await generator.stop()
+
+
+async def test_a_state_file_that_cannot_be_written_is_not_named_in_the_reply(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The local state file refuses the mark: the reply says what failed, not where the file is (issue 33 item 8).
+
+    The OSError's text (the state directory's path) went into the ``unavailable`` reply; it stays in
+    ``str(error)`` and the renewal's log line.
+    """
+    caplog.set_level(logging.WARNING)
+    path = "/var/lib/hidden-state-dir/snowflake-order-10.0.0.7_8080.json"
+    clock = ManualClock()
+    writes = ScriptedWrites(clock)
+    generator = await renewing_each_second(clock, writes)
+    d = Dispatcher(generator, clock, Limits(deadline=0.5), kind="snowflake")
+    writes.always = PermissionError(13, "Permission denied", path)  # every write of the mark fails
+    await clock.advance(2.1)  # past the mark the start reserved (2 s ahead)
+    answering = asyncio.create_task(d.answer("t", d.decode("t", b'{"count": 1}')))
+    await clock.run_until(answering.done)
+    answer = answering.result()
+    error = msgspec.json.decode(answer.body, type=Reply).error
+    assert error is not None
+    assert (error.code, error.retryable) == ("unavailable", True)
+    assert "PermissionError" in error.message
+    assert "hidden-state-dir" not in answer.body.decode()
+    assert answer.error is not None
+    assert path in str(answer.error)  # the operator's text (logs, the CLI) still says where
+    assert path in caplog.text  # the failed renewal's warning
     await generator.stop()
