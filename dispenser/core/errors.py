@@ -309,11 +309,10 @@ class WorkerIdsExhausted(DispenserError):
     status = 503
 
     def __init__(self, limit: int, where: str = "") -> None:
-        place = f" in {where}" if where else ""
-        super().__init__(
-            f"all {limit} worker IDs (0 to {limit - 1}) allowed by the snowflake layout are taken{place}; "
-            "free one, or give the layout more worker bits"
-        )
+        """``where``: the registry (its hosts or DSN, and path or table), in ``str(error)`` only."""
+        taken = f"all {limit} worker IDs (0 to {limit - 1}) allowed by the snowflake layout are taken"
+        advice = "free one, or give the layout more worker bits"
+        super().__init__(f"{taken}; {advice}", logged=f"{taken} in {where}; {advice}" if where else None)
         self.limit = limit
 
 
@@ -327,9 +326,15 @@ class LeaseLost(DispenserError):
     status = 503
     retryable = True
 
-    def __init__(self, worker_id: int, detail: str) -> None:
-        super().__init__(f"worker ID {worker_id} is no longer held by this worker: {detail}")
+    def __init__(self, worker_id: int, detail: str, *, logged: str | None = None) -> None:
+        """``detail`` is why, for the caller; ``logged`` says where too (the registry's record: a node path)."""
+        held = f"worker ID {worker_id} is no longer held by this worker"
+        super().__init__(f"{held}: {detail}", logged=None if logged is None else f"{held}: {logged}")
         self.worker_id = worker_id
+        self.detail = detail
+        """Why, without the prefix (the caller's words)."""
+        self.logged_detail = detail if logged is None else logged
+        """Why, with where the record is (the log's words)."""
 
 
 class WorkerIdInUse(DispenserError):
@@ -393,10 +398,11 @@ class WorkerAddressInUse(DispenserError):
     status = 409
 
     def __init__(self, address: str, where: str = "") -> None:
-        place = f" in {where}" if where else ""
+        """``where``: the registry (its hosts and path), in ``str(error)`` only."""
+        registered = f"another live worker is registered as {address!r}"
+        advice = "give each worker its own address (ip:port), or wait until the other one has stopped"
         super().__init__(
-            f"another live worker is registered as {address!r}{place}; give each worker its own address "
-            "(ip:port), or wait until the other one has stopped"
+            f"{registered}; {advice}", logged=f"{registered} in {where}; {advice}" if where else None
         )
         self.address = address
 

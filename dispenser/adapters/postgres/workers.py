@@ -167,7 +167,10 @@ class PostgresWorkerRegistry:
         """
         worker_id = self._worker_id
         if worker_id is None:
-            raise CoordinatorUnavailable(f"{self}: not registered (register() has not succeeded yet)")
+            raise CoordinatorUnavailable(
+                "not registered (register() has not succeeded yet)",
+                logged=f"{self}: not registered (register() has not succeeded yet)",  # the DSN: the log's
+            )
         if self._lost is not None:
             raise LeaseLost(worker_id, self._lost)
         self._reported = max(self._reported, high_water_ms)

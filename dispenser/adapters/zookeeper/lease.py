@@ -144,7 +144,7 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
                 try:
                     await self._confirm()
                 except LeaseLost as exc:
-                    self._lost = exc.message
+                    self._lose(exc.worker_id, exc.detail, exc.logged_detail)
                 else:
                     return await self._lease(self._worker_id)
             worker_id = await self._claim()
@@ -214,9 +214,13 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
         if self._zk.session_id != claim_session:
             raise LeaseLost(worker_id, "its ZooKeeper session expired")
         if found is None:
-            raise LeaseLost(worker_id, f"its lease node {path} is gone")
+            raise LeaseLost(worker_id, "its lease node is gone", logged=f"its lease node {path} is gone")
         if found[1].ephemeral_owner != claim_session:
-            raise LeaseLost(worker_id, f"its lease node {path} belongs to another session")
+            raise LeaseLost(
+                worker_id,
+                "its lease node belongs to another session",
+                logged=f"its lease node {path} belongs to another session",
+            )
         self._confirmed_at = max(self._confirmed_at, sent)
 
     def _start_keepalive(self) -> None:
@@ -238,8 +242,8 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
                 # A later answer cannot confirm beyond the deadline anyway; don't let it queue up.
                 await asyncio.wait_for(self._confirm(), self._timeout / 3)
             except LeaseLost as exc:
-                self._lost = exc.message
-                log.warning("%s: %s", self, exc.message)
+                self._lose(exc.worker_id, exc.detail, exc.logged_detail)
+                log.warning("%s: %s", self, exc)
             except (CoordinatorUnavailable, TimeoutError) as exc:
                 # Again soon, not in T/6: the connection dropped (the call waits for the next one), and the
                 # first answer on the new one must come before the lease stops issuing. Measured in the
@@ -262,20 +266,23 @@ class ZooKeeperLeaseRegistry(ZkRegistryBase):
         """
         worker_id = self._worker_id
         if worker_id is None:
-            raise CoordinatorUnavailable(f"{self}: no worker ID leased (register() has not succeeded yet)")
+            raise CoordinatorUnavailable(
+                "no worker ID leased (register() has not succeeded yet)",
+                logged=f"{self}: no worker ID leased (register() has not succeeded yet)",
+            )
         self._reported = max(self._reported, high_water_ms)
         await self._raise_timestamp(f"{self.high_water_path}/{worker_id}", self._reported, create=True)
         if self._lost is None and self._zk.session_id != self._claim_session:
-            self._lost = "its ZooKeeper session expired"
+            self._lose(worker_id, "its ZooKeeper session expired")
         if self._lost is not None:
-            raise LeaseLost(worker_id, self._lost)
+            raise self._lost_error(worker_id)
 
     async def close(self) -> None:
         """Stop issuing, and release the lease by closing the session (the ID is free at once).
 
         Call :meth:`report` with the final high water first.
         """
-        self._lost = "the registry was closed"
+        self._lose(self._worker_id or 0, "the registry was closed")
         self._closing = True
         task, self._keepalive = self._keepalive, None
         if task is not None:

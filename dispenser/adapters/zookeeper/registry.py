@@ -4,7 +4,8 @@
 ``forever/`` (its sequence is the worker ID, for good), an ephemeral one under ``temporary/`` while alive;
 the shell calls :meth:`~ZooKeeperRegistry.report` on its own timer. The session lives in
 :mod:`~dispenser.adapters.zookeeper.session` (its public names importable from here too). The modes and
-the weak dependency on ZooKeeper: ``docs/snowflake.md``.
+the weak dependency on ZooKeeper: ``docs/snowflake.md``. An error's ``message`` (what a request may be
+answered) names no node path and no ZooKeeper host; ``str(error)`` does, for the log.
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ def decode_node(data: bytes | None, path: str) -> NodeData:
     try:
         return _node_decoder.decode(data)
     except msgspec.DecodeError as exc:
-        raise CoordinatorUnavailable(f"znode {path} holds data that is not a worker record: {exc}") from exc
+        raise CoordinatorUnavailable(
+            "a node holds data that is not a worker record; details in the worker's log",
+            logged=f"znode {path} holds data that is not a worker record: {exc}",
+        ) from exc
 
 
 def check_name(name: str) -> str:
@@ -187,6 +191,9 @@ class ZkRegistryBase:
         self._worker_id: int | None = None
         self._reported = 0
         self._lost: str | None = None
+        """Why the worker ID was lost (the caller's words; None: not lost); see :meth:`_lose`."""
+        self._lost_logged = ""
+        """The same, with the node's path (the log's words)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._zk.hosts!r}, {self._home!r}, {self.address!r})"
@@ -229,7 +236,25 @@ class ZkRegistryBase:
             except BadVersion:
                 continue
             return value
-        raise CoordinatorUnavailable(f"writing {path}: {_CAS_ATTEMPTS} concurrent updates in a row")
+        raise CoordinatorUnavailable(
+            f"raising a node's timestamp: {_CAS_ATTEMPTS} concurrent updates in a row",
+            logged=f"writing {path}: {_CAS_ATTEMPTS} concurrent updates in a row",
+        )
+
+    def _lose(self, worker_id: int, detail: str, logged: str | None = None) -> LeaseLost:
+        """Remember that the worker ID is lost and return the error saying so.
+
+        Args:
+            worker_id: the ID lost.
+            detail: why, in words that name no node path and no host (a request may be answered them).
+            logged: the same, with the node's path, for the log (default: ``detail``).
+        """
+        self._lost, self._lost_logged = detail, detail if logged is None else logged
+        return self._lost_error(worker_id)
+
+    def _lost_error(self, worker_id: int) -> LeaseLost:
+        """The :class:`LeaseLost` for the loss remembered by :meth:`_lose`."""
+        return LeaseLost(worker_id, self._lost or "", logged=self._lost_logged or None)
 
     @property
     def _home(self) -> str:
@@ -323,7 +348,7 @@ class ZooKeeperRegistry(ZkRegistryBase):
                 node = f"{self.forever_path}/{self.address}-{worker_id:0{_SEQUENCE_DIGITS}d}"
                 found = await self._zk.get(node)
                 if found is None:
-                    raise CoordinatorUnavailable(f"worker node {node} vanished while registering; try again")
+                    raise _vanished(node)
                 recorded = decode_node(found[0], node).timestamp
                 if worker_id > self.max_worker_id:
                     raise WorkerIdOutOfRange(worker_id, self.max_worker_id)
@@ -336,7 +361,10 @@ class ZooKeeperRegistry(ZkRegistryBase):
                 )
                 parsed = parse_worker_node(node.rpartition("/")[2])
                 if parsed is None:
-                    raise CoordinatorUnavailable(f"ZooKeeper created an unexpected node {node}")
+                    raise CoordinatorUnavailable(
+                        "ZooKeeper created an unexpected node",
+                        logged=f"ZooKeeper created an unexpected node {node}",
+                    )
                 worker_id = parsed[1]
                 recorded = 0
                 if worker_id > self.max_worker_id:
@@ -413,7 +441,7 @@ class ZooKeeperRegistry(ZkRegistryBase):
     async def _read_node(self, node: str) -> tuple[bytes, NodeStat]:
         found = await self._zk.get(node)
         if found is None:
-            raise CoordinatorUnavailable(f"worker node {node} vanished while registering; try again")
+            raise _vanished(node)
         return found
 
     async def _zookeeper_now(self) -> int:
@@ -427,19 +455,26 @@ class ZooKeeperRegistry(ZkRegistryBase):
         """Raise our node's timestamp, unless someone else has written it since our last write (lost, then)."""
         data, stat = await self._read_node(node)
         if stat.version != self._version and (stat.version, data) != self._pending:
-            self._lost = (
-                f"its node {node} was rewritten by someone else ({_writer(data, node)}), as a live Leaf server "
-                "rewrites its node every 3 s: two workers on one worker ID would issue the same IDs"
+            why = (
+                "as a live Leaf server rewrites its node every 3 s: two workers on one worker ID would issue "
+                "the same IDs"
             )
-            raise LeaseLost(self._worker_id or 0, self._lost)
+            raise self._lose(
+                self._worker_id or 0,
+                f"its node was rewritten by someone else, {why}",
+                f"its node {node} was rewritten by someone else ({_writer(data, node)}), {why}",
+            )
         value = max(decode_node(data, node).timestamp, self._reported)
         written = encode_node(self.address, value)
         self._pending = (stat.version + 1, written)
         try:
             await self._zk.set(node, written, stat.version)
         except BadVersion:
-            self._lost = f"its node {node} was rewritten by someone else while this worker wrote it"
-            raise LeaseLost(self._worker_id or 0, self._lost) from None
+            raise self._lose(
+                self._worker_id or 0,
+                "its node was rewritten by someone else while this worker wrote it",
+                f"its node {node} was rewritten by someone else while this worker wrote it",
+            ) from None
         self._version, self._pending = stat.version + 1, None
 
     async def report(self, high_water_ms: int) -> None:
@@ -451,9 +486,12 @@ class ZooKeeperRegistry(ZkRegistryBase):
             LeaseLost: the worker node was deleted, or another live worker took this address.
         """
         if self._worker_id is None or self._node is None:
-            raise CoordinatorUnavailable(f"{self}: not registered (register() has not succeeded yet)")
+            raise CoordinatorUnavailable(
+                "not registered (register() has not succeeded yet)",
+                logged=f"{self}: not registered (register() has not succeeded yet)",
+            )
         if self._lost is not None:
-            raise LeaseLost(self._worker_id, self._lost)
+            raise self._lost_error(self._worker_id)
         self._reported = max(self._reported, high_water_ms)
         async with self._lock:
             try:
@@ -462,8 +500,9 @@ class ZooKeeperRegistry(ZkRegistryBase):
                 else:
                     await self._raise_timestamp(self._node, self._reported, create=False)
             except NoNode:
-                self._lost = f"its node {self._node} was deleted"
-                raise LeaseLost(self._worker_id, self._lost) from None
+                raise self._lose(
+                    self._worker_id, "its node was deleted", f"its node {self._node} was deleted"
+                ) from None
             # Checked after a call that was answered, not before: a call made while disconnected waits
             # for the connection, which may come back on a new session (the old one expired meanwhile).
             if self._zk.session_id != self._session_id:
@@ -473,8 +512,7 @@ class ZooKeeperRegistry(ZkRegistryBase):
                 try:
                     await self._hold_temporary(wait=False)
                 except WorkerAddressInUse as exc:
-                    self._lost = exc.message
-                    raise LeaseLost(self._worker_id, exc.message) from None
+                    raise self._lose(self._worker_id, exc.message, str(exc)) from None
 
     def can_issue(self) -> bool:
         """True once registered, even while ZooKeeper is down: the ID belongs to this address for good."""
@@ -487,6 +525,14 @@ class ZooKeeperRegistry(ZkRegistryBase):
             self._node = None
             self._version = None
             await self._zk.close()
+
+
+def _vanished(node: str) -> CoordinatorUnavailable:
+    """This worker's node went while it registered (someone deleted it): try again."""
+    return CoordinatorUnavailable(
+        "the worker node vanished while registering; try again",
+        logged=f"worker node {node} vanished while registering; try again",
+    )
 
 
 def _writer(data: bytes, node: str) -> str:

@@ -2,7 +2,8 @@
 
 Failures other than the node answers a registry handles (:data:`NoNode`, :data:`NodeExists`,
 :data:`BadVersion`, :data:`NotEmpty`) become :class:`~dispenser.core.errors.CoordinatorUnavailable` with one
-clear line. Why kazoo, the threads, the deadlines and the negotiated timeout: docs/snowflake.md ("The
+clear line: its ``message`` (what a caller may be answered) says what failed, never where; the hosts and the
+node's path are in ``str(error)``, for the log and the operator. Why kazoo, the threads, the deadlines and the negotiated timeout: docs/snowflake.md ("The
 ZooKeeper client"). The parts live beside this module: :mod:`.acl`, :mod:`.bridge`, :mod:`.handler`,
 :mod:`.handshake`, :mod:`.kazoo_log`.
 """
@@ -183,11 +184,15 @@ class ZkSession:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.connect_timeout
-        failed = f"no ZooKeeper session with {self.hosts} within {self.connect_timeout:g} s"
+        failed = functools.partial(
+            CoordinatorUnavailable,
+            f"no ZooKeeper session within {self.connect_timeout:g} s; details in the worker's log",
+            logged=f"no ZooKeeper session with {self.hosts} within {self.connect_timeout:g} s",
+        )
         try:
             granted = await negotiated_timeout(self.hosts, self.session_timeout, self.connect_timeout)
         except OSError as exc:
-            raise CoordinatorUnavailable(failed) from exc
+            raise failed() from exc
         client = kazoo.client.KazooClient(
             hosts=self.hosts,
             timeout=self.session_timeout,
@@ -223,27 +228,36 @@ class ZkSession:
             self._client = None
             self._discard(client)
             if isinstance(exc, TimeoutError | OSError | kazoo.exceptions.KazooException):
-                raise CoordinatorUnavailable(failed) from exc
+                raise failed() from exc
             raise
         self._granted = granted
         log.info(
             "ZooKeeper session %#x with %s (timeout %.1f s)", self.session_id or 0, self.hosts, self.timeout
         )
 
-    async def call(self, action: str, request: Callable[[Any], Any], timeout: float | None = None) -> Any:
+    async def call(
+        self, action: str, request: Callable[[Any], Any], timeout: float | None = None, *, node: str = ""
+    ) -> Any:
         """Run ``request(client)`` (a kazoo ``*_async`` call) with a deadline and return its value.
 
         :data:`NoNode`, :data:`NodeExists`, :data:`BadVersion` and :data:`NotEmpty` pass through for the
-        caller to handle; every other failure, and the deadline, become :class:`CoordinatorUnavailable`.
+        caller to handle; every other failure, and the deadline, become :class:`CoordinatorUnavailable`,
+        whose ``message`` names ``action`` and what went wrong (kazoo's exception class), and whose
+        ``str()`` adds the node and the hosts, and kazoo's words.
 
         Args:
-            action: What is being done, for the message ("listing workers").
+            action: What is being done, for the message ("writing a node"): no path, no host.
             request: Starts the kazoo call on the client and returns its ``IAsyncResult``.
             timeout: Seconds, waiting for a connection included; ``op_timeout`` when omitted.
+            node: The node's path, for the log's version of the message.
         """
+        where = f"{node} on {self.hosts}" if node else self.hosts
         client = self._client
         if client is None:
-            raise CoordinatorUnavailable(f"{action}: no ZooKeeper session (not opened, or closed)")
+            raise CoordinatorUnavailable(
+                f"{action}: no ZooKeeper session (not opened, or closed)",
+                logged=f"{action} ({where}): no ZooKeeper session (not opened, or closed)",
+            )
         limit = self.op_timeout if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
@@ -252,15 +266,21 @@ class ZkSession:
         except _PASSED_THROUGH:
             raise
         except TimeoutError as exc:
-            raise CoordinatorUnavailable(f"{action} ({self.hosts}): no answer within {limit:g} s") from exc
+            raise CoordinatorUnavailable(
+                f"{action}: no answer within {limit:g} s; details in the worker's log",
+                logged=f"{action} ({where}): no answer within {limit:g} s",
+            ) from exc
         except kazoo.exceptions.NoAuthError as exc:
             who = "these credentials" if self._auth is not None else "a client without credentials"
+            refused = f"the node's ACL does not allow {who} (NoAuth); check snowflake.zookeeper_auth"
             raise CoordinatorUnavailable(
-                f"{action} ({self.hosts}): the node's ACL does not allow {who} (NoAuth); "
-                "check snowflake.zookeeper_auth"
+                f"{action}: {refused}", logged=f"{action} ({where}): {refused}"
             ) from exc
         except (kazoo.exceptions.KazooException, OSError) as exc:
-            raise CoordinatorUnavailable(f"{action} ({self.hosts}): {type(exc).__name__}: {exc}") from exc
+            raise CoordinatorUnavailable(
+                f"{action}: {type(exc).__name__}; details in the worker's log",
+                logged=f"{action} ({where}): {type(exc).__name__}: {exc}",
+            ) from exc
 
     # --- node operations ----------------------------------------------------------------------------------
 
@@ -275,21 +295,22 @@ class ZkSession:
     ) -> str:
         """Create a node (with :attr:`acl` unless told otherwise) and return its path (with the sequence)."""
         created = await self.call(
-            f"creating {path}",
+            "creating a node",
             lambda zk: zk.create_async(
                 path, data, acl=self.acl if acl is None else acl, ephemeral=ephemeral, sequence=sequential
             ),
+            node=path,
         )
         return str(created)
 
     async def delete(self, path: str) -> None:
         """Delete a node whatever its version."""
-        await self.call(f"deleting {path}", lambda zk: zk.delete_async(path))
+        await self.call("deleting a node", lambda zk: zk.delete_async(path), node=path)
 
     async def get(self, path: str) -> tuple[bytes, NodeStat] | None:
         """Return ``(data, stat)`` of a node, or None when it does not exist."""
         try:
-            data, stat = await self.call(f"reading {path}", lambda zk: zk.get_async(path))
+            data, stat = await self.call("reading a node", lambda zk: zk.get_async(path), node=path)
         except NoNode:
             return None
         owner = int(stat.ephemeralOwner)
@@ -299,19 +320,21 @@ class ZkSession:
 
     async def set(self, path: str, data: bytes, version: int) -> None:
         """Write a node's data if its version is still ``version`` (else :data:`BadVersion`)."""
-        await self.call(f"writing {path}", lambda zk: zk.set_async(path, data, version))
+        await self.call("writing a node", lambda zk: zk.set_async(path, data, version), node=path)
 
     async def children(self, path: str) -> list[str]:
         """Return the child names of ``path`` (empty if it does not exist)."""
         try:
-            names = await self.call(f"listing {path}", lambda zk: zk.get_children_async(path))
+            names = await self.call(
+                "listing a node's children", lambda zk: zk.get_children_async(path), node=path
+            )
         except NoNode:
             return []
         return [str(n) for n in names]
 
     async def get_acl(self, path: str) -> list[Any]:
         """Return a node's ACL (kazoo ``ACL`` entries: ``perms``, ``id.scheme``, ``id.id``)."""
-        acl, _ = await self.call(f"reading the ACL of {path}", lambda zk: zk.get_acls_async(path))
+        acl, _ = await self.call("reading a node's ACL", lambda zk: zk.get_acls_async(path), node=path)
         return list(acl)
 
     async def ensure_path(self, path: str, *, shared: str = "") -> None:
@@ -343,7 +366,9 @@ class ZkSession:
         if acl_set(current) == acl_set(self.acl):
             return
         try:
-            await self.call(f"restricting {path}", lambda zk: zk.set_acls_async(path, self.acl))
+            await self.call(
+                "restricting a node's ACL", lambda zk: zk.set_acls_async(path, self.acl), node=path
+            )
         except NoNode:
             return
         except CoordinatorUnavailable as exc:
