@@ -346,11 +346,12 @@ class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     """Where answers to requests with a ``request_id`` are kept: ``postgres`` (fleet-wide: a retry on any
     worker gets the same IDs), ``local`` (this worker only), ``auto`` (``postgres`` when the worker uses
     PostgreSQL anyway — segments on, or snowflake in ``postgres`` mode — else ``local``)."""
-    dedup_unsettled: Literal["answer", "refuse"] = "answer"
-    """A request with a ``request_id`` whose answer cannot be recorded in the fleet-wide store (PostgreSQL
-    down, or slower than the request's deadline): ``answer`` (idempotent on this worker only; a retry on
-    another worker gets other IDs) or ``refuse`` (``unavailable``, retryable; its IDs become a gap), so that
-    every answer given is exact across workers (docs/protocol.md)."""
+    dedup_unsettled: Literal["answer", "refuse"] = "refuse"
+    """A request with a ``request_id`` whose answer cannot be recorded in the fleet-wide store before its
+    deadline (PostgreSQL down, failing over, or slower than the deadline): ``refuse`` (the default:
+    ``unavailable``, retryable; its IDs become a gap), so that every answer given is exact across workers
+    (docs/protocol.md), or ``answer`` (from the buffer, idempotent on this worker only: a retry on another
+    worker gets other IDs)."""
 
 
 class LogConfig(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -225,15 +225,18 @@ class ReplayStore(Protocol):
     key is the answer, whichever worker recorded it.
     """
 
-    async def settle(
+    def settle(
         self,
         key: tuple[str, str, str],
         count: int,
         format: str,
         ranges: tuple[tuple[int, int], ...],
         ttl: float,
-    ) -> Settled:
+    ) -> Awaitable[Settled]:
         """Record ``ranges`` as the answer to ``key`` unless a live answer is already recorded.
+
+        An ``async def``, or a function that returns a future (no task per call on a path every request
+        with a ``request_id`` takes); the caller may cancel what it awaits when its deadline comes.
 
         Args:
             key: ``(kind, tag, request_id)``.

@@ -9,6 +9,7 @@ decodes its own :class:`~dispenser.messages.KafkaIdRequest`, an :class:`IdReques
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 import math
@@ -28,7 +29,7 @@ from dispenser.messages import ErrorBody, IdRequest, Kind, Reply, decode_request
 from dispenser.ports import Clock, IdSource, RangesBatch, ReplayStore
 from dispenser.service.answering import Answer, Answerer
 from dispenser.service.dedup import ReplayCache, reused_request_id
-from dispenser.service.timing import run_within
+from dispenser.service.timing import Deadlines
 
 __all__ = ["LATENCY_BUCKETS", "Answer", "Answerer", "Dispatcher", "Limits"]
 
@@ -69,7 +70,7 @@ class Dispatcher:
         *,
         kind: Kind = "segment",
         replay_store: ReplayStore | None = None,
-        refuse_unsettled: bool = False,
+        refuse_unsettled: bool = True,
     ) -> None:
         """Answer requests from ``source``.
 
@@ -82,14 +83,17 @@ class Dispatcher:
             replay_store: where the fleet records answers to requests with a ``request_id``, so that a
                 retry on another worker gets the same IDs; ``None``: this worker's memory only.
             refuse_unsettled: answer ``unavailable`` rather than IDs when ``replay_store`` cannot record
-                the answer (``limits.dedup_unsettled = "refuse"``).
+                the answer before the request's deadline (``limits.dedup_unsettled = "refuse"``, the
+                default); ``False``: answer from the buffer, idempotent on this worker only (``"answer"``).
         """
         self._source = source
         self._clock = clock
         self.limits = limits
         self.kind = kind
         self._replay_store = replay_store
-        self._refuse_unsettled = refuse_unsettled
+        self.refuse_unsettled = refuse_unsettled
+        """Whether an answer the replay store did not record in time is refused (see ``__init__``)."""
+        self._deadlines = Deadlines(clock)
         self._replays: ReplayCache[RangesBatch] = ReplayCache(dedup_ttl, clock.monotonic)
         self._bodies: dict[bytes, IdRequest] = {}
         self._tags: set[str] = set()
@@ -190,27 +194,36 @@ class Dispatcher:
         This worker's :class:`ReplayCache` in front makes concurrent copies here share one call; the
         store settles the race between workers (the first recorded answer wins, ours become gaps).
         """
-        batch = await self._source.take(tag, request.count, deadline)
+        batch = self._source.try_take(tag, request.count)
+        if batch is None:
+            batch = await self._source.take(tag, request.count, deadline)
         store = self._replay_store
         if store is None:
             return batch
         assert request.request_id is not None
-        settle = store.settle(
-            (self.kind, tag, request.request_id),
-            request.count,
-            request.format,
-            tuple(batch.ranges),
-            self._replays.ttl,
+        # A future (the PostgreSQL store's settle returns its own) or a task; waited on through the
+        # dispatcher's shared deadlines, not a task and a timer per request: this is every such request's path.
+        settling = asyncio.ensure_future(
+            store.settle(
+                (self.kind, tag, request.request_id),
+                request.count,
+                request.format,
+                tuple(batch.ranges),
+                self._replays.ttl,
+            )
         )
         try:
             # Within the request's deadline: the IDs are in hand, and a store that is failing over (or
             # waiting for a synchronous standby) must not make a request wait longer than a fetch would.
             try:
-                settled = await run_within(self._clock, settle, deadline - self._clock.monotonic())
-            except TimeoutError:
-                raise StoreUnavailable("no answer before the request's deadline") from None
+                if not await self._deadlines.wait(settling, deadline):
+                    raise StoreUnavailable("no answer before the request's deadline")
+            finally:
+                if not settling.done():
+                    settling.cancel()
+            settled = settling.result()
         except StoreUnavailable as exc:
-            if self._refuse_unsettled:
+            if self.refuse_unsettled:
                 # Exact or nothing: the IDs drawn become a gap; the client retries with the same request_id.
                 raise Unavailable(
                     f"the answer to request_id {request.request_id!r} could not be recorded ({exc.message}); "

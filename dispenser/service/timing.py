@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+import math
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from dispenser.ports import Clock
 
-__all__ = ["run_within", "wait_done", "wait_event"]
+__all__ = ["Deadlines", "run_within", "wait_done", "wait_event"]
 
 T = TypeVar("T")
 
@@ -60,3 +63,73 @@ async def run_within(clock: Clock, work: Awaitable[T], timeout: float) -> T:
         await asyncio.gather(task, return_exceptions=True)
         raise TimeoutError
     return task.result()
+
+
+class Deadlines:
+    """Waits on many futures, each until its own deadline on one clock, with one sleeping task for all.
+
+    :func:`wait_done` costs two tasks and an ``asyncio.wait`` per call (measured: ~16 µs on uvloop), which
+    a hot path that waits on every request cannot afford. Here a wait is a heap entry and a done callback;
+    one task sleeps until the earliest deadline still waited on, wakes the waiters whose deadline has come,
+    and goes back to sleep (or ends when nobody waits).
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        """Deadlines on ``clock``'s monotonic time."""
+        self._clock = clock
+        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+        self._sleeper: asyncio.Task[None] | None = None
+        self._wake_at = math.inf
+
+    async def wait(self, future: asyncio.Future[Any], deadline: float) -> bool:
+        """Wait until ``future`` is done or the clock reaches ``deadline`` (``future`` is not cancelled).
+
+        Returns:
+            Whether ``future`` is done.
+        """
+        if future.done():
+            return True
+        if deadline <= self._clock.monotonic():
+            return False
+        waiter: asyncio.Future[None] = future.get_loop().create_future()
+
+        def wake(_: object) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        future.add_done_callback(wake)
+        heapq.heappush(self._heap, (deadline, next(self._order), waiter))
+        if deadline < self._wake_at:
+            self._restart()
+        try:
+            await waiter
+        finally:
+            future.remove_done_callback(wake)
+            waiter.cancel()  # a waiter cancelled from outside: its entry is dropped at the next wake-up
+        return future.done()
+
+    def _restart(self) -> None:
+        if self._sleeper is not None:
+            self._sleeper.cancel()
+        self._sleeper = asyncio.get_running_loop().create_task(self._sleep(), name="deadlines")
+
+    async def _sleep(self) -> None:
+        heap = self._heap
+        try:
+            while True:
+                now = self._clock.monotonic()
+                # Entries whose wait is over (answered, or cancelled) go, whatever their deadline, so that
+                # the sleep below is for a request still waiting; those whose deadline has come are woken.
+                while heap and (heap[0][2].done() or heap[0][0] <= now):
+                    _, _, waiter = heapq.heappop(heap)
+                    if not waiter.done():
+                        waiter.set_result(None)
+                if not heap:
+                    return
+                self._wake_at = heap[0][0]
+                await self._clock.sleep(self._wake_at - now)
+        finally:
+            if self._sleeper is asyncio.current_task():
+                self._sleeper = None
+                self._wake_at = math.inf

@@ -17,10 +17,11 @@ import pytest
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.app import Worker
 from dispenser.config import Config, load_config
-from dispenser.testing.servers import NatsServer
+from dispenser.testing.servers import NatsServer, PostgresServer
 
 from .segment_support import ask, client, ids_of, prepare, running_worker, worker_config
 from .snowflake_support import snowflake_env
+from .zk_support import eventually
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
@@ -141,3 +142,44 @@ async def test_local_dedup_store_keeps_nothing_in_postgres(private_nats: NatsSer
         assert await conn.fetchval("SELECT count(*) FROM dispenser_request") == 0
     finally:
         await conn.close()
+
+
+def prefixed(config: Config, prefix: str) -> Config:
+    """``config`` on a subject prefix and queue group of its own, so that the test chooses who answers."""
+    config.nats.subject_prefix = prefix
+    config.nats.queue_group = prefix
+    return config
+
+
+async def test_by_default_no_answer_is_given_that_a_retry_elsewhere_would_not_get(
+    private_nats: NatsServer, private_postgres: PostgresServer
+) -> None:
+    """Defaults only: a request_id that cannot be recorded is refused, and its retries get one set of IDs.
+
+    Sent while PostgreSQL is down, it is answered ``unavailable`` (retryable), not from the buffer; its
+    retry on another worker, and again on the first, gets one set of IDs. Before (``limits.dedup_unsettled = "answer"`` by default), worker A answered it with IDs it could not
+    record, and the retry on worker B got other IDs.
+    """
+    dsn = private_postgres.dsn
+    await prepare(dsn, [("order", 1000)])
+    a_config = prefixed(worker_config(private_nats.url, dsn, fetch_deadline=0.5), "a")
+    b_config = prefixed(worker_config(private_nats.url, dsn, fetch_deadline=0.5), "b")
+    body = b'{"count": 3, "request_id": "pay-1"}'
+    async with running_worker(a_config), running_worker(b_config), client(private_nats.url) as nc:
+        assert ids_of(await ask(nc, "a.segment.order", b'{"count": 1}')) == [1]  # A holds [1, 1000]
+        await asyncio.to_thread(private_postgres.stop)
+        first = await ask(nc, "a.segment.order", body)
+        await asyncio.to_thread(private_postgres.start)
+
+        async def settled(subject: str) -> list[int]:
+            reply = await ask(nc, subject, body)
+            assert reply.error is None, reply.error
+            return ids_of(reply)
+
+        # B's pool notices the restart at its first statement: `unavailable` until then.
+        retried = await eventually(lambda: settled("b.segment.order"), timeout=15.0, what="B's answer")
+        again = await settled("a.segment.order")
+    given = [ids for ids in (None if first.error else ids_of(first), retried, again) if ids is not None]
+    assert len({tuple(ids) for ids in given}) == 1, given
+    assert first.error is not None
+    assert (first.error.code, first.error.retryable) == ("unavailable", True)

@@ -109,11 +109,13 @@ async def test_kinds_do_not_share_request_ids() -> None:
             await allocator.close()
 
 
-async def test_with_the_store_down_requests_are_answered_and_counted(
+async def test_with_the_store_down_and_answer_unsettled_requests_are_answered_and_counted(
     fleet: tuple[list[Dispatcher], MemoryReplayStore],
 ) -> None:
-    """The replay store is down: request_id requests still get (unique) IDs, counted as unsettled."""
+    """``limits.dedup_unsettled = answer``: the store down, request_ids still get (unique) IDs, counted."""
     dispatchers, replays = fleet
+    for dispatcher in dispatchers:
+        dispatcher.refuse_unsettled = False
     replays.fail_with = StoreUnavailable("down for the test")
     first = await dispatchers[0].answer("order", decode_request(b'{"count": 3, "request_id": "r-1"}'))
     again = await dispatchers[0].answer("order", decode_request(b'{"count": 3, "request_id": "r-1"}'))
@@ -125,8 +127,8 @@ async def test_with_the_store_down_requests_are_answered_and_counted(
     assert set(reply_of(other.body).ids or []).isdisjoint(reply_of(first.body).ids or [])
 
 
-async def test_with_the_store_down_and_refuse_unsettled_only_recorded_answers_are_given() -> None:
-    """``limits.dedup_unsettled = refuse``: no answer the fleet has not recorded, so a retry anywhere is exact."""
+async def test_with_the_store_down_only_recorded_answers_are_given() -> None:
+    """By default (``limits.dedup_unsettled = refuse``) no answer is given that the fleet has not recorded."""
     segments = MemorySegmentStore()
     await segments.add_tag("order", 100)
     replays = MemoryReplayStore(time.monotonic)
@@ -135,10 +137,7 @@ async def test_with_the_store_down_and_refuse_unsettled_only_recorded_answers_ar
         for allocator in allocators:
             await allocator.refresh()
         workers = [
-            Dispatcher(
-                a, SystemClock(), Limits(), kind="segment", replay_store=replays, refuse_unsettled=True
-            )
-            for a in allocators
+            Dispatcher(a, SystemClock(), Limits(), kind="segment", replay_store=replays) for a in allocators
         ]
         body = b'{"count": 3, "request_id": "r-1"}'
         replays.fail_with = StoreUnavailable("down for the test")
@@ -178,11 +177,60 @@ class _HangingReplayStore(MemoryReplayStore):
         raise AssertionError("unreachable")
 
 
-async def test_a_hanging_store_delays_a_request_no_longer_than_its_deadline() -> None:
-    """The IDs are in hand: a replay store that hangs costs the request its deadline at most, not more."""
+async def hanging_dispatcher(
+    clock: ManualClock, *, refuse_unsettled: bool
+) -> tuple[Dispatcher, SegmentAllocator]:
+    """A dispatcher (2 s deadline) whose replay store never answers."""
     segments = MemorySegmentStore()
     await segments.add_tag("order", 100)
+    allocator = SegmentAllocator(segments, clock, AllocatorSettings())
+    await allocator.refresh()
+    dispatcher = Dispatcher(
+        allocator,
+        clock,
+        Limits(deadline=2.0),
+        kind="segment",
+        replay_store=_HangingReplayStore(clock.monotonic),
+        refuse_unsettled=refuse_unsettled,
+    )
+    return dispatcher, allocator
+
+
+@pytest.mark.parametrize("refuse_unsettled", [True, False])
+async def test_a_hanging_store_delays_a_request_no_longer_than_its_deadline(refuse_unsettled: bool) -> None:
+    """The IDs are in hand: a replay store that hangs costs the request its deadline at most, not more."""
     clock = ManualClock()
+    dispatcher, allocator = await hanging_dispatcher(clock, refuse_unsettled=refuse_unsettled)
+    try:
+        answering = asyncio.create_task(
+            dispatcher.answer("order", decode_request(b'{"count": 3, "request_id": "r-1"}'))
+        )
+        await settle()
+        assert not answering.done()  # waiting on the store, within its deadline
+        await clock.advance(1.999)
+        assert not answering.done()
+        await clock.advance(0.001)
+        answer = await asyncio.wait_for(answering, 5)
+        if refuse_unsettled:
+            assert answer.error is not None
+            assert answer.error.code == "unavailable"
+            assert dispatcher.replays_unsettled == 0
+        else:
+            assert answer.error is None
+            assert reply_of(answer.body).ids == [1, 2, 3]
+            assert dispatcher.replays_unsettled == 1
+    finally:
+        await allocator.close()
+
+
+async def test_by_default_an_answer_the_store_did_not_record_in_time_is_refused() -> None:
+    """The default keeps the README's promise: a store that hangs past the deadline gets ``unavailable``.
+
+    (Before, the default answered the IDs unrecorded, and a retry on another worker got other IDs.)
+    """
+    clock = ManualClock()
+    segments = MemorySegmentStore()
+    await segments.add_tag("order", 100)
     allocator = SegmentAllocator(segments, clock, AllocatorSettings())
     await allocator.refresh()
     dispatcher = Dispatcher(
@@ -196,12 +244,41 @@ async def test_a_hanging_store_delays_a_request_no_longer_than_its_deadline() ->
         answering = asyncio.create_task(
             dispatcher.answer("order", decode_request(b'{"count": 3, "request_id": "r-1"}'))
         )
-        await settle()
-        assert not answering.done()  # waiting on the store, within its deadline
         await clock.advance(2.0)
         answer = await asyncio.wait_for(answering, 5)
-        assert answer.error is None
-        assert reply_of(answer.body).ids == [1, 2, 3]
-        assert dispatcher.replays_unsettled == 1
+        assert answer.error is not None, reply_of(answer.body)
+        assert (answer.error.code, answer.error.retryable) == ("unavailable", True)
+        assert "retry with the same request_id" in answer.error.message
+    finally:
+        await allocator.close()
+
+
+async def test_many_requests_waiting_on_a_hanging_store_each_fail_at_their_own_deadline() -> None:
+    """Requests that arrived at different times over one hanging store are refused each at its deadline."""
+    clock = ManualClock()
+    dispatcher, allocator = await hanging_dispatcher(clock, refuse_unsettled=True)
+    try:
+        early = [
+            asyncio.create_task(
+                dispatcher.answer("order", decode_request(f'{{"request_id": "e-{n}"}}'.encode()))
+            )
+            for n in range(3)
+        ]
+        await clock.advance(0.5)
+        late = [
+            asyncio.create_task(
+                dispatcher.answer("order", decode_request(f'{{"request_id": "l-{n}"}}'.encode()))
+            )
+            for n in range(3)
+        ]
+        await clock.advance(1.5)  # the early ones' deadline
+        assert all(task.done() for task in early)
+        assert not any(task.done() for task in late)
+        await clock.advance(0.5)
+        assert all(task.done() for task in late)
+        for task in early + late:
+            error = task.result().error
+            assert error is not None
+            assert error.code == "unavailable"
     finally:
         await allocator.close()

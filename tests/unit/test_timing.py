@@ -1,4 +1,4 @@
-"""Waiting on a shell's clock: ``wait_done``, the one primitive under ``wait_event`` and ``run_within``."""
+"""Waiting on a shell's clock: ``wait_done`` (under ``wait_event`` and ``run_within``) and ``Deadlines``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from dispenser.service.timing import run_within, wait_done, wait_event
+from dispenser.service.timing import Deadlines, run_within, wait_done, wait_event
 from dispenser.testing.clock import ManualClock
 
 
@@ -53,3 +53,58 @@ async def test_wait_event_and_run_within_keep_their_answers() -> None:
     with pytest.raises(TimeoutError):
         slow.result()
     assert await run_within(clock, asyncio.sleep(0, result="x"), 1.0) == "x"
+
+
+async def test_deadlines_wake_each_waiter_at_its_own_deadline_and_leave_its_future_running() -> None:
+    """Waiters with deadlines out of order: each returns ``False`` at its own, its future untouched."""
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[int]] = [loop.create_future() for _ in range(3)]
+    at = [clock.monotonic() + offset for offset in (2.0, 0.5, 1.0)]
+    waiting = [asyncio.create_task(deadlines.wait(f, when)) for f, when in zip(futures, at, strict=True)]
+    await clock.advance(0.499)
+    assert not any(task.done() for task in waiting)
+    await clock.advance(0.001)
+    assert [task.done() for task in waiting] == [False, True, False]
+    await clock.advance(0.5)
+    assert [task.done() for task in waiting] == [False, True, True]
+    await clock.advance(1.0)
+    assert [task.result() for task in waiting] == [False, False, False]
+    assert not any(f.done() for f in futures)
+
+
+async def test_deadlines_return_when_the_future_is_done_and_forget_it() -> None:
+    """A future done before its deadline: ``True`` at once; a deadline already past: ``False`` at once."""
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[int] = loop.create_future()
+    waiting = asyncio.create_task(deadlines.wait(answered, clock.monotonic() + 10.0))
+    later: asyncio.Future[int] = loop.create_future()
+    still = asyncio.create_task(deadlines.wait(later, clock.monotonic() + 20.0))
+    await clock.advance(1.0)
+    answered.set_result(1)
+    await clock.advance(0.0)
+    assert waiting.result() is True
+    assert not still.done()
+    await clock.advance(19.0)  # the answered one's deadline passed on the way: nothing woke early
+    assert still.result() is False
+    assert await deadlines.wait(answered, clock.monotonic() - 1.0) is True
+    assert await deadlines.wait(later, clock.monotonic()) is False
+
+
+async def test_a_cancelled_waiter_leaves_the_others_on_time() -> None:
+    """Cancelling one waiter (its request stopped) neither wakes nor delays the others."""
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    loop = asyncio.get_running_loop()
+    first = asyncio.create_task(deadlines.wait(loop.create_future(), clock.monotonic() + 1.0))
+    second = asyncio.create_task(deadlines.wait(loop.create_future(), clock.monotonic() + 2.0))
+    await clock.advance(0.5)
+    first.cancel()
+    await clock.advance(1.0)
+    assert first.cancelled()
+    assert not second.done()
+    await clock.advance(0.5)
+    assert second.result() is False

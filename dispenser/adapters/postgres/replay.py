@@ -76,17 +76,20 @@ class PostgresReplayStore:
         self._queue: _Batch = {}
         self._writers: set[asyncio.Task[None]] = set()
 
-    async def settle(
+    def settle(
         self,
         key: tuple[str, str, str],
         count: int,
         format: str,
         ranges: tuple[tuple[int, int], ...],
         ttl: float,
-    ) -> Settled:
-        """Record the answer unless a live one exists; return the recorded one (group-committed).
+    ) -> asyncio.Future[Settled]:
+        """Record the answer unless a live one exists; the recorded one, when committed (group-committed).
 
-        Raises:
+        Returns a future rather than being a coroutine: no task per request. Cancelling it (the request's
+        deadline) leaves the record to be written all the same.
+
+        Raises (through the future):
             StoreUnavailable: PostgreSQL could not be reached or did not answer in time.
             StoreRefusedValue: PostgreSQL refused a value of this request (a data error, such as a NUL in
                 the request_id); the other answers written with it are recorded all the same.
@@ -100,7 +103,7 @@ class PostgresReplayStore:
             self._queue[key] = ((count, format, literal, ttl), [future])
         if len(self._writers) < WRITERS:
             self._writers.add(asyncio.create_task(self._write(), name="replay-store-write"))
-        return await future
+        return future
 
     async def _write(self) -> None:
         """Record what is queued, a batch per statement, until nothing is."""
