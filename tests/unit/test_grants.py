@@ -12,6 +12,7 @@ import pytest
 import dispenser.adapters.local.grants as module
 from dispenser.adapters.local.grants import GrantFile
 from dispenser.adapters.local.statefile import write_atomically
+from dispenser.adapters.postgres.primary import PrimaryWatch
 from dispenser.app import open_grants
 from dispenser.config import load_config
 from dispenser.core.errors import StateDirUnusable, StoreUnavailable
@@ -234,3 +235,37 @@ async def test_a_state_directory_that_stalls_at_start_refuses_the_start_within_i
     finally:
         ticking.cancel()
         disk.set()
+
+
+async def test_a_stalled_write_is_answered_without_the_state_directory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33 item 8: the ``unavailable`` a stalled disk causes does not say where the state directory is.
+
+    Both errors a segment request can be answered with (the grant that timed out, and the fetches refused
+    until the write ends) named the grant file's path; it stays in ``str(error)`` and the log.
+    """
+    disk = threading.Event()
+    real = write_atomically
+
+    def stalled_disk(path: Path, payload: bytes) -> None:
+        disk.wait()
+        real(path, payload)
+
+    hidden = tmp_path / "hidden-state-dir"
+    grants = GrantFile.open(hidden)
+    grants.write_timeout = 0.2
+    monkeypatch.setattr(module, "write_atomically", stalled_disk)
+    try:
+        with pytest.raises(StoreUnavailable) as timed_out:
+            await asyncio.wait_for(grants.remember("ids", "order", 10), 10)  # a bound on the test only
+        with pytest.raises(StoreUnavailable) as refused:
+            PrimaryWatch("postgresql://db", grants).check_memory()
+        for error in (timed_out.value, refused.value):
+            assert "could not be saved" in error.message
+            assert "hidden-state-dir" not in error.message
+            assert str(hidden) in str(error)  # the operator's words (the log, the CLI) still say where
+        assert str(hidden) in caplog.text
+    finally:
+        disk.set()
+        grants.close()

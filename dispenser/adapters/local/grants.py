@@ -210,12 +210,15 @@ class GrantFile:
         await self._flush()
 
     def stalled(self) -> str | None:
-        """Why a grant cannot be made durable now (a write that outlasted its bound is still under way), or None."""
+        """Why a grant cannot be made durable now (a write that outlasted its bound is still under way), or None.
+
+        In words a request may be answered: the file's path (where the state directory is) is not in them.
+        """
         if not self._stalled:
             return None
         return (
-            f"the segment grants could not be saved to {self.path} within {self.write_timeout:g} s and the "
-            "write has not ended (a stalled disk?): no segment is fetched until it does (docs/ha.md)"
+            f"the segment grants could not be saved within {self.write_timeout:g} s and the write has not "
+            "ended (a stalled disk?): no segment is fetched until it does (docs/ha.md)"
         )
 
     async def _flush(self) -> None:
@@ -239,9 +242,12 @@ class GrantFile:
                     self.write_timeout,
                 )
             self._stalled = self._writer is not None  # until the write under way ends
-            raise StoreUnavailable(
-                f"the segment grants could not be saved to {self.path} within {self.write_timeout:g} s (a "
-                "stalled disk?): a segment this worker could not remember is not handed out"
+            unsaved = "a segment this worker could not remember is not handed out"
+            raise StoreUnavailable(  # the path (where the state directory is) for the log only
+                f"the segment grants could not be saved within {self.write_timeout:g} s (a stalled disk?): "
+                f"{unsaved}",
+                logged=f"the segment grants could not be saved to {self.path} within {self.write_timeout:g} s "
+                f"(a stalled disk?): {unsaved}",
             ) from None
 
     async def _write(self) -> None:

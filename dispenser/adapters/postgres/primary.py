@@ -116,8 +116,8 @@ class PrimaryWatch:
             StoreUnavailable: a write of the memory has outlasted its bound; nothing was fetched.
         """
         why = None if self.grants is None else self.grants.stalled()
-        if why is not None:
-            raise StoreUnavailable(why)
+        if why is not None:  # where the grants are kept: the log's (str), not a reply's
+            raise StoreUnavailable(why, logged=f"{why} ({self.grants!r})")
 
     def floor(self, tag: str) -> tuple[int, str] | None:
         """``(max_id, cluster)``: the floor this worker's next fetch of ``tag`` raises the row to, if any."""
