@@ -349,19 +349,26 @@ class WorkerIdInUse(DispenserError):
     retryable = True
 
     def __init__(self, datacenter_id: int, worker_id: int, holder: str, overlap: str = "") -> None:
-        if overlap:  # another layout (or epoch) whose node bits match ours: the pairs differ, the IDs do not
-            clash = (
-                f"can issue the same IDs as the live worker {holder} ({overlap}): this worker issues no "
-                "snowflake IDs until restarted; give every worker node bits of its own (one layout across "
-                "the fleet, each datacenter its own snowflake.datacenter_id; docs/snowflake.md)"
+        """``holder``: the live worker's address, in ``str(error)`` only (where a worker runs is the log's)."""
+
+        def clash(who: str) -> str:
+            if (
+                overlap
+            ):  # another layout (or epoch) whose node bits match ours: the pairs differ, the IDs do not
+                return (
+                    f"can issue the same IDs as {who} ({overlap}): this worker issues no snowflake IDs until "
+                    "restarted; give every worker node bits of its own (one layout across the fleet, each "
+                    "datacenter its own snowflake.datacenter_id; docs/snowflake.md)"
+                )
+            return (
+                f"is also claimed by {who}: this worker issues no snowflake IDs until restarted; give each "
+                "datacenter its own snowflake.datacenter_id (with datacenter_bits) or its own worker IDs"
             )
-        else:
-            clash = (
-                f"is also claimed by the live worker {holder}: this worker issues no snowflake IDs until "
-                "restarted; give each datacenter its own snowflake.datacenter_id (with datacenter_bits) or its "
-                "own worker IDs"
-            )
-        super().__init__(f"snowflake worker ID {worker_id} of datacenter {datacenter_id} {clash}")
+
+        mine = f"snowflake worker ID {worker_id} of datacenter {datacenter_id}"
+        super().__init__(
+            f"{mine} {clash('another live worker')}", logged=f"{mine} {clash(f'the live worker {holder}')}"
+        )
         self.datacenter_id = datacenter_id
         self.worker_id = worker_id
 

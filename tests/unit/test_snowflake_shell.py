@@ -342,3 +342,23 @@ async def test_a_state_file_that_cannot_be_written_is_not_named_in_the_reply(
     assert path in str(answer.error)  # the operator's text (logs, the CLI) still says where
     assert path in caplog.text  # the failed renewal's warning
     await generator.stop()
+
+
+async def test_a_refusal_is_answered_without_the_live_peers_address() -> None:
+    """The peer guard's refusal (``worker_id_in_use``) does not tell callers where the other worker runs.
+
+    Its address (ip:port) went into every snowflake reply; it stays in ``str(error)``, which is logged.
+    """
+    clock = ManualClock()
+    generator = SnowflakeGenerator(LAYOUT, WorkerLease(5, 0), await fixed_registry(), clock, no_persist)
+    await generator.start()
+    d = Dispatcher(generator, clock, Limits(), kind="snowflake")
+    generator.refuse(WorkerIdInUse(0, 5, "10.0.0.2:7 (serving)"))
+    answer = await d.answer("t", d.decode("t", b'{"count": 1}'))
+    error = msgspec.json.decode(answer.body, type=Reply).error
+    assert error is not None
+    assert error.code == "worker_id_in_use"
+    assert "is also claimed by another live worker" in error.message
+    assert "10.0.0.2" not in answer.body.decode()
+    assert "the live worker 10.0.0.2:7 (serving)" in str(answer.error)
+    await generator.stop()
