@@ -287,19 +287,12 @@ async def _check_kafka(config: Config) -> CheckResult:
 
 async def check_grants_dir(config: Config) -> CheckResult:
     """``segment.remember_grants`` needs a state directory it can write: ``serve`` refuses to start without."""
-    import tempfile  # noqa: PLC0415
-
+    from dispenser.adapters.local.grants import probe_writable  # noqa: PLC0415
     from dispenser.app import grants_dir  # noqa: PLC0415
 
     directory = grants_dir(config)
-
-    def probe() -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".check-"):
-            pass
-
     try:
-        await asyncio.to_thread(probe)
+        await probe_writable(directory)  # bounded: a stalled disk fails the check, never holds it
     except OSError as exc:
         return CheckResult(
             "segment grants",

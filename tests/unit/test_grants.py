@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -269,3 +271,29 @@ async def test_a_stalled_write_is_answered_without_the_state_directory(
     finally:
         disk.set()
         grants.close()
+
+
+async def test_check_fails_on_a_stalled_state_directory_within_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29 item 10: `dispenser check` on a stalled state directory fails in the bound, never hangs.
+
+    Before, its probe ran in the default executor with no bound: the check (and the command's exit, which
+    joins that executor) waited as long as the disk did.
+    """
+    disk = threading.Event()
+    real = tempfile.NamedTemporaryFile
+
+    def stalled_create(*args: Any, **kwargs: Any) -> Any:
+        disk.wait(10)  # a bound on the test only: the disk "stalls" for 10 s
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", stalled_create)
+    monkeypatch.setattr(module, "WRITE_TIMEOUT", 0.2)
+    config = load_config(environ={"DISPENSER_SEGMENT_STATE_DIR": str(tmp_path / "state")})
+    try:
+        result = await check_grants_dir(config)
+    finally:
+        disk.set()
+    assert not result.ok
+    assert "no answer within 0.2 s (a stalled disk?)" in result.detail

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import logging
 import re
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ import msgspec
 from dispenser.adapters.local.statefile import WorkerIdentity, write_atomically
 from dispenser.core.errors import StoreUnavailable
 
-__all__ = ["WRITE_TIMEOUT", "GrantFile"]
+__all__ = ["WRITE_TIMEOUT", "GrantFile", "probe_writable"]
 
 log = logging.getLogger(__name__)
 
@@ -286,6 +287,29 @@ class GrantFile:
         """Release the directory slot (the file stays for the next start)."""
         if self._identity is not None:
             self._identity.release()
+
+
+async def probe_writable(directory: Path, timeout: float | None = None) -> None:
+    """Create ``directory`` if missing and a file in it, in a daemon thread, within ``timeout`` (:data:`WRITE_TIMEOUT`).
+
+    What ``dispenser check`` asks of a state directory: a stalled disk fails it in the bound instead of
+    holding the command (and its exit) for ever.
+
+    Raises:
+        OSError: the directory cannot be written, or did not answer within ``timeout``.
+    """
+    timeout = WRITE_TIMEOUT if timeout is None else timeout
+
+    def probe() -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".check-"):
+            pass
+
+    try:
+        async with asyncio.timeout(timeout):
+            await _in_daemon_thread(probe)
+    except TimeoutError:
+        raise OSError(errno.ETIMEDOUT, f"no answer within {timeout:g} s (a stalled disk?)") from None
 
 
 def _in_daemon_thread(fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
