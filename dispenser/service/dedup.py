@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from dispenser.core.errors import InvalidRequest
 
@@ -29,7 +29,8 @@ class ReplayCache(Generic[T]):
         self._clock = clock
         self._max = max_entries
         self._done: OrderedDict[Key, tuple[float, Params, T]] = OrderedDict()
-        self._pending: dict[Key, tuple[Params, asyncio.Future[T]]] = {}
+        # key -> [params, when it started, the future its copies wait on (made for the first copy)]
+        self._pending: dict[Key, list[Any]] = {}
 
     def __len__(self) -> int:
         return len(self._done)
@@ -40,33 +41,57 @@ class ReplayCache(Generic[T]):
         Raises:
             InvalidRequest: the ``request_id`` was used with a different count or format.
         """
+        held = self.held(key, params)
+        if held is not None:
+            return await held if isinstance(held, asyncio.Future) else held
+        try:
+            result = await compute()
+        except BaseException as exc:
+            self.fail(key, exc)
+            raise
+        self.remember(key, result)
+        return result
+
+    def held(self, key: Key, params: Params) -> T | asyncio.Future[T] | None:
+        """What ``key`` is bound to: its result, a future of the result being computed, or ``None``.
+
+        ``None`` makes the caller the one computing: it must end with :meth:`remember` or :meth:`fail`
+        (the synchronous steps of :meth:`get_or_compute`, for a caller that waits on one future only).
+
+        Raises:
+            InvalidRequest: the ``request_id`` was used with a different count or format.
+        """
         now = self._clock()
         self._expire(now)
         entry = self._done.get(key)
         if entry is not None:
-            _, seen_params, result = entry
-            self._check(key, params, seen_params)
-            return result
+            self._check(key, params, entry[1])
+            return entry[2]
         pending = self._pending.get(key)
         if pending is not None:
             self._check(key, params, pending[0])
-            return await asyncio.shield(pending[1])
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending[key] = (params, future)
-        try:
-            result = await compute()
-        except BaseException as exc:
-            # A failed attempt issued no IDs: let the retry compute afresh.
-            future.set_exception(exc)
-            future.exception()  # mark retrieved: nobody else may be waiting
-            raise
-        finally:
-            del self._pending[key]
-        future.set_result(result)
-        self._done[key] = (now, params, result)
+            future = pending[2]
+            if future is None:  # the first copy: made only now, most keys never see one
+                future = pending[2] = asyncio.get_running_loop().create_future()
+            return asyncio.shield(future)
+        self._pending[key] = [params, now, None]
+        return None
+
+    def remember(self, key: Key, result: T) -> None:
+        """End the computation :meth:`held` handed out: ``result`` is ``key``'s from now on."""
+        params, started, future = self._pending.pop(key)
+        if future is not None:
+            future.set_result(result)
+        self._done[key] = (started, params, result)
         while len(self._done) > self._max:
             self._done.popitem(last=False)
-        return result
+
+    def fail(self, key: Key, exc: BaseException) -> None:
+        """End the computation :meth:`held` handed out without a result (a failed attempt issued no IDs)."""
+        _, _, future = self._pending.pop(key)
+        if future is not None:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: the copies may have gone
 
     def _expire(self, now: float) -> None:
         done = self._done

@@ -26,7 +26,7 @@ from dispenser.core.errors import (
 )
 from dispenser.core.tags import validate_tag
 from dispenser.messages import ErrorBody, IdRequest, Kind, Reply, decode_request, encode_reply
-from dispenser.ports import Clock, IdSource, RangesBatch, ReplayStore
+from dispenser.ports import Clock, IdSource, RangesBatch, ReplayStore, Settled
 from dispenser.service.answering import Answer, Answerer
 from dispenser.service.dedup import ReplayCache, reused_request_id
 from dispenser.service.timing import Deadlines
@@ -56,6 +56,10 @@ class Limits:
     max_body_bytes: int = 4096
     deadline: float = 2.0
     """Seconds a request may wait (for a segment, the next millisecond, a recorded mark) before it fails."""
+
+
+def _no_answer_in_time() -> StoreUnavailable:
+    return StoreUnavailable("no answer before the request's deadline")
 
 
 class Dispatcher:
@@ -125,7 +129,7 @@ class Dispatcher:
         self.check_size(body)
         request = decode_request(body, msgpack)
         self._check_count(request)
-        if not msgpack:
+        if not msgpack and request.request_id is None:  # a body with a request_id is not sent again soon
             if len(self._bodies) >= _REMEMBERED:
                 self._bodies.clear()
             self._bodies[body] = request
@@ -175,11 +179,7 @@ class Dispatcher:
             if request.request_id is None:
                 batch = await self._source.take(tag, request.count, deadline)
             else:
-                batch = await self._replays.get_or_compute(
-                    (tag, request.request_id),
-                    (request.count, request.format),
-                    lambda: self._take_once(tag, request, deadline),
-                )
+                batch = await self._replayed(tag, request, deadline)
         except DispenserError as exc:
             return self.error(tag, exc, msgpack)
         except Exception as exc:
@@ -188,12 +188,28 @@ class Dispatcher:
             self._observe(self._clock.monotonic() - started)
         return Answer(self._reply(tag, request, batch, msgpack) if encode else b"", ranges=batch.ranges)
 
-    async def _take_once(self, tag: str, request: IdRequest, deadline: float) -> RangesBatch:
+    async def _replayed(self, tag: str, request: IdRequest, deadline: float) -> RangesBatch:
         """IDs for a request with a ``request_id``: ours, or those another worker already answered with.
 
-        This worker's :class:`ReplayCache` in front makes concurrent copies here share one call; the
-        store settles the race between workers (the first recorded answer wins, ours become gaps).
+        This worker's :class:`ReplayCache` in front makes concurrent copies here share one draw; the
+        store settles the race between workers (the first recorded answer wins, ours become gaps). One
+        coroutine, and the store's own future awaited directly, on every such request's path.
         """
+        assert request.request_id is not None
+        key = (tag, request.request_id)
+        held = self._replays.held(key, (request.count, request.format))
+        if held is not None:
+            return await held if isinstance(held, asyncio.Future) else held
+        try:
+            batch = await self._take_once(tag, request, deadline)
+        except BaseException as exc:
+            self._replays.fail(key, exc)
+            raise
+        self._replays.remember(key, batch)
+        return batch
+
+    async def _take_once(self, tag: str, request: IdRequest, deadline: float) -> RangesBatch:
+        """Draw the IDs and settle them with the fleet's store (see :meth:`_replayed`)."""
         batch = self._source.try_take(tag, request.count)
         if batch is None:
             batch = await self._source.take(tag, request.count, deadline)
@@ -201,27 +217,31 @@ class Dispatcher:
         if store is None:
             return batch
         assert request.request_id is not None
-        # A future (the PostgreSQL store's settle returns its own) or a task; waited on through the
-        # dispatcher's shared deadlines, not a task and a timer per request: this is every such request's path.
-        settling = asyncio.ensure_future(
-            store.settle(
-                (self.kind, tag, request.request_id),
-                request.count,
-                request.format,
-                tuple(batch.ranges),
-                self._replays.ttl,
-            )
+        settling = store.settle(
+            (self.kind, tag, request.request_id),
+            request.count,
+            request.format,
+            tuple(batch.ranges),
+            self._replays.ttl,
         )
+        settled: Settled
         try:
             # Within the request's deadline: the IDs are in hand, and a store that is failing over (or
             # waiting for a synchronous standby) must not make a request wait longer than a fetch would.
-            try:
-                if not await self._deadlines.wait(settling, deadline):
-                    raise StoreUnavailable("no answer before the request's deadline")
-            finally:
-                if not settling.done():
-                    settling.cancel()
-            settled = settling.result()
+            if isinstance(settling, asyncio.Future) and not isinstance(settling, asyncio.Task):
+                # The PostgreSQL store's own future: failed at the deadline by the dispatcher's shared
+                # timer, no task, waiter or callback per request (a request cancelled meanwhile cancels it).
+                self._deadlines.expire(settling, deadline, _no_answer_in_time)
+                settled = await settling
+            else:
+                task = asyncio.ensure_future(settling)
+                try:
+                    if not await self._deadlines.wait(task, deadline):
+                        raise _no_answer_in_time()
+                finally:
+                    if not task.done():
+                        task.cancel()
+                settled = task.result()
         except StoreUnavailable as exc:
             if self.refuse_unsettled:
                 # Exact or nothing: the IDs drawn become a gap; the client retries with the same request_id.

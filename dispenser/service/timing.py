@@ -6,7 +6,7 @@ import asyncio
 import heapq
 import itertools
 import math
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from dispenser.ports import Clock
@@ -69,15 +69,18 @@ class Deadlines:
     """Waits on many futures, each until its own deadline on one clock, with one sleeping task for all.
 
     :func:`wait_done` costs two tasks and an ``asyncio.wait`` per call (measured: ~16 µs on uvloop), which
-    a hot path that waits on every request cannot afford. Here a wait is a heap entry and a done callback;
-    one task sleeps until the earliest deadline still waited on, wakes the waiters whose deadline has come,
-    and goes back to sleep (or ends when nobody waits).
+    a hot path that waits on every request cannot afford. Here a wait is a heap entry and a done callback
+    (:meth:`wait`), or a heap entry alone for a future its caller awaits itself (:meth:`expire`); one task
+    sleeps until the earliest deadline still waited on, wakes (or fails) what is due, and goes back to sleep
+    (or ends when nothing is left).
     """
 
     def __init__(self, clock: Clock) -> None:
         """Deadlines on ``clock``'s monotonic time."""
         self._clock = clock
-        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        # (deadline, order, future, error): at the deadline a future not done yet gets ``error()`` as its
+        # exception, or ``None`` as its result when ``error`` is None (a waiter of :meth:`wait`).
+        self._heap: list[tuple[float, int, asyncio.Future[Any], Callable[[], BaseException] | None]] = []
         self._order = itertools.count()
         self._sleeper: asyncio.Task[None] | None = None
         self._wake_at = math.inf
@@ -99,15 +102,35 @@ class Deadlines:
                 waiter.set_result(None)
 
         future.add_done_callback(wake)
-        heapq.heappush(self._heap, (deadline, next(self._order), waiter))
-        if deadline < self._wake_at:
-            self._restart()
+        self._push(deadline, waiter, None)
         try:
             await waiter
         finally:
             future.remove_done_callback(wake)
             waiter.cancel()  # a waiter cancelled from outside: its entry is dropped at the next wake-up
         return future.done()
+
+    def expire(
+        self, future: asyncio.Future[Any], deadline: float, error: Callable[[], BaseException]
+    ) -> None:
+        """Fail ``future`` with ``error()`` when the clock reaches ``deadline``, unless it is done by then.
+
+        For a plain future its caller awaits (not a task: a task is cancelled, not failed): no waiter, no
+        callback, one heap entry.
+        """
+        if future.done():
+            return
+        if deadline <= self._clock.monotonic():
+            future.set_exception(error())
+            return
+        self._push(deadline, future, error)
+
+    def _push(
+        self, deadline: float, future: asyncio.Future[Any], error: Callable[[], BaseException] | None
+    ) -> None:
+        heapq.heappush(self._heap, (deadline, next(self._order), future, error))
+        if deadline < self._wake_at:
+            self._restart()
 
     def _restart(self) -> None:
         if self._sleeper is not None:
@@ -122,9 +145,13 @@ class Deadlines:
                 # Entries whose wait is over (answered, or cancelled) go, whatever their deadline, so that
                 # the sleep below is for a request still waiting; those whose deadline has come are woken.
                 while heap and (heap[0][2].done() or heap[0][0] <= now):
-                    _, _, waiter = heapq.heappop(heap)
-                    if not waiter.done():
-                        waiter.set_result(None)
+                    _, _, future, error = heapq.heappop(heap)
+                    if future.done():
+                        continue
+                    if error is None:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(error())
                 if not heap:
                     return
                 self._wake_at = heap[0][0]

@@ -108,3 +108,26 @@ async def test_a_cancelled_waiter_leaves_the_others_on_time() -> None:
     assert not second.done()
     await clock.advance(0.5)
     assert second.result() is False
+
+
+async def test_deadlines_expire_fails_a_future_at_its_deadline_unless_it_is_done() -> None:
+    """``expire``: the future gets the error at its deadline; one done before keeps its result."""
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    loop = asyncio.get_running_loop()
+    late: asyncio.Future[int] = loop.create_future()
+    early: asyncio.Future[int] = loop.create_future()
+    deadlines.expire(late, clock.monotonic() + 1.0, lambda: TimeoutError("late"))
+    deadlines.expire(early, clock.monotonic() + 1.0, lambda: TimeoutError("early"))
+    await clock.advance(0.5)
+    early.set_result(3)
+    await clock.advance(0.499)
+    assert not late.done()
+    await clock.advance(0.001)
+    with pytest.raises(TimeoutError, match="late"):
+        late.result()
+    assert early.result() == 3
+    past: asyncio.Future[int] = loop.create_future()
+    deadlines.expire(past, clock.monotonic(), lambda: TimeoutError("past"))
+    with pytest.raises(TimeoutError, match="past"):
+        past.result()

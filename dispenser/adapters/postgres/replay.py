@@ -94,7 +94,11 @@ class PostgresReplayStore:
             StoreRefusedValue: PostgreSQL refused a value of this request (a data error, such as a NUL in
                 the request_id); the other answers written with it are recorded all the same.
         """
-        literal = "{" + ",".join(str(bound) for pair in ranges for bound in pair) + "}"
+        if len(ranges) == 1:  # most answers: one range
+            first, last = ranges[0]
+            literal = f"{{{first},{last}}}"
+        else:
+            literal = "{" + ",".join(f"{first},{last}" for first, last in ranges) + "}"
         future: asyncio.Future[Settled] = asyncio.get_running_loop().create_future()
         queued = self._queue.get(key)
         if queued is not None:
