@@ -362,6 +362,14 @@ class FleetModel(RuleBasedStateMachine):
         for _ in range(times):
             self._fetch(worker, tag, step)
 
+    @precondition(lambda self: "workers" in self.enabled and bool(self.running))
+    @rule()
+    def traffic(self) -> None:
+        """Every running worker fetches a segment of every tag (a busy moment of the whole fleet)."""
+        for worker in list(self.running.values()):
+            for tag in sorted(TAGS):
+                self._fetch(worker, tag, None)
+
     def _fetch(self, worker: Worker, tag: str, step: int | None) -> None:
         try:
             allocation = self.run(self._retrying(lambda: worker.store.next_segment(tag, step)))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,13 +41,13 @@ LONG_STEPS = int(os.environ.get("DISPENSER_FLEET_MODEL_STEPS", "30"))
 """The soak stage's budget (``-m soak``), or what the variables say."""
 
 
+_envs = itertools.count(1)
+
+
 @pytest.fixture
-def fleet(
-    postgres_server: PostgresServer, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[FleetEnv]:
+def fleet(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[FleetEnv]:
     """The model's two databases on the shared server (each history empties them first)."""
-    slug = re.sub(r"[^a-z0-9]+", "", request.node.name.lower())[-12:]
-    env = FleetEnv(postgres_server, tmp_path, f"fm{os.getpid()}{slug}")
+    env = FleetEnv(postgres_server, tmp_path, f"fm{os.getpid()}_{next(_envs)}")
     asyncio.run(prepare_databases(env))
     yield env
     drop_databases(env)
