@@ -71,8 +71,8 @@ class Deadlines:
     :func:`wait_done` costs two tasks and an ``asyncio.wait`` per call (measured: ~16 µs on uvloop), which
     a hot path that waits on every request cannot afford. Here a wait is a heap entry and a done callback
     (:meth:`wait`), or a heap entry alone for a future its caller awaits itself (:meth:`expire`); one task
-    sleeps until the earliest deadline still waited on, wakes (or fails) what is due, and goes back to sleep
-    (or ends when nothing is left).
+    sleeps until the earliest deadline still waited on, wakes (or fails) what is due, and goes back to sleep;
+    it ends as soon as nothing is waited on (a worker that stops leaves no task behind).
     """
 
     def __init__(self, clock: Clock) -> None:
@@ -82,6 +82,8 @@ class Deadlines:
         # exception, or ``None`` as its result when ``error`` is None (a waiter of :meth:`wait`).
         self._heap: list[tuple[float, int, asyncio.Future[Any], Callable[[], BaseException] | None]] = []
         self._order = itertools.count()
+        self._live = 0
+        """Entries whose future is not done yet."""
         self._sleeper: asyncio.Task[None] | None = None
         self._wake_at = math.inf
 
@@ -129,8 +131,20 @@ class Deadlines:
         self, deadline: float, future: asyncio.Future[Any], error: Callable[[], BaseException] | None
     ) -> None:
         heapq.heappush(self._heap, (deadline, next(self._order), future, error))
+        self._live += 1
+        future.add_done_callback(self._gone)
         if deadline < self._wake_at:
             self._restart()
+
+    def _gone(self, _: object) -> None:
+        """One wait over: when none is left, neither are the heap's entries nor the sleeping task."""
+        self._live -= 1
+        if self._live == 0:
+            self._heap.clear()
+            if self._sleeper is not None:
+                self._sleeper.cancel()
+                self._sleeper = None
+                self._wake_at = math.inf
 
     def _restart(self) -> None:
         if self._sleeper is not None:

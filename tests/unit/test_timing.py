@@ -131,3 +131,21 @@ async def test_deadlines_expire_fails_a_future_at_its_deadline_unless_it_is_done
     deadlines.expire(past, clock.monotonic(), lambda: TimeoutError("past"))
     with pytest.raises(TimeoutError, match="past"):
         past.result()
+
+
+async def test_deadlines_leave_no_task_once_nothing_is_waited_on() -> None:
+    """The sleeping task ends when the last wait is over, long before the deadlines it was sleeping for."""
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[int]] = [loop.create_future() for _ in range(3)]
+    waiting = asyncio.create_task(deadlines.wait(futures[0], clock.monotonic() + 5.0))
+    deadlines.expire(futures[1], clock.monotonic() + 2.0, lambda: TimeoutError("late"))
+    deadlines.expire(futures[2], clock.monotonic() + 3.0, lambda: TimeoutError("late"))
+    await clock.advance(0.1)
+    assert any(task.get_name() == "deadlines" for task in asyncio.all_tasks())
+    for n, future in enumerate(futures):
+        future.set_result(n)
+    await clock.advance(0.1)
+    assert waiting.result() is True
+    assert not any(task.get_name() == "deadlines" for task in asyncio.all_tasks())
