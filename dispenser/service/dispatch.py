@@ -230,7 +230,7 @@ class Dispatcher:
             # waiting for a synchronous standby) must not make a request wait longer than a fetch would.
             if isinstance(settling, asyncio.Future) and not isinstance(settling, asyncio.Task):
                 # The PostgreSQL store's own future: failed at the deadline by the dispatcher's shared
-                # timer, no task, waiter or callback per request (a request cancelled meanwhile cancels it).
+                # timer, no task or waiter per request (a request cancelled meanwhile cancels it).
                 self._deadlines.expire(settling, deadline, _no_answer_in_time)
                 settled = await settling
             else:

@@ -69,10 +69,10 @@ class Deadlines:
     """Waits on many futures, each until its own deadline on one clock, with one sleeping task for all.
 
     :func:`wait_done` costs two tasks and an ``asyncio.wait`` per call (measured: ~16 µs on uvloop), which
-    a hot path that waits on every request cannot afford. Here a wait is a heap entry and a done callback
-    (:meth:`wait`), or a heap entry alone for a future its caller awaits itself (:meth:`expire`); one task
-    sleeps until the earliest deadline still waited on, wakes (or fails) what is due, and goes back to sleep;
-    it ends as soon as nothing is waited on (a worker that stops leaves no task behind).
+    a hot path that waits on every request cannot afford. Here a wait is a heap entry and done callbacks
+    (:meth:`wait`), and without a waiter for a future its caller awaits itself (:meth:`expire`); one task
+    sleeps until the earliest deadline still waited on, wakes (or fails) what is due, and goes back to
+    sleep; it ends as soon as nothing is waited on (a worker that stops leaves no task behind).
     """
 
     def __init__(self, clock: Clock) -> None:
@@ -117,8 +117,8 @@ class Deadlines:
     ) -> None:
         """Fail ``future`` with ``error()`` when the clock reaches ``deadline``, unless it is done by then.
 
-        For a plain future its caller awaits (not a task: a task is cancelled, not failed): no waiter, no
-        callback, one heap entry.
+        For a plain future its caller awaits (not a task: a task is cancelled, not failed): no waiter, one
+        heap entry.
         """
         if future.done():
             return
