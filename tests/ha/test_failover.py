@@ -108,8 +108,10 @@ async def test_leader_killed_under_load(
     assert not buffered.timeouts
     assert buffered_stall < 1.0, buffered_stall
     # With a request_id, the fleet-wide replay store (PostgreSQL) is asked too: for no longer than the
-    # request's deadline (1 s here), so these requests are answered through the failover as well.
-    assert not idempotent.errors
+    # request's deadline (1 s here). One whose answer cannot be recorded in it meanwhile is refused with the
+    # retryable `unavailable` (limits.dedup_unsettled = "refuse", the default: never an answer a retry on
+    # another worker would not get; tests/ha/test_request_id_failover.py), and none waits longer.
+    assert set(idempotent.errors) <= {"unavailable"}, idempotent.errors
     assert not idempotent.timeouts
     assert max(idempotent.latencies) < 1.6, max(idempotent.latencies)  # 2.04 s before the bound
     assert len(idempotent.ids) == len(set(idempotent.ids))
