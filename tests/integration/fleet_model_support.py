@@ -530,7 +530,7 @@ class FleetModel(RuleBasedStateMachine):
     @precondition(_on("snapshots"))
     @rule(snap=snapshots)
     def restore(self, snap: Snapshot) -> None:
-        """Database A replaced by the snapshot, under its own name; every pool reconnects on its next use.
+        """Database A replaced by the snapshot, under its own name; every live worker reconnects (its heartbeat).
 
         Skipped (a note) when a grant above the snapshot is remembered nowhere any more: outside the promise.
         """
@@ -552,3 +552,8 @@ class FleetModel(RuleBasedStateMachine):
         root = await self._root()
         await root.execute(f'DROP DATABASE "{self.db_a}" WITH (FORCE)')
         await self._copy(root, snap.name, self.db_a)
+        # Each live worker's heartbeat (every second) reaches the restored database on a new connection,
+        # which repairs it from the remembered grants: played at once, so that a worker stopped (and its
+        # grant file lost) right after the restore has had its heartbeat first, as docs/ha.md requires.
+        for worker in self.running.values():
+            await self._retrying(worker.store.list_tags)
