@@ -427,17 +427,8 @@ class FleetModel(RuleBasedStateMachine):
     def add_behind_an_open_remove(self, tag: str, start: str, commit: bool) -> None:
         """psql: ``DELETE`` of the tag left uncommitted; ``tag add --start`` meanwhile; then commit (or roll back)."""
         first = self._start_of(tag, start)
-        try:
+        with contextlib.suppress(TagExists, TagStartTooLow):
             self.run(self._add_behind_an_open_remove(tag, first, commit))
-        except (TagExists, TagStartTooLow):
-            pass
-        except StoreUnavailable as exc:
-            # KNOWN_BUG_STRIDED_ADD (test_fleet_model.py, an xfail replay): a strided tag's add refused by
-            # the trigger re-reads the high water inside its aborted transaction, so the refusal comes out
-            # as a retryable "store unavailable". No ID is handed out; remove this once it is fixed.
-            if "InFailedSQLTransactionError" not in str(exc) or TAGS[tag][1].plain:
-                raise
-            self._note(f"known bug: {exc}")
 
     async def add_behind_an_open_remove_raw(self, tag: str, start: int, *, commit: bool) -> None:
         """The rule's work without its tolerance of refusals: ``tag add --start start`` behind a held remove."""

@@ -148,15 +148,11 @@ def test_replay_a_worker_lost_right_after_a_restore(fleet: FleetEnv) -> None:
         machine.no_id_twice()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KNOWN_BUG_STRIDED_ADD: a strided tag's add refused by the trigger re-reads its high water in the "
-    "aborted transaction (adapters/postgres/tags.py): StoreUnavailable, retryable, instead of TagStartTooLow",
-)
 def test_replay_a_strided_tag_add_behind_an_open_remove_says_start_too_low(fleet: FleetEnv) -> None:
     """The same race for a strided tag: refused as ``start_below_high_water`` (what ``--resume`` acts on).
 
-    Found on today's main by the model (no ID twice, but a wrong, retryable error); xfail until fixed.
+    Found on main by the model (no ID twice, but a wrong, retryable error: the high water was read again in
+    the transaction the refused INSERT had aborted); fixed with a savepoint in adapters/postgres/tags.py.
     """
     with replaying(fleet) as (machine, (_, w2)):
         machine.fetch(worker=w2, tag="r", step=None, times=1)

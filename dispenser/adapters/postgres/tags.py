@@ -83,7 +83,10 @@ async def _add_row(conn: Pooled, tag: str, step: int, start: int, description: s
     if high_water is not None and start < high_water:
         raise TagStartTooLow(tag, start, high_water)
     try:
-        row = await conn.fetchrow(_ADD_TAG, tag, start, step, description)
+        # A savepoint inside a strided add's transaction: a refused INSERT would abort it, and the high water
+        # could not be read again below (the fleet model found a retryable store_unavailable there).
+        async with conn.transaction():
+            row = await conn.fetchrow(_ADD_TAG, tag, start, step, description)
     except asyncpg.UniqueViolationError:
         raise TagExists(tag) from None
     except asyncpg.CheckViolationError:  # removed meanwhile (the trigger's check): read its high water again
