@@ -80,12 +80,15 @@ class FleetEnv:
     root: Path
     prefix: str
     numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    snapshots: list[str] = field(default_factory=list)
-    """Every snapshot database made, dropped at the end of the test (:func:`drop_databases`)."""
 
     @property
     def db_a(self) -> str:
         return f"{self.prefix}_a"
+
+    @property
+    def template(self) -> str:
+        """A migrated, empty database: what a restore starts from."""
+        return f"{self.prefix}_t"
 
     @property
     def db_b(self) -> str:
@@ -94,14 +97,14 @@ class FleetEnv:
 
 async def prepare_databases(env: FleetEnv) -> None:
     """Create the two migrated databases of the model (once per test)."""
-    for name in (env.db_a, env.db_b):
+    for name in (env.db_a, env.db_b, env.template):
         env.server.drop_database(name)
         await migrate(env.server.create_database(name))
 
 
 def drop_databases(env: FleetEnv) -> None:
-    """Drop what :func:`prepare_databases` and the histories' snapshots made."""
-    for name in [env.db_a, env.db_b, *env.snapshots]:
+    """Drop what :func:`prepare_databases` and the restores made."""
+    for name in [env.db_a, env.db_b, env.template, f"{env.db_a}_r"]:
         env.server.drop_database(name)
 
 
@@ -117,11 +120,17 @@ class Worker:
         return self.name
 
 
+_TABLES = ("leaf_alloc", "dispenser_removed_tag", "dispenser_tag_residue")
+"""What a snapshot keeps: every table a fetch, an add or a remove reads or writes."""
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    """A copy of database A in the same cluster, and each tag's high water in it (row or tombstone)."""
+    """Database A's tables as they were at one moment, and each tag's high water then (row or tombstone)."""
 
     name: str
+    tables: dict[str, tuple[list[str], list[tuple[Any, ...]]]]
+    """Table → (columns, rows)."""
     high_water: dict[str, int]
 
     def __repr__(self) -> str:
@@ -484,39 +493,26 @@ class FleetModel(RuleBasedStateMachine):
     @precondition(lambda self: "snapshots" in self.enabled and len(self.snapshot_names) < MAX_SNAPSHOTS)
     @rule(target=snapshots)
     def snapshot(self) -> Snapshot:
-        """A volume snapshot of database A: ``CREATE DATABASE … TEMPLATE`` (the cluster's identity kept)."""
+        """A snapshot of database A, taken while the workers stay connected (as a volume snapshot is)."""
         return self.run(self._snapshot())
 
     async def _snapshot(self) -> Snapshot:
-        name = f"{self.db_a}_{self.number}_s{len(self.snapshot_names) + 1}"
-        root = await self._root()
-        await self._copy(root, self.db_a, name)
+        name = f"snapshot{len(self.snapshot_names) + 1}"
         self.snapshot_names.append(name)
-        self.env.snapshots.append(name)
-        copy = await asyncpg.connect(self.env.server.dsn_for(name))
+        conn = await asyncpg.connect(self.dsn_a)
         try:
-            rows = await copy.fetch(
-                "SELECT biz_tag, max(max_id) AS high FROM (SELECT biz_tag, max_id FROM leaf_alloc "
-                "UNION ALL SELECT biz_tag, max_id FROM dispenser_removed_tag) AS t GROUP BY biz_tag"
-            )
+            async with conn.transaction(isolation="repeatable_read", readonly=True):  # one moment of A
+                tables: dict[str, tuple[list[str], list[tuple[Any, ...]]]] = {}
+                for table in _TABLES:
+                    rows = await conn.fetch(f"SELECT * FROM {table}")
+                    tables[table] = (list(rows[0].keys()) if rows else [], [tuple(row) for row in rows])
+                high = await conn.fetch(
+                    "SELECT biz_tag, max(max_id) AS high FROM (SELECT biz_tag, max_id FROM leaf_alloc "
+                    "UNION ALL SELECT biz_tag, max_id FROM dispenser_removed_tag) AS t GROUP BY biz_tag"
+                )
         finally:
-            await copy.close()
-        return Snapshot(name, {row["biz_tag"]: row["high"] for row in rows})
-
-    async def _copy(self, root: asyncpg.Connection[Any], source: str, into: str) -> None:
-        """``CREATE DATABASE into TEMPLATE source``, cutting the source's sessions (pools reconnect after).
-
-        A template must have no session; asyncpg's pools reopen a cut connection at once (their minimum
-        size), so the source refuses new ones while it is copied.
-        """
-        await root.execute(f'ALTER DATABASE "{source}" ALLOW_CONNECTIONS false')
-        try:
-            await root.execute(
-                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE datname = $1", source
-            )
-            await root.execute(f'CREATE DATABASE "{into}" TEMPLATE "{source}"')
-        finally:
-            await root.execute(f'ALTER DATABASE "{source}" ALLOW_CONNECTIONS true')
+            await conn.close()
+        return Snapshot(name, tables, {row["biz_tag"]: row["high"] for row in high})
 
     @precondition(_on("snapshots"))
     @rule(snap=snapshots)
@@ -540,9 +536,25 @@ class FleetModel(RuleBasedStateMachine):
         self.run(self._restore(snap))
 
     async def _restore(self, snap: Snapshot) -> None:
+        """The snapshot's rows in a new database (a copy of the migrated template), renamed to A's name.
+
+        The restored database appears whole, in the same cluster (system identifier and timeline kept, as a
+        volume snapshot restored), and every session of the old one is cut.
+        """
         root = await self._root()
+        staged = f"{self.db_a}_r"
+        await root.execute(f'DROP DATABASE IF EXISTS "{staged}" WITH (FORCE)')
+        await root.execute(f'CREATE DATABASE "{staged}" TEMPLATE "{self.env.template}"')
+        conn = await asyncpg.connect(self.env.server.dsn_for(staged))
+        try:
+            await conn.execute("SET session_replication_role = replica")  # rows as they were: no trigger
+            for table, (columns, rows) in snap.tables.items():
+                if rows:
+                    await conn.copy_records_to_table(table, records=rows, columns=columns)
+        finally:
+            await conn.close()
         await root.execute(f'DROP DATABASE "{self.db_a}" WITH (FORCE)')
-        await self._copy(root, snap.name, self.db_a)
+        await root.execute(f'ALTER DATABASE "{staged}" RENAME TO "{self.db_a}"')
         # Each live worker's heartbeat (every second) reaches the restored database on a new connection,
         # which repairs it from the remembered grants: played at once, so that a worker stopped (and its
         # grant file lost) right after the restore has had its heartbeat first, as docs/ha.md requires.
