@@ -212,8 +212,8 @@ class FleetModel(RuleBasedStateMachine):
     """Workers, operators and restores against one PostgreSQL; invariant: no ID granted twice.
 
     Configuration modelled (docs/testing.md): every worker of database A keeps its grants in one shared
-    state directory (a slot each, as workers on one host), ``new_primary_grace`` 0 (no failover here), the
-    default pool. A restore is played only when the grants above the snapshot are still remembered
+    state directory (a slot each, as workers on one host), ``new_primary_grace`` 0 (no failover here), a pool
+    of 1 to 2 connections (``postgres.pool_min`` is 1, as by default). A restore is played only when the grants above the snapshot are still remembered
     somewhere (a file of the directory): one that rolls back below a grant whose memory was lost is outside
     the promise (docs/ha.md, "What it cannot cover") and is skipped.
     """
@@ -326,7 +326,12 @@ class FleetModel(RuleBasedStateMachine):
     def no_id_twice(self) -> None:
         """The soak's ledger: no ID granted twice, across workers, restarts, re-adds and restores."""
         self.steps += 1
-        self.ledger.check()
+        try:
+            self.ledger.check()
+        except AssertionError as exc:
+            if not self.notes:
+                raise
+            raise AssertionError(f"{exc}\nnotes of the history:\n  " + "\n  ".join(self.notes)) from None
 
     # --- workers ---------------------------------------------------------------------------------------
 
