@@ -12,7 +12,6 @@ from dispenser.core.peers import Claim, ClaimState
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.service.identity import IdentityGuard
 
-
 TWITTER = SnowflakeLayout(datacenter_bits=5, worker_bits=5)
 
 
