@@ -197,3 +197,29 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+async def wait_serving(
+    nc: Client, workers: int, timeout: float = 20.0, service: str = "leaf-dispenser"
+) -> None:
+    """Wait until ``workers`` workers answer ``$SRV.PING`` (each serving: its NATS service started).
+
+    :meth:`WorkerProcess.wait_ready` is satisfied by any worker's reply, so with several workers started at
+    once it may return while the slower ones are still starting (a start waits for its peer checks: the
+    snowflake clock and residue windows), and a short test would then run against one of them only.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish(f"$SRV.PING.{service}", b"", reply=inbox)
+        seen = set()
+        with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
+            while True:
+                msg = await sub.next_msg(timeout=0.3)
+                seen.add(msg.data)
+        await sub.unsubscribe()
+        if len(seen) >= workers:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(seen)} of {workers} workers serving after {timeout} s")

@@ -13,7 +13,7 @@ from nats.aio.client import Client
 
 from dispenser.testing.servers import NatsServer
 
-from .segment_support import WorkerProcess, ask, client, ids_of, prepare
+from .segment_support import WorkerProcess, ask, client, ids_of, prepare, wait_serving
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.slow]
 
@@ -47,6 +47,7 @@ async def test_two_workers_and_concurrent_clients_draw_a_million_unique_ids(
         async with client(nats_server.url) as probe:
             for worker in workers:
                 await worker.wait_ready(probe, SUBJECT)
+            await wait_serving(probe, 2)
 
         async def draw(requests: int, body: bytes) -> list[int]:
             ids: list[int] = []

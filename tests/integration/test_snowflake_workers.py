@@ -14,7 +14,7 @@ from dispenser.config import load_config
 from dispenser.testing.servers import NatsServer
 from dispenser.testing.servers.zookeeper import ZooKeeperServer
 
-from .segment_support import WorkerProcess, client, running_worker
+from .segment_support import WorkerProcess, client, running_worker, wait_serving
 from .snowflake_support import (
     ShiftableClock,
     assert_unique,
@@ -62,6 +62,7 @@ async def test_two_processes_issue_a_million_unique_ids(
         async with client(nats_server.url) as probe:
             for worker in workers:
                 await worker.wait_ready(probe, subject("million"))
+            await wait_serving(probe, 2)
 
         async def draw(requests: int, count: int, fmt: str) -> list[tuple[int, int]]:
             ranges: list[tuple[int, int]] = []
