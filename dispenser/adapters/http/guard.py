@@ -23,7 +23,7 @@ import asyncio
 import logging
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -114,6 +114,11 @@ _PARSE_ERROR_CODES = {400: "malformed", 413: "too_large", 414: "too_large", 431:
 _ROUTER_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
+# aiohttp's own methods, called without super()'s lookup on the per-request path.
+_data_received = web.RequestHandler.data_received
+_finish_response = web.RequestHandler.finish_response
+
+
 class GuardedHandler(web.RequestHandler):
     """aiohttp's connection protocol, with a deadline for each request's head and parse errors in JSON.
 
@@ -148,7 +153,7 @@ class GuardedHandler(web.RequestHandler):
     def _parse(self, data: bytes) -> None:
         # aiohttp counts the requests it has parsed on this connection: a change means a head arrived.
         parsed = self._request_count
-        super().data_received(data)
+        _data_received(self, data)
         if self._request_count != parsed:
             if self._head_timer is not None:
                 self._head_timer.cancel()
@@ -175,10 +180,14 @@ class GuardedHandler(web.RequestHandler):
             self._head_timer = None
         super().connection_lost(exc)
 
-    async def finish_response(
+    def finish_response(
         self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
-    ) -> tuple[web.StreamResponse, bool]:
-        """Send the answer; one aiohttp raised itself (no route for ``OPTIONS *``, ``CONNECT``) in JSON."""
+    ) -> Coroutine[Any, Any, tuple[web.StreamResponse, bool]]:
+        """Send the answer; one aiohttp raised itself (no route for ``OPTIONS *``, ``CONNECT``) in JSON.
+
+        A plain function returning aiohttp's coroutine, not a coroutine of its own: this runs for every
+        answer, and an extra coroutine frame cost ~0.5 µs of the ~37 µs a request costs the server.
+        """
         if isinstance(resp, web.HTTPException) and ERROR_CODE_HEADER not in resp.headers:
             code = _ROUTER_CODES.get(resp.status, "bad_request")
             resp = web.Response(
@@ -187,7 +196,7 @@ class GuardedHandler(web.RequestHandler):
                 content_type="application/json",
                 headers={ERROR_CODE_HEADER: code, "Server": SERVER_HEADER},
             )
-        return await super().finish_response(request, resp, start_time)
+        return _finish_response(self, request, resp, start_time)
 
     def handle_error(
         self,
