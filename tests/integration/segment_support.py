@@ -223,3 +223,15 @@ async def wait_serving(
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"{len(seen)} of {workers} workers serving after {timeout} s")
+
+
+def whole(msg: Msg) -> str:
+    """Everything a NATS caller receives: the body and every header."""
+    headers = " ".join(f"{k}: {v}" for k, v in (msg.headers or {}).items())
+    return f"{msg.data.decode()} {headers}"
+
+
+def assert_nowhere(text: str, what: str, whereabouts: Iterable[str]) -> None:
+    """None of ``whereabouts`` (a DSN's parts, a server's address, a path) is in ``text``."""
+    found = [part for part in whereabouts if part in text]
+    assert not found, f"{what} says {found}: {text}"

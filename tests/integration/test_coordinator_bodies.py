@@ -14,29 +14,16 @@ import aiohttp
 import kazoo.security  # type: ignore[import-untyped]  # kazoo has no type hints
 import msgspec
 import pytest
-from nats.aio.msg import Msg
 
 from dispenser.adapters.zookeeper.registry import DEFAULT_ROOT
 from dispenser.config import load_config
 from dispenser.messages import Reply
 from dispenser.testing.servers import NatsServer, ZooKeeperServer
 
-from .segment_support import client, request, running_worker
+from .segment_support import assert_nowhere, client, request, running_worker, whole
 from .snowflake_support import ranges_of, snowflake_env, subject, worker_id_of, zk_session
 
 pytestmark = [pytest.mark.nats, pytest.mark.zookeeper]
-
-
-def whole(msg: Msg) -> str:
-    """Everything a NATS caller receives: the body and every header."""
-    headers = " ".join(f"{k}: {v}" for k, v in (msg.headers or {}).items())
-    return f"{msg.data.decode()} {headers}"
-
-
-def assert_nowhere(text: str, what: str, whereabouts: list[str]) -> None:
-    """None of ``whereabouts`` (ZooKeeper's address, the znode's path) is in ``text``."""
-    found = [part for part in whereabouts if part in text]
-    assert not found, f"{what} says {found}: {text}"
 
 
 @pytest.mark.parametrize("breakage", ["read-only", "garbage"])

@@ -13,7 +13,6 @@ from collections.abc import Iterable
 import aiohttp
 import msgspec
 import pytest
-from nats.aio.msg import Msg
 
 from dispenser.config import load_config
 from dispenser.messages import Reply
@@ -21,25 +20,13 @@ from dispenser.testing.servers import NatsServer, PostgresServer
 from dispenser.testing.servers.process import free_port
 from tests.secret_values import SECRETS
 
-from .segment_support import ask, client, ids_of, prepare, request, running_worker
+from .segment_support import ask, assert_nowhere, client, ids_of, prepare, request, running_worker, whole
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
 PASSWORD = SECRETS["whereabouts_postgres_password"]
 USER = "whereabouts_probe_user"
 DATABASE = "whereabouts_probe_db"
-
-
-def whole(msg: Msg) -> str:
-    """Everything a NATS caller receives: the body and every header."""
-    headers = " ".join(f"{k}: {v}" for k, v in (msg.headers or {}).items())
-    return f"{msg.data.decode()} {headers}"
-
-
-def assert_nowhere(text: str, what: str, secrets: Iterable[str]) -> None:
-    """None of ``secrets`` (the DSN's parts) is in ``text``."""
-    found = [secret for secret in secrets if secret in text]
-    assert not found, f"{what} says {found}: {text}"
 
 
 def assert_logged(caplog: pytest.LogCaptureFixture, parts: Iterable[str]) -> None:
