@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from dispenser.config import Config
 from dispenser.redaction import redact
+
+T = TypeVar("T")
 
 __all__ = ["CheckResult", "check_all", "check_grants_dir"]
 
@@ -133,24 +137,36 @@ async def _check_snowflake(config: Config) -> CheckResult:
     return CheckResult("snowflake layout", True, f"{bits}, {room}, IDs valid until {end}")
 
 
-async def _check_snowflake_peers(config: Config) -> CheckResult:
-    """Ask the live snowflake workers for their claims: no two may issue under one (datacenter, worker) ID."""
+async def _over_nats(config: Config, name: str, ask: Callable[[Any], Awaitable[T]]) -> T | CheckResult:
+    """``ask`` over a NATS connection of the check's own (closed after); the failed check if NATS cannot be reached."""
     from dispenser.adapters.nats.connection import connect  # noqa: PLC0415
-    from dispenser.adapters.nats.peers import collect_peer_clocks  # noqa: PLC0415
-    from dispenser.messages import clock_subject  # noqa: PLC0415
 
-    name = "snowflake peers"
     try:
         nc = await asyncio.wait_for(connect(config.nats, name="dispenser-check"), config.nats.connect_timeout)
     except (OSError, TimeoutError) as exc:
         return CheckResult(name, False, str(exc) or f"no answer from {redact(config.nats.url)}")
     try:
-        window = max(config.snowflake.peer_check_timeout, 0.5)
-        heard = await collect_peer_clocks(
-            nc, clock_subject(config.nats.subject_prefix), lambda: int(time.time() * 1000), window
-        )
+        return await ask(nc)
     finally:
         await nc.close()
+
+
+async def _check_snowflake_peers(config: Config) -> CheckResult:
+    """Ask the live snowflake workers for their claims: no two may issue under one (datacenter, worker) ID."""
+    from dispenser.adapters.nats.peers import collect_peer_clocks  # noqa: PLC0415
+    from dispenser.messages import clock_subject  # noqa: PLC0415
+
+    name = "snowflake peers"
+    window = max(config.snowflake.peer_check_timeout, 0.5)
+    heard = await _over_nats(
+        config,
+        name,
+        lambda nc: collect_peer_clocks(
+            nc, clock_subject(config.nats.subject_prefix), lambda: int(time.time() * 1000), window
+        ),
+    )
+    if isinstance(heard, CheckResult):
+        return heard
     claims = heard.claims
     by_node: dict[tuple[int, int], list[str]] = {}
     for claim in claims:
@@ -191,23 +207,21 @@ async def _check_snowflake_peers(config: Config) -> CheckResult:
 
 async def _check_residues(config: Config) -> CheckResult:
     """Ask the live segment workers for their tags' classes: no two databases may serve intersecting ones."""
-    from dispenser.adapters.nats.connection import connect  # noqa: PLC0415
     from dispenser.adapters.nats.residues import ask_residues  # noqa: PLC0415
     from dispenser.core.residue_claims import clashes  # noqa: PLC0415
     from dispenser.messages import ResidueClaims, residue_check_subject  # noqa: PLC0415
 
     name = "residue classes"
-    try:
-        nc = await asyncio.wait_for(connect(config.nats, name="dispenser-check"), config.nats.connect_timeout)
-    except (OSError, TimeoutError) as exc:
-        return CheckResult(name, False, str(exc) or f"no answer from {redact(config.nats.url)}")
-    try:
-        window = max(config.segment.residue_check_window, 0.5)
-        heard = await ask_residues(
+    window = max(config.segment.residue_check_window, 0.5)
+    heard = await _over_nats(
+        config,
+        name,
+        lambda nc: ask_residues(
             nc, residue_check_subject(config.nats.subject_prefix), window, ResidueClaims()
-        )
-    finally:
-        await nc.close()
+        ),
+    )
+    if isinstance(heard, CheckResult):
+        return heard
     claims = heard.claims
     problems = [f"tag {one.tag!r}: {one.describe()} and {other.describe()}" for one, other in clashes(claims)]
     problems += [f"tag {c.tag!r}: {c.describe()}" for c in claims if c.state == "refused"]
