@@ -235,3 +235,37 @@ def assert_nowhere(text: str, what: str, whereabouts: Iterable[str]) -> None:
     """None of ``whereabouts`` (a DSN's parts, a server's address, a path) is in ``text``."""
     found = [part for part in whereabouts if part in text]
     assert not found, f"{what} says {found}: {text}"
+
+
+@contextlib.asynccontextmanager
+async def spawned(
+    args: list[str], env: dict[str, str], log_path: Path
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A process we started (``args``, ``env`` over ours, output in ``log_path``), killed if the test left it running."""
+    with log_path.open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(*args, env=os.environ | env, stdout=log, stderr=log)
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def wait_answering(nc: Client, subject: str, proc: asyncio.subprocess.Process, log_path: Path) -> None:
+    """Until the worker ``proc`` answers a one-ID request on ``subject`` (its start: up to ~30 s when loaded)."""
+    for _ in range(300):
+        # The log is read only when the assertion fails (the message is evaluated then): no blocking read here.
+        assert proc.returncode is None, log_path.read_text()  # noqa: ASYNC240
+        try:
+            assert ids_of(await ask(nc, subject, b'{"count": 1}', timeout=0.5))
+            return
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"no answer on {subject}: {log_path.read_text()}")  # noqa: ASYNC240 - failing anyway
+
+
+async def stopped_by_sigterm(proc: asyncio.subprocess.Process) -> int:
+    """SIGTERM, then the exit status within the 10 s every process must stop in (TimeoutError past it)."""
+    proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(proc.wait(), 10)

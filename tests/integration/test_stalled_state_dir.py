@@ -9,14 +9,11 @@ the store, and in a ``dispenser serve`` child started through a small wrapper fo
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import sys
 import threading
 from pathlib import Path
 
 import asyncpg
-import nats
 import pytest
 
 import dispenser.adapters.local.grants as grants_module
@@ -26,7 +23,15 @@ from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import StoreUnavailable
 from dispenser.testing.servers import NatsServer
-from tests.integration.segment_support import ask, ids_of, prepare, wait_until
+from tests.integration.segment_support import (
+    ask,
+    client,
+    prepare,
+    spawned,
+    stopped_by_sigterm,
+    wait_answering,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.postgres]
 
@@ -112,32 +117,14 @@ async def test_serve_with_a_stalled_state_dir_answers_unavailable_and_stops_on_s
         "DISPENSER_SEGMENT_STATE_DIR": str(tmp_path / "state"),
         "STALL": str(stall),
     }
-    with log_path.open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _STALLING_SERVE, env=os.environ | env, stdout=log, stderr=log
-        )
-    try:
-        nc = await nats.connect(nats_server.url)
-        try:
-            for _ in range(300):  # until it serves (its start: up to ~30 s on a loaded machine)
-                assert proc.returncode is None, log_path.read_text()
-                try:
-                    assert ids_of(await ask(nc, "stall.segment.order", b'{"count": 1}', timeout=0.5))
-                    break
-                except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-                    await asyncio.sleep(0.1)
+    async with spawned([sys.executable, "-c", _STALLING_SERVE], env, log_path) as proc:
+        async with client(nats_server.url) as nc:
+            await wait_answering(nc, "stall.segment.order", proc, log_path)
             stall.touch()  # the disk stalls
             reply = await ask(nc, "stall.segment.order", b'{"count": 20}', timeout=5)
             assert reply.error is not None, reply
             assert (reply.error.code, reply.error.retryable) == ("unavailable", True)
-        finally:
-            await nc.close()
-        proc.send_signal(signal.SIGTERM)
-        status = await asyncio.wait_for(proc.wait(), 10)  # the 10 s every process must stop in
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        status = await stopped_by_sigterm(proc)
     text = log_path.read_text()
     assert status == 0, text
     assert "stopped" in text, text

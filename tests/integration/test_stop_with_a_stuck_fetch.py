@@ -10,18 +10,23 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
-import signal
 import sys
 from pathlib import Path
 
-import nats
 import pytest
 
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.testing.faultproxy import FaultProxy
 from dispenser.testing.servers import NatsServer, PostgresServer
-from tests.integration.segment_support import ask, ids_of, prepare, wait_until
+from tests.integration.segment_support import (
+    ask,
+    client,
+    prepare,
+    spawned,
+    stopped_by_sigterm,
+    wait_answering,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
@@ -45,34 +50,15 @@ async def test_sigterm_with_a_fetch_stuck_on_a_silent_database_logs_no_error(
             "DISPENSER_SEGMENT_FETCH_DEADLINE": "0.5",
             "DISPENSER_SEGMENT_STATE_DIR": str(tmp_path / "state"),
         }
-        with log_path.open("wb") as log:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "dispenser", "serve", env=os.environ | env, stdout=log, stderr=log
-            )
-        try:
-            nc = await nats.connect(nats_server.url)
-            try:
-                await wait_until(lambda: proc.returncode is None, what="serve runs")
-                for _ in range(300):  # until it serves (up to ~30 s on a loaded machine: its start)
-                    assert proc.returncode is None, log_path.read_text()
-                    try:
-                        assert ids_of(await ask(nc, "stuck.segment.order", b'{"count": 1}', timeout=0.5))
-                        break
-                    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-                        await asyncio.sleep(0.1)
+        async with spawned([sys.executable, "-m", "dispenser", "serve"], env, log_path) as proc:
+            async with client(nats_server.url) as nc:
+                await wait_answering(nc, "stuck.segment.order", proc, log_path)
                 proxy.blackhole()
                 # Drain the buffers: the fetch that follows hangs on the silent database.
                 reply = await ask(nc, "stuck.segment.order", b'{"count": 20}', timeout=5)
                 assert reply.error is not None, reply
                 assert reply.error.code == "unavailable", reply
-            finally:
-                await nc.close()
-            proc.send_signal(signal.SIGTERM)
-            status = await asyncio.wait_for(proc.wait(), 10)  # the 10 s every process must stop in
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            status = await stopped_by_sigterm(proc)
     text = log_path.read_text()
     assert status == 0, text
     assert "never retrieved" not in text, text
