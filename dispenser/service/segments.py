@@ -21,7 +21,7 @@ from dispenser.core.rate import RateMeter
 from dispenser.core.refill import Overlap, Refill
 from dispenser.core.residue import LEAF, Residue
 from dispenser.core.segment import NEED_SEGMENT, BufferStats
-from dispenser.ports import Clock, SegmentStore
+from dispenser.ports import Allocation, Clock, SegmentStore
 from dispenser.service.retry import Backoff
 from dispenser.service.timing import run_within, wait_event
 
@@ -230,6 +230,11 @@ class TagAllocator:
         self._changed = asyncio.Event()
 
     async def _fetch(self) -> None:
+        """Fetch segments until the waiters are served, retrying with backoff while the store fails.
+
+        The one fetch in flight for this tag; it ends for good when the tag is refused, exhausted, unknown,
+        or a segment is refused (:meth:`_ended`, :meth:`_serve`).
+        """
         settings = self._settings
         backoff = Backoff(settings.retry_initial, settings.retry_max, clock=self._clock, jitter=0.2)
         refill = self.refill
@@ -239,106 +244,18 @@ class TagAllocator:
                 refill.attempt(self._clock.monotonic())
                 started = time.perf_counter()
                 try:
-                    allocation = await self._store.next_segment(self.tag, step)
-                    if self.check is not None and allocation.residue != self._claimed:
-                        # Before any ID of this class is handed out: this segment is burnt if refused.
-                        await self.check.claim(self.tag, allocation.residue)
-                        self._claimed = allocation.residue
-                except ResidueOverlap as exc:
-                    refill.give_up()
-                    self.refuse(exc)
-                    return
-                except TagExhausted as exc:
-                    # No retry can help: what is buffered is still served, then takes get this error.
-                    self.fetch_errors += 1
-                    refill.give_up()
-                    self.last_error = exc
-                    self._closed = True
-                    log.error("%s", exc.message)
-                    return
-                except UnknownTag as exc:
-                    refill.give_up()
-                    self.last_error = exc
-                    self._closed = True
-                    if self._on_unknown is not None:
-                        self._on_unknown(self.tag)
+                    allocation = await self._allocate(step)
+                except (ResidueOverlap, TagExhausted, UnknownTag) as exc:
+                    self._ended(exc)
                     return
                 except Exception as exc:
-                    self.fetch_errors += 1
-                    refill.failed()
-                    # One line per outage (a failover retries for seconds): the first failure at WARNING,
-                    # the retries at DEBUG, then one line when it recovers.
-                    level = logging.WARNING if self.last_error is None else logging.DEBUG
-                    if self.last_error is None:
-                        self._failing_since = self._clock.monotonic()
-                        self._failures = 0
-                    self._failures += 1
-                    if isinstance(exc, DispenserError):
-                        self.last_error = exc
-                        log.log(
-                            level,
-                            "segment fetch for %r failed, retrying until the store answers: %s",
-                            self.tag,
-                            exc,
-                        )
-                    else:  # a bug, not an outage: say so loudly, but keep the tag alive
-                        self.last_error = StoreUnavailable(f"unexpected {type(exc).__name__} while fetching")
-                        log.exception(
-                            "segment fetch for %r failed unexpectedly; retrying in %.2fs",
-                            self.tag,
-                            backoff.delay,
-                        )
+                    self._failed(exc, backoff.delay)
                     self._notify()
                     await backoff.wait()
                     refill.start()
                     continue
-                if self.refusal is not None:
-                    refill.give_up()  # refused while this fetch was in flight: nothing of it is served
+                if not self._serve(allocation, started):
                     return
-                self.step = allocation.configured_step
-                segment = allocation.segment
-                self.steps.append(segment.size)
-                self.fetches += 1
-                self._fetched_at.append(self._clock.monotonic())
-                self.fetch_seconds += time.perf_counter() - started
-                if allocation.residue != self.residue and self.buffer.high >= 0:
-                    # The buffer holds ordinals of another class: mixing the two could repeat an ID.
-                    log.error(
-                        "refusing segment of tag %r: its stride/offset changed from %d/%d to %d/%d while "
-                        "this worker held its IDs; restart the worker (and never change a tag's class)",
-                        self.tag,
-                        self.residue.stride,
-                        self.residue.offset,
-                        allocation.residue.stride,
-                        allocation.residue.offset,
-                    )
-                    self.last_error = StoreUnavailable(
-                        f"the stride of {self.tag!r} changed under this worker"
-                    )
-                    self._closed = True
-                    return
-                self.residue = allocation.residue
-                try:
-                    refill.arrive(
-                        ((segment.first, segment.last),), self._clock.monotonic(), asked=segment.size
-                    )
-                except ValueError:
-                    # The store granted a segment overlapping one we hold: two writers share the row
-                    # wrongly. Serving it could repeat IDs; stop this tag instead.
-                    log.exception("refusing segment %s of tag %r", allocation.segment, self.tag)
-                    self.last_error = StoreUnavailable(
-                        f"the store granted an overlapping segment for {self.tag!r}"
-                    )
-                    self._closed = True
-                    return
-                if self.last_error is not None:
-                    log.info(
-                        "segment fetch for %r recovered after %d failed attempt(s) in %.1f s",
-                        self.tag,
-                        self._failures,
-                        self._clock.monotonic() - self._failing_since,
-                    )
-                self.last_error = None
                 if refill.satisfied():
                     return
                 # A waiter needs more than this segment gave (a huge batch): fetch again at once.
@@ -347,6 +264,112 @@ class TagAllocator:
         finally:
             self._fetcher = None
             self._notify()
+
+    async def _allocate(self, step: int | None) -> Allocation:
+        """The next segment from the store, its residue class claimed first if it is new to this tag.
+
+        Raises:
+            ResidueOverlap: the class is refused (this segment is burnt).
+            DispenserError: the store's or the claim's (and anything else: the fetch is retried).
+        """
+        allocation = await self._store.next_segment(self.tag, step)
+        if self.check is not None and allocation.residue != self._claimed:
+            # Before any ID of this class is handed out: this segment is burnt if refused.
+            await self.check.claim(self.tag, allocation.residue)
+            self._claimed = allocation.residue
+        return allocation
+
+    def _ended(self, exc: ResidueOverlap | TagExhausted | UnknownTag) -> None:
+        """A fetch that no retry can help: the class refused, the tag exhausted, or gone from the store."""
+        self.refill.give_up()
+        if isinstance(exc, ResidueOverlap):
+            self.refuse(exc)
+            return
+        if isinstance(exc, TagExhausted):
+            # What is buffered is still served, then takes get this error.
+            self.fetch_errors += 1
+            self.last_error = exc
+            self._closed = True
+            log.error("%s", exc.message)
+            return
+        self.last_error = exc
+        self._closed = True
+        if self._on_unknown is not None:
+            self._on_unknown(self.tag)
+
+    def _failed(self, exc: Exception, delay: float) -> None:
+        """Count a failed fetch (retried after ``delay`` seconds) and say so, once per outage.
+
+        One line per outage (a failover retries for seconds): the first failure at WARNING, the retries at
+        DEBUG, then one line when it recovers (:meth:`_recovered`). Called while ``exc`` is being handled.
+        """
+        self.fetch_errors += 1
+        self.refill.failed()
+        level = logging.WARNING if self.last_error is None else logging.DEBUG
+        if self.last_error is None:
+            self._failing_since = self._clock.monotonic()
+            self._failures = 0
+        self._failures += 1
+        if isinstance(exc, DispenserError):
+            self.last_error = exc
+            log.log(level, "segment fetch for %r failed, retrying until the store answers: %s", self.tag, exc)
+        else:  # a bug, not an outage: say so loudly, but keep the tag alive
+            self.last_error = StoreUnavailable(f"unexpected {type(exc).__name__} while fetching")
+            log.exception("segment fetch for %r failed unexpectedly; retrying in %.2fs", self.tag, delay)
+
+    def _recovered(self) -> None:
+        """The line that ends an outage's (see :meth:`_failed`)."""
+        log.info(
+            "segment fetch for %r recovered after %d failed attempt(s) in %.1f s",
+            self.tag,
+            self._failures,
+            self._clock.monotonic() - self._failing_since,
+        )
+
+    def _serve(self, allocation: Allocation, started: float) -> bool:
+        """Hand a fetched segment to the engine; False when the fetch must end and nothing of it is served.
+
+        Refused while in flight, of another residue class than the buffered IDs, or overlapping a segment
+        held: serving it could repeat IDs, so the tag stops instead.
+        """
+        refill = self.refill
+        if self.refusal is not None:
+            refill.give_up()  # refused while this fetch was in flight: nothing of it is served
+            return False
+        self.step = allocation.configured_step
+        segment = allocation.segment
+        self.steps.append(segment.size)
+        self.fetches += 1
+        self._fetched_at.append(self._clock.monotonic())
+        self.fetch_seconds += time.perf_counter() - started
+        if allocation.residue != self.residue and self.buffer.high >= 0:
+            # The buffer holds ordinals of another class: mixing the two could repeat an ID.
+            log.error(
+                "refusing segment of tag %r: its stride/offset changed from %d/%d to %d/%d while "
+                "this worker held its IDs; restart the worker (and never change a tag's class)",
+                self.tag,
+                self.residue.stride,
+                self.residue.offset,
+                allocation.residue.stride,
+                allocation.residue.offset,
+            )
+            self.last_error = StoreUnavailable(f"the stride of {self.tag!r} changed under this worker")
+            self._closed = True
+            return False
+        self.residue = allocation.residue
+        try:
+            refill.arrive(((segment.first, segment.last),), self._clock.monotonic(), asked=segment.size)
+        except ValueError:
+            # The store granted a segment overlapping one we hold: two writers share the row
+            # wrongly. Serving it could repeat IDs; stop this tag instead.
+            log.exception("refusing segment %s of tag %r", allocation.segment, self.tag)
+            self.last_error = StoreUnavailable(f"the store granted an overlapping segment for {self.tag!r}")
+            self._closed = True
+            return False
+        if self.last_error is not None:
+            self._recovered()
+        self.last_error = None
+        return True
 
     def _next_step(self) -> int | None:
         """The size of the next segment: the sizer's (or the configured) step, or more when a waiter needs more."""
