@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from dispenser.adapters.nats.replies import gather_replies
 from dispenser.core.node_bits import NodeBits
 from dispenser.core.peers import Claim, ClaimState, PeerReading
 from dispenser.messages import ClockReading
@@ -123,6 +124,8 @@ async def collect_peer_clocks(
 ) -> PeerClocks:
     """Ask every live peer for its clock and collect the answers that arrive within ``window`` seconds.
 
+    Returns at once when the server answers "no responders" (nobody listens on the subject).
+
     Args:
         nc: the connection.
         subject: the clock subject (``<prefix>.snowflake-clock``).
@@ -131,38 +134,22 @@ async def collect_peer_clocks(
         enough: stop listening once this many peers have answered (``None``: the whole window).
         claim: ours, sent along so that the peers hear it (None: ask as an observer).
     """
-    inbox = nc.new_inbox()
     readings: list[PeerReading] = []
-    answered = False
-    subscription = await nc.subscribe(inbox)
-    try:
-        sent = wall_ms()
-        body = b"" if claim is None else _encoder.encode(reading_of(sent, claim))
-        await nc.publish(subject, body, reply=inbox)
-        loop = asyncio.get_running_loop()
-        end = loop.time() + window
-        while (left := end - loop.time()) > 0:
-            try:
-                msg = await subscription.next_msg(timeout=left)
-            except TimeoutError:
-                break
-            answered = True
-            if not msg.data:
-                continue  # the server's "no responders" status: nobody else is running
-            try:
-                reading = _decoder.decode(msg.data)
-            except msgspec.DecodeError:
-                log.warning("ignoring a malformed clock reading on %s", subject)
-                continue
-            if claim is not None and reading.nonce == claim.nonce:
-                continue  # our own answer (the worker answers its own subject too)
-            readings.append(
-                PeerReading(reading.wall_ms, sent, wall_ms(), reading.worker_id, claim_of(reading))
-            )
-            if enough is not None and len(readings) >= enough:
-                break
-    finally:
-        await subscription.unsubscribe()
+    sent = wall_ms()
+    body = b"" if claim is None else _encoder.encode(reading_of(sent, claim))
+
+    def hear(msg: Msg) -> bool:
+        try:
+            reading = _decoder.decode(msg.data)
+        except msgspec.DecodeError:
+            log.warning("ignoring a malformed clock reading on %s", subject)
+            return False
+        if claim is not None and reading.nonce == claim.nonce:
+            return False  # our own answer (the worker answers its own subject too)
+        readings.append(PeerReading(reading.wall_ms, sent, wall_ms(), reading.worker_id, claim_of(reading)))
+        return enough is not None and len(readings) >= enough
+
+    answered = await gather_replies(nc, subject, body, window, hear)
     return PeerClocks(readings, answered)
 
 

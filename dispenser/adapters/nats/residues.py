@@ -15,6 +15,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from dispenser.adapters.nats.replies import gather_replies
 from dispenser.core.residue import Residue
 from dispenser.core.residue_claims import Database, ResidueClaim, ResidueState
 from dispenser.messages import ResidueClaims, TagResidue
@@ -134,28 +135,14 @@ async def ask_residues(nc: Client, subject: str, window: float, body: ResidueCla
 
     Returns at once when the server answers "no responders" (no worker listens on the subject).
     """
-    inbox = nc.new_inbox()
     messages: list[ResidueClaims] = []
-    answered = False
-    subscription = await nc.subscribe(inbox)
-    try:
-        await nc.publish(subject, _encoder.encode(body), reply=inbox)
-        loop = asyncio.get_running_loop()
-        end = loop.time() + window
-        while (left := end - loop.time()) > 0:
-            try:
-                msg = await subscription.next_msg(timeout=left)
-            except TimeoutError:
-                break
-            answered = True
-            if not msg.data:
-                if msg.headers and msg.headers.get("Status") == "503":
-                    break  # "no responders": nobody else listens, nothing more will come
-                continue
-            try:
-                messages.append(_decoder.decode(msg.data))
-            except msgspec.DecodeError:
-                log.warning("ignoring a malformed residue answer on %s", subject)
-    finally:
-        await subscription.unsubscribe()
+
+    def hear(msg: Msg) -> bool:
+        try:
+            messages.append(_decoder.decode(msg.data))
+        except msgspec.DecodeError:
+            log.warning("ignoring a malformed residue answer on %s", subject)
+        return False
+
+    answered = await gather_replies(nc, subject, _encoder.encode(body), window, hear)
     return Heard(messages, answered)
