@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
+import asyncpg
 import msgspec
 import nats
 from nats.aio.client import Client
@@ -269,3 +270,12 @@ async def stopped_by_sigterm(proc: asyncio.subprocess.Process) -> int:
     """SIGTERM, then the exit status within the 10 s every process must stop in (TimeoutError past it)."""
     proc.send_signal(signal.SIGTERM)
     return await asyncio.wait_for(proc.wait(), 10)
+
+
+async def rewind(dsn: str, tag: str, max_id: int) -> None:
+    """Set ``tag``'s ``max_id`` back to ``max_id``, as a primary that lost grants (or a restore) would have it."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("UPDATE leaf_alloc SET max_id = $2 WHERE biz_tag = $1", tag, max_id)
+    finally:
+        await conn.close()

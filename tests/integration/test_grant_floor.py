@@ -19,7 +19,7 @@ from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import StoreUnavailable
 from dispenser.testing.servers import PostgresServer
-from tests.integration.segment_support import wait_until
+from tests.integration.segment_support import rewind, wait_until
 
 pytestmark = [pytest.mark.postgres]
 
@@ -123,14 +123,6 @@ async def test_after_a_restore_a_live_worker_sharing_the_state_directory_fetches
     finally:
         a_grants.close()
         b_grants.close()
-
-
-async def rewind(dsn: str, tag: str, max_id: int) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute("UPDATE leaf_alloc SET max_id = $2 WHERE biz_tag = $1", tag, max_id)
-    finally:
-        await conn.close()
 
 
 async def test_a_pitr_on_an_earlier_timeline_does_not_regrant(

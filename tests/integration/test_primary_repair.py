@@ -21,17 +21,9 @@ from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import StoreUnavailable
 from dispenser.testing.servers import NatsServer, PostgresServer, free_port
-from tests.integration.segment_support import ask, client, prepare, running_worker, worker_config
+from tests.integration.segment_support import ask, client, prepare, rewind, running_worker, worker_config
 
 pytestmark = [pytest.mark.postgres]
-
-
-async def rewind(dsn: str, tag: str, max_id: int) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute("UPDATE leaf_alloc SET max_id = $2 WHERE biz_tag = $1", tag, max_id)
-    finally:
-        await conn.close()
 
 
 async def test_a_new_primary_gets_the_remembered_grants_back_before_any_fetch(
