@@ -3,13 +3,15 @@
 Patroni from PyPI (:data:`PATRONI_REQUIREMENTS`) in a cached virtual environment, Debian's PostgreSQL, and
 ZooKeeper as the DCS. The users it runs as, its failover speed and how a node is killed:
 ``docs/testing.md`` ("How the servers run").
+
+This module runs the nodes and the cluster (start, stop, kill, wait for a state). The parts:
+:mod:`~dispenser.testing.servers.patroni_env` (the virtual environment, PostgreSQL's binaries) and
+:mod:`~dispenser.testing.servers.patroni_config` (a node's ``patroni.yml``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import pwd
@@ -20,17 +22,25 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dispenser.testing.servers.maven import cache_dir
+from dispenser.testing.servers.patroni_config import POSTGRES_USER, node_config, write_node_config
+from dispenser.testing.servers.patroni_env import (
+    PATRONI_REQUIREMENTS,
+    PATRONI_VERSION,
+    SYSTEM_PYTHON,
+    default_venv_dir,
+    main,
+    patroni_venv,
+    pg_bindir,
+)
 from dispenser.testing.servers.process import (
     LOOPBACK,
     DevServerError,
     ProcessId,
-    ServerNotFoundError,
     ServerStartError,
     children_of,
     command_line,
@@ -44,126 +54,15 @@ from dispenser.testing.servers.zookeeper import ZooKeeperServer
 
 __all__ = [
     "PATRONI_REQUIREMENTS",
+    "PATRONI_VERSION",
+    "SYSTEM_PYTHON",
     "Member",
     "PatroniCluster",
     "PatroniNode",
+    "default_venv_dir",
+    "main",
     "patroni_venv",
 ]
-
-PATRONI_VERSION = "4.1.5"
-PATRONI_REQUIREMENTS = (
-    # 4.1.5: the version docs/ha.md was tested with (ZooKeeper DCS, strict synchronous mode, failsafe_mode).
-    f"patroni[zookeeper,psycopg3]=={PATRONI_VERSION}",
-    # Patroni's driver; the binary wheel needs no libpq headers.
-    "psycopg[binary]==3.3.9",
-    # The same kazoo the dispenser pins (<2.12).
-    "kazoo==2.11.0",
-)
-"""What the Patroni environment holds, pinned: a change rebuilds it."""
-
-SYSTEM_PYTHON = Path("/usr/bin/python3")
-"""The interpreter the Patroni environment is built from (``$DISPENSER_PATRONI_PYTHON`` overrides it)."""
-
-_USER = "postgres"
-_STAMP = ".complete"
-
-
-def _pg_bindir() -> Path:
-    found = sorted(
-        (int(p.parent.name), p)
-        for p in Path("/usr/lib/postgresql").glob("*/bin")
-        if p.parent.name.isdigit() and (p / "postgres").is_file() and (p / "pg_rewind").is_file()
-    )
-    if not found:
-        raise ServerNotFoundError(
-            "Patroni drives Debian's PostgreSQL and none is installed in /usr/lib/postgresql/<version>/bin "
-            "(apt-get install postgresql; scripts/test does it)"
-        )
-    return found[-1][1]
-
-
-def _ensure_traversable(path: Path) -> None:
-    """Let others search every ancestor of ``path`` (``o+x``, never read), so ``postgres`` reaches it."""
-    for parent in [path.absolute(), *path.absolute().parents]:
-        mode = parent.stat().st_mode
-        if not mode & 0o001:
-            parent.chmod((mode & 0o7777) | 0o001)
-
-
-def default_venv_dir() -> Path:
-    """``~/.cache/leaf-dispenser/patroni-<version>`` (``$XDG_CACHE_HOME`` honoured)."""
-    return cache_dir(f"patroni-{PATRONI_VERSION}")
-
-
-def patroni_venv(dest: Path | None = None, *, timeout: float = 600.0) -> Path:
-    """Build (once) the virtual environment Patroni runs from, and return its ``patroni`` executable.
-
-    The environment is built from :data:`SYSTEM_PYTHON` with pip (PyPI), in a scratch directory renamed into
-    place with a stamp of :data:`PATRONI_REQUIREMENTS`, so a later call returns at once and a half-built
-    environment is never used; concurrent builds take turns on a lock file. When running as root, the
-    directory and its ancestors are made traversable so that ``postgres`` can execute it.
-
-    Raises:
-        ServerNotFoundError: the system Python (or its ``venv`` module) is missing.
-        DevServerError: pip failed (its output is in the message).
-    """
-    dest = default_venv_dir() if dest is None else Path(dest)
-    digest = hashlib.sha256("\n".join(PATRONI_REQUIREMENTS).encode()).hexdigest()
-    patroni = dest / "bin" / "patroni"
-
-    def complete() -> bool:
-        try:
-            return (dest / _STAMP).read_text().strip() == digest and patroni.is_file()
-        except OSError:
-            return False
-
-    if not complete():
-        python = Path(os.environ.get("DISPENSER_PATRONI_PYTHON", str(SYSTEM_PYTHON)))
-        if not python.is_file():
-            raise ServerNotFoundError(f"{python} not found: Patroni's environment is built from it")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(dest.with_name(dest.name + ".lock")):
-            if not complete():
-                _build_venv(python, dest, digest, timeout)
-    if os.geteuid() == 0:
-        _ensure_traversable(patroni)
-    return patroni
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _build_venv(python: Path, dest: Path, digest: str, timeout: float) -> None:
-    """Build the environment in place, stamp last.
-
-    A venv's scripts name its path, so it cannot be built elsewhere and moved; the stamp, written last, is
-    what makes it count, so a half-built one is rebuilt.
-    """
-    shutil.rmtree(dest, ignore_errors=True)
-    steps = [
-        [str(python), "-m", "venv", str(dest)],
-        [str(dest / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         *PATRONI_REQUIREMENTS],
-    ]  # fmt: skip
-    for cmd in steps:
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired as exc:
-            shutil.rmtree(dest, ignore_errors=True)
-            raise DevServerError(f"building Patroni's environment took over {timeout:g} s: {cmd}") from exc
-        if done.returncode != 0:
-            shutil.rmtree(dest, ignore_errors=True)
-            output = (done.stdout + done.stderr).strip()[-4000:]
-            hint = " (on Debian: apt-get install python3-venv)" if "venv" in cmd else ""
-            raise DevServerError(f"{' '.join(cmd)} failed (exit {done.returncode}){hint}:\n{output}")
-    (dest / _STAMP).write_text(digest + "\n")
 
 
 def _http(
@@ -258,7 +157,7 @@ class PatroniNode(ServerProcess[Path]):
 
     def sql(self, query: str, database: str = "postgres") -> str | None:
         """Run one query with ``psql`` on this node; its unaligned output, or None if it failed."""
-        cmd = [str(_pg_bindir() / "psql"), "-XAtq", "-h", LOOPBACK, "-p", str(self.port), "-U", "postgres",
+        cmd = [str(pg_bindir() / "psql"), "-XAtq", "-h", LOOPBACK, "-p", str(self.port), "-U", "postgres",
                "-d", database, "-c", query]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         try:
@@ -298,50 +197,19 @@ class PatroniNode(ServerProcess[Path]):
 
     def _prepare(self) -> Path:
         patroni = patroni_venv()
-        bindir = _pg_bindir()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        config = {
-            "scope": self.scope,
-            "namespace": "/service/",
-            "name": self.name,
-            "log": {"level": "INFO"},
-            "restapi": {
-                "listen": f"{LOOPBACK}:{self.rest_port}",
-                "connect_address": f"{LOOPBACK}:{self.rest_port}",
-            },
-            "zookeeper": {"hosts": self.zookeeper_hosts.split(",")},
-            "bootstrap": {
-                "dcs": self.bootstrap,
-                "initdb": [{"encoding": "UTF8"}, {"locale": "C"}, "data-checksums"],
-            },
-            "postgresql": {
-                "listen": f"{LOOPBACK}:{self.port}",
-                "connect_address": f"{LOOPBACK}:{self.port}",
-                "data_dir": str(self.data_dir),
-                "bin_dir": str(bindir),
-                "pgpass": str(self.workdir / "pgpass"),
-                "authentication": {
-                    "superuser": {"username": "postgres"},
-                    "replication": {"username": "replicator"},
-                    "rewind": {"username": "postgres"},
-                },
-                "parameters": {"unix_socket_directories": str(self.workdir)},
-                "pg_hba": [
-                    "local all all trust",
-                    f"host all all {LOOPBACK}/32 trust",
-                    f"host replication all {LOOPBACK}/32 trust",
-                ],
-            },
-        }
-        self.config_path.write_text(json.dumps(config, indent=2) + "\n")
-        if os.geteuid() == 0:
-            entry = pwd.getpwnam(_USER)
-            _ensure_traversable(self.workdir)
-            for root, dirs, files in os.walk(self.workdir):
-                for name in (*dirs, *files):
-                    os.chown(os.path.join(root, name), entry.pw_uid, entry.pw_gid, follow_symlinks=False)
-            os.chown(self.workdir, entry.pw_uid, entry.pw_gid)
-            self.workdir.chmod(0o700)
+        config = node_config(
+            scope=self.scope,
+            name=self.name,
+            zookeeper_hosts=self.zookeeper_hosts,
+            bootstrap=self.bootstrap,
+            rest_port=self.rest_port,
+            port=self.port,
+            workdir=self.workdir,
+            data_dir=self.data_dir,
+            bin_dir=pg_bindir(),
+        )
+        write_node_config(self.config_path, config, self.workdir)
         return patroni
 
     def _launch(self, patroni: Path, offset: int) -> None:
@@ -349,7 +217,7 @@ class PatroniNode(ServerProcess[Path]):
         group: int | None = None
         extra: list[int] | None = None
         if os.geteuid() == 0:
-            entry = pwd.getpwnam(_USER)
+            entry = pwd.getpwnam(POSTGRES_USER)
             user, group, extra = entry.pw_uid, entry.pw_gid, []
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(self.workdir)}
         self._spawn(
@@ -670,19 +538,6 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError as exc:
         return f"<unreadable: {exc}>"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dispenser.testing.servers.patroni``: build Patroni's environment (once), print its path."""
-    del argv
-    if not (default_venv_dir() / _STAMP).is_file():
-        print(f"installing Patroni {PATRONI_VERSION} into {default_venv_dir()}", file=sys.stderr)
-    try:
-        print(patroni_venv().parent.parent)
-    except DevServerError as exc:
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    return 0
 
 
 if __name__ == "__main__":
