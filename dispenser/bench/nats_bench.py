@@ -3,6 +3,7 @@
 This module runs the servers, the responders and the cases (:func:`run`) and is the command
 (:func:`main`). The parts: :mod:`~dispenser.bench.nats_plan` (options, bodies, mode plans),
 :mod:`~dispenser.bench.nats_load` (responder processes, load generator, samples, reply checks),
+:mod:`~dispenser.bench.nats_cases` (the cases measured through the responders),
 :mod:`~dispenser.bench.nats_report` (targets, report, tables). What runs, the cases and the figures:
 ``docs/benchmarks.md``.
 """
@@ -11,26 +12,33 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import itertools
 import os
 import platform
 import secrets
 import shlex
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import nats
 from nats.aio.client import Client
 
 from dispenser.bench.deployment import Deployment, check_answers, deployment_tag
+from dispenser.bench.nats_cases import (
+    Session,
+    better,
+    reply_sizes,
+    request_id_cases,
+    say,
+    say_case,
+    switch_cases,
+    throughput_cases,
+    with_request_ids,
+)
 from dispenser.bench.nats_load import (
     Child,
-    ReplyCheck,
     Sample,
-    SwitchSplit,
     count_ids,
     drive,
     make_case,
@@ -42,23 +50,19 @@ from dispenser.bench.nats_plan import (
     THROUGHPUT_BODIES,
     BenchError,
     BenchOptions,
-    Body,
     ModePlan,
     parse_options,
     plan_for_mode,
 )
 from dispenser.bench.nats_report import Report, evaluate_targets, profile_summary, render_report
 from dispenser.bench.servers import bench_servers, prepare_tags, remove_tags
-from dispenser.bench.stats import CaseResult, ratio, summarize, write_json
+from dispenser.bench.stats import CaseResult, write_json
 from dispenser.runner import run_async
-from dispenser.tables import fmt_ms, fmt_rate
 
 __all__ = ["BenchError", "BenchOptions", "main", "parse_options", "run"]
 
-
-def _say(options: BenchOptions, text: str) -> None:
-    if not options.quiet:
-        print(text, file=sys.stderr, flush=True)
+_with_request_ids = with_request_ids
+"""Moved to :mod:`~dispenser.bench.nats_cases`; still importable from here under its old name."""
 
 
 def _worker_argv(profile: Path | None, command: str | None) -> list[str]:
@@ -109,96 +113,6 @@ def _worker_child(
     )
 
 
-@dataclass(slots=True)
-class _Session:
-    """The started responders and the connection every case is measured through."""
-
-    options: BenchOptions
-    plan: ModePlan
-    nc: Client
-    echo: Child
-    worker: Child
-    nats_pid: int | None
-
-    @property
-    def prefix(self) -> str:
-        """The worker's subject prefix (``--subject-prefix``)."""
-        return self.options.subject_prefix
-
-    @property
-    def steady_subject(self) -> str:
-        """The dispenser's subject for the large-step tag."""
-        return f"{self.prefix}.{self.plan.kind}.{self.plan.steady_tag}"
-
-    @property
-    def echo_subject(self) -> str:
-        """The echo's subject for the same tag."""
-        return f"{self.prefix}.echo.{self.plan.steady_tag}"
-
-    async def window(
-        self, subject: str, body: Body, inflight: int, check: ReplyCheck | None, *, request_id: bool = False
-    ) -> Sample:
-        """One measured window of ``body`` on ``subject``, watching the CPU of its responder, us and NATS.
-
-        With ``request_id``, every request carries a fresh one (as a client of an at-least-once transport
-        sends).
-        """
-        responder = self.echo if subject.startswith(f"{self.prefix}.echo") else self.worker
-        if responder.exited:
-            raise BenchError(f"the {responder.name} exited during the run:\n{responder.tail()}")
-        watch = {"loadgen": os.getpid()}
-        if responder.proc is not None:
-            watch["responder"] = responder.proc.pid
-        if self.nats_pid is not None:
-            watch["nats"] = self.nats_pid
-        return await drive(
-            self.nc,
-            subject,
-            _with_request_ids(body) if request_id else body.encode(),
-            inflight=inflight,
-            warmup=self.options.warmup,
-            duration=self.options.duration,
-            timeout=self.options.timeout,
-            check=check,
-            watch=watch,
-        )
-
-    def record(
-        self,
-        name: str,
-        *,
-        responder: str,
-        kind: str,
-        subject: str,
-        body: Body,
-        inflight: int,
-        step: int | None,
-        sample: Sample,
-        windows: int | None = None,
-        reply: int | None = None,
-    ) -> CaseResult:
-        """The case record of ``sample``, with its progress line on stderr."""
-        case = make_case(
-            name=name,
-            responder=responder,
-            kind=kind,
-            mode=None if responder == "echo" else self.plan.mode,
-            subject=subject,
-            body=body,
-            inflight=inflight,
-            step=step,
-            sample=sample,
-            repetitions=self.options.repeat if windows is None else windows,
-        )
-        case.reply_bytes = reply
-        _say(
-            self.options,
-            f"  {name:<38} {fmt_rate(case.requests_per_s):>9} req/s  p50 {fmt_ms(case.p50_ms):>6} ms  "
-            f"p999 {fmt_ms(case.p999_ms):>7} ms  errors {case.errors + case.timeouts}",
-        )
-        return case
-
-
 async def _measure(
     options: BenchOptions,
     nats_url: str,
@@ -217,18 +131,18 @@ async def _measure(
         echo.start()
         worker.start()
         nc = await nats.connect(nats_url, name="dispenser-bench", allow_reconnect=False)
-        session = _Session(options, plan, nc, echo, worker, nats_pid)
+        session = Session(options, plan, nc, echo, worker, nats_pid)
         await wait_ready(nc, echo, session.echo_subject, b"")
         await wait_ready(nc, worker, session.steady_subject, b"")
-        reply_bytes = await _reply_sizes(session)
+        reply_bytes = await reply_sizes(session)
         for inflight in options.inflight:
             for body in THROUGHPUT_BODIES:
-                cases += await _throughput_cases(session, body, inflight, reply_bytes[body])
+                cases += await throughput_cases(session, body, inflight, reply_bytes[body])
         if options.request_id:
             for inflight in options.inflight:
-                cases += await _request_id_cases(session, inflight)
+                cases += await request_id_cases(session, inflight)
         if plan.switch_tag is not None and plan.switch_step is not None:
-            cases += await _switch_cases(session, plan.switch_tag, plan.switch_step)
+            cases += await switch_cases(session, plan.switch_tag, plan.switch_step)
         if worker.exited:
             raise BenchError(f"the worker exited during the run:\n{worker.tail()}")
     finally:
@@ -238,220 +152,8 @@ async def _measure(
         worker_status = worker.stop()
         echo.stop()
         if worker_status not in (None, 0):
-            _say(options, f"dispenser worker exited with status {worker_status}:\n{worker.tail()}")
+            say(options, f"dispenser worker exited with status {worker_status}:\n{worker.tail()}")
     return cases
-
-
-async def _reply_sizes(session: _Session) -> dict[Body, int]:
-    """Ask the worker once for each throughput body: is the reply right, and how many bytes is it?"""
-    reply_bytes: dict[Body, int] = {}
-    for body in THROUGHPUT_BODIES:
-        msg = await session.nc.request(session.steady_subject, body.encode(), timeout=session.options.timeout)
-        if msg.headers or count_ids(msg.data) != body.count:
-            raise BenchError(f"the worker answered {body.label} with {msg.data[:300]!r}")
-        reply_bytes[body] = len(msg.data)
-    return reply_bytes
-
-
-async def _throughput_cases(session: _Session, body: Body, inflight: int, size: int) -> list[CaseResult]:
-    """The echo, the sized echo (if the reply is much larger than the body) and the dispenser on ``body``.
-
-    Echo and dispenser run back to back (alternating with --repeat), so that both see the same machine
-    load; of N windows each, the best by requests/s counts. A reply much larger than the request (100 IDs
-    as JSON) also costs the client and the server: a second echo, answering with a canned body of the
-    dispenser's reply size, separates that from the worker's own cost.
-    """
-    sized_subject = f"{session.prefix}.echo-sized.{size}" if size > len(body.encode()) + 256 else None
-    echo_best, sized_best, best = await _best_windows(session, body, inflight, sized_subject)
-    base = session.record(
-        f"echo {body.label} @{inflight}",
-        responder="echo",
-        kind="throughput",
-        subject=session.echo_subject,
-        body=body,
-        inflight=inflight,
-        step=None,
-        sample=echo_best,
-        reply=len(body.encode()),
-    )
-    cases = [base]
-    sized: CaseResult | None = None
-    if sized_subject is not None and sized_best is not None:
-        sized = session.record(
-            f"echo {body.label} @{inflight} reply {size:,} B",
-            responder="echo",
-            kind="sized",
-            subject=sized_subject,
-            body=body,
-            inflight=inflight,
-            step=None,
-            sample=sized_best,
-            reply=size,
-        )
-        cases.append(sized)
-    case = session.record(
-        f"{session.plan.mode} {body.label} @{inflight}",
-        responder="dispenser",
-        kind="throughput",
-        subject=session.steady_subject,
-        body=body,
-        inflight=inflight,
-        step=session.plan.steady_step,
-        sample=best,
-        reply=size,
-    )
-    case.ratio_to_echo = ratio(case.requests_per_s, base.requests_per_s)
-    if sized is not None:
-        case.ratio_to_sized_echo = ratio(case.requests_per_s, sized.requests_per_s)
-    cases.append(case)
-    return cases
-
-
-def _with_request_ids(body: Body) -> Callable[[], bytes]:
-    """Bodies like ``body``'s, each with a fresh ``request_id`` (a counter under a random run prefix)."""
-    prefix = body.encode()[:-1] + b',"request_id":"' + secrets.token_hex(6).encode() + b"-"
-    counter = itertools.count()
-
-    def make() -> bytes:
-        return prefix + str(next(counter)).encode() + b'"}'
-
-    return make
-
-
-async def _request_id_cases(session: _Session, inflight: int) -> list[CaseResult]:
-    """``ids/1`` without and with a fresh ``request_id`` per request, alternating; the best window of each."""
-    body = THROUGHPUT_BODIES[0]
-    plain: Sample | None = None
-    keyed: Sample | None = None
-    for _ in range(session.options.repeat):
-        plain = _better(plain, await session.window(session.steady_subject, body, inflight, None))
-        check = sampled_count_check(body.count)
-        keyed = _better(
-            keyed, await session.window(session.steady_subject, body, inflight, check, request_id=True)
-        )
-    assert plain is not None
-    assert keyed is not None
-    base, case = (
-        session.record(
-            f"{session.plan.mode} {body.label} @{inflight}{suffix}",
-            responder="dispenser",
-            kind="request_id",
-            subject=session.steady_subject,
-            body=body,
-            inflight=inflight,
-            step=session.plan.steady_step,
-            sample=sample,
-        )
-        for suffix, sample in ((" plain", plain), (" request_id", keyed))
-    )
-    return [base, case]
-
-
-async def _best_windows(
-    session: _Session, body: Body, inflight: int, sized_subject: str | None
-) -> tuple[Sample, Sample | None, Sample]:
-    """The best window (by requests/s) of the echo, the sized echo (if any) and the dispenser."""
-    echo_best: Sample | None = None
-    sized_best: Sample | None = None
-    best: Sample | None = None
-    for _ in range(session.options.repeat):
-        echo_best = _better(echo_best, await session.window(session.echo_subject, body, inflight, None))
-        if sized_subject is not None:
-            sized_best = _better(sized_best, await session.window(sized_subject, body, inflight, None))
-        check = sampled_count_check(body.count)
-        best = _better(best, await session.window(session.steady_subject, body, inflight, check))
-    assert echo_best is not None
-    assert best is not None
-    return echo_best, sized_best, best
-
-
-async def _switch_cases(session: _Session, switch_tag: str, switch_step: int) -> list[CaseResult]:
-    """At each concurrency, the small-step tag against the same body on the large-step tag."""
-    body = Body("ids", session.options.switch_count)
-    switch_subject = f"{session.prefix}.{session.plan.kind}.{switch_tag}"
-    await wait_ready(session.nc, session.worker, switch_subject, body.encode())
-    cases: list[CaseResult] = []
-    for inflight in session.options.inflight:
-        split = SwitchSplit(switch_step, body.count)
-        reference, switching, windows = await _switch_windows(session, switch_subject, body, inflight, split)
-        plan = session.plan
-        ref_case = session.record(
-            f"{plan.mode} {body.label} @{inflight} step {plan.steady_step:,}",
-            responder="dispenser",
-            kind="reference",
-            subject=session.steady_subject,
-            body=body,
-            inflight=inflight,
-            step=plan.steady_step,
-            sample=reference,
-        )
-        case = session.record(
-            f"{plan.mode} {body.label} @{inflight} step {switch_step:,}",
-            responder="dispenser",
-            kind="switch",
-            subject=switch_subject,
-            body=body,
-            inflight=inflight,
-            step=switch_step,
-            sample=switching,
-            windows=windows,
-        )
-        _add_switch_figures(case, split, ref_case)
-        cases += [ref_case, case]
-    return cases
-
-
-async def _switch_windows(
-    session: _Session, switch_subject: str, body: Body, inflight: int, split: SwitchSplit
-) -> tuple[Sample, Sample, int]:
-    """The reference and the switch-over samples, and how many windows the switch-over one pools.
-
-    The same body on the large-step tag (what the run would be without switch-overs), then on the
-    small-step tag; with --repeat, all windows of each are pooled.
-    """
-    options = session.options
-    reference: Sample | None = None
-    switching: Sample | None = None
-    for _ in range(options.repeat):
-        check = sampled_count_check(body.count)
-        reference = _pooled(reference, await session.window(session.steady_subject, body, inflight, check))
-        switching = _pooled(switching, await session.window(switch_subject, body, inflight, split.check))
-    assert reference is not None
-    assert switching is not None
-    # A p999 needs about 1,000 samples to be more than the maximum: measure on until there are
-    # --min-switches switch-overs (or --switch-max-time has passed).
-    extra = 0
-    while (
-        len(split.switch_ns) < options.min_switches
-        and switching.elapsed + options.duration <= options.switch_max_time
-    ):
-        switching = switching.merge(await session.window(switch_subject, body, inflight, split.check))
-        extra += 1
-    return reference, switching, options.repeat + extra
-
-
-def _better(best: Sample | None, window: Sample) -> Sample:
-    return window if best is None or window.rate > best.rate else best
-
-
-def _pooled(pool: Sample | None, window: Sample) -> Sample:
-    return window if pool is None else pool.merge(window)
-
-
-def _add_switch_figures(case: CaseResult, split: SwitchSplit, reference: CaseResult) -> None:
-    switch = summarize(split.switch_ns)
-    steady = summarize(split.steady_ns)
-    case.switch_requests = switch.n
-    case.switch_p50_ms = switch.p50_ms
-    case.switch_p99_ms = switch.p99_ms
-    case.switch_p999_ms = switch.p999_ms
-    case.steady_requests = steady.n
-    case.steady_p50_ms = steady.p50_ms
-    case.steady_p99_ms = steady.p99_ms
-    case.steady_p999_ms = steady.p999_ms
-    case.switch_ratio_p999 = ratio(switch.p999_ms, steady.p999_ms)
-    case.reference_p999_ms = reference.p999_ms
-    case.reference_ratio_p999 = ratio(case.p999_ms, reference.p999_ms)
 
 
 # -- the run -----------------------------------------------------------------------------------------
@@ -480,7 +182,7 @@ def run(options: BenchOptions) -> Report:
             with bench_servers(
                 workdir, options.nats_url, options.postgres_dsn, need_postgres=bool(plan.tags)
             ) as (nats_url, nats_pid, dsn):
-                _say(options, f"servers: NATS {nats_url}" + (f", PostgreSQL {dsn}" if dsn else ""))
+                say(options, f"servers: NATS {nats_url}" + (f", PostgreSQL {dsn}" if dsn else ""))
                 if dsn is not None and plan.tags:
                     run_async(prepare_tags(dsn, plan.tags))
                 try:
@@ -550,7 +252,7 @@ def _run_deployment(options: BenchOptions, deployment: Deployment) -> Report:
     started = datetime.datetime.now(datetime.UTC)
     load_before = os.getloadavg()
     with deployment_tag(deployment, options.step) as tag:
-        _say(options, f"deployment: NATS {deployment.nats_url}, tag {tag}")
+        say(options, f"deployment: NATS {deployment.nats_url}, tag {tag}")
         cases = run_async(_measure_deployment(options, deployment.nats_url, tag))
     meta = _meta(options, started, load_before, "a deployment")
     meta["deployment"] = {"tag": tag, "created": deployment.create_dsn is not None}
@@ -585,7 +287,7 @@ async def _measure_deployment(options: BenchOptions, nats_url: str, tag: str) ->
                         check=sampled_count_check(body.count),
                         watch={"loadgen": os.getpid()},
                     )
-                    best = _better(best, window)
+                    best = better(best, window)
                 assert best is not None
                 case = make_case(
                     name=f"deployment {body.label} @{inflight}",
@@ -600,11 +302,7 @@ async def _measure_deployment(options: BenchOptions, nats_url: str, tag: str) ->
                     repetitions=options.repeat,
                 )
                 case.reply_bytes = len(reply)
-                _say(
-                    options,
-                    f"  {case.name:<38} {fmt_rate(case.requests_per_s):>9} req/s  p50 {fmt_ms(case.p50_ms):>6} ms  "
-                    f"p999 {fmt_ms(case.p999_ms):>7} ms  errors {case.errors + case.timeouts}",
-                )
+                say_case(options, case)
                 cases.append(case)
     finally:
         with contextlib.suppress(Exception):
