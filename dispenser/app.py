@@ -7,10 +7,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import signal
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Mapping
 
 import msgspec
 from prometheus_client import CollectorRegistry
@@ -23,52 +20,40 @@ from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
 from dispenser.adapters.kafka.rates import KafkaRateListener
 from dispenser.adapters.kafka.requests import KafkaRequestService
 from dispenser.adapters.local.grants import GrantFile
-from dispenser.adapters.local.statefile import default_state_dir
 from dispenser.adapters.nats.client import Connection
 from dispenser.adapters.nats.connection import connect, drain
-from dispenser.adapters.nats.peers import collect_peer_clocks, join_peers
 from dispenser.adapters.nats.rates import rate_sink, subscribe_rates
-from dispenser.adapters.nats.residues import announce, ask_residues, message_of, serve_residues
-from dispenser.adapters.nats.service import NatsIdService
-from dispenser.adapters.postgres.database import database_of
-from dispenser.adapters.postgres.replay import PostgresReplayStore
+from dispenser.adapters.nats.service import NatsIdService, SpecialHandler
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.adapters.prometheus import EnricherCollector, exposition, worker_registry
 from dispenser.config import Config
-from dispenser.core.errors import DispenserError, PeerClockUnverified, StateDirUnusable, WorkerIdInUse
-from dispenser.core.peers import check_peer_clocks
-from dispenser.core.residue_claims import Database, ResidueClaim
+from dispenser.core.errors import DispenserError
 from dispenser.core.step import StepPolicy
-from dispenser.messages import (
-    DECODE_TAG,
-    Kind,
-    clock_subject,
-    id_subject,
-    residue_check_subject,
-    residue_subject,
-)
+from dispenser.messages import DECODE_TAG, Kind, id_subject
 from dispenser.ports import Clock, IdSource, ReplayStore, SegmentStore, SystemClock
 from dispenser.readiness import cannot_issue, not_ready
 from dispenser.redaction import redact
-from dispenser.registries import SnowflakeRegistration, layout_of, open_registration
+from dispenser.registries import SnowflakeRegistration, layout_of
 from dispenser.service.decode import decode_handler, decode_id
 from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.identity import IdentityGuard
 from dispenser.service.rates import EventSink, RateBook, RatePublisher, RateSettings
 from dispenser.service.residues import ResidueGuard
-from dispenser.service.segments import AllocatorSettings, SegmentAllocator
-from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
+from dispenser.service.segments import SegmentAllocator
+from dispenser.service.snowflake import SnowflakeGenerator
+from dispenser.stopping import Run, background, run_until_signal
+from dispenser.worker_segments import SegmentStart, grants_dir, open_grants
+from dispenser.worker_snowflake import SnowflakeStart
 
 __all__ = ["Run", "Worker", "grants_dir", "open_grants", "run_enricher", "run_until_signal", "run_worker"]
 
 log = logging.getLogger(__name__)
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _PROBE_CONNECTIONS = 128
 """Open connections to the metrics port at once: probes and scrapers, a handful in practice."""
 
 
-class Worker:
+class Worker(SegmentStart, SnowflakeStart):
     """One dispenser worker: its store, generators, and the NATS and Kafka services that answer requests.
 
     Args:
@@ -231,45 +216,66 @@ class Worker:
             await self._start_rates(stack)
         operations = self._operations()
         if config.metrics.port is not None and not self._metrics_on_http_port():
-            # A small cap of its own: the probes' port never shares the fate of the API's sockets.
-            self.metrics = HttpServer(
-                config.metrics.host, config.metrics.port, operations, max_connections=_PROBE_CONNECTIONS
-            )
-            stack.push_async_callback(self.metrics.stop)
-            await self.metrics.start()
-            log.info("serving Prometheus metrics on %s/metrics (and /healthz, /readyz)", self.metrics.url)
+            await self._start_metrics(stack, config.metrics.port, operations)
         if not self.serve:
             return
         if self.nc is not None:
-            self.service = NatsIdService(self.nc, config.nats, dispatchers, special_tags=special)
-            if self._snowflake_left:
-                self.service.leave("snowflake")
-            stack.push_async_callback(self.service.stop)
-            await self.service.start()
-            prefix = config.nats.subject_prefix
-            log.info(
-                "serving %s in queue group %r",
-                ", ".join(id_subject(prefix, kind, "<tag>") for kind in dispatchers),
-                config.nats.queue_group,
-            )
+            await self._start_nats_service(stack, self.nc, special)
         if config.kafka.enabled:
-            self.phase = f"connecting to Kafka at {config.kafka.bootstrap_servers}"
-            self.kafka = KafkaRequestService(
-                config.kafka,
-                dispatchers,
-                max_body_bytes=config.limits.max_body_bytes,
-                request_max_age=config.kafka.request_max_age,
-                reply_timeout=config.kafka.reply_timeout,
-            )
-            # Registered before start(): stop() also closes the clients of a start that failed half-way.
-            stack.push_async_callback(self.kafka.stop)
-            await self.kafka.start()
+            await self._start_kafka_service(stack)
         if config.http.port is not None:
             await self._start_http(stack, operations)
         if self.nc is None and self.kafka is None and self.http is None:
             log.warning(
                 "neither NATS (nats.enabled), Kafka (kafka.enabled) nor HTTP (http.port) is on: nothing to serve"
             )
+
+    async def _start_metrics(
+        self, stack: contextlib.AsyncExitStack, port: int, operations: Operations
+    ) -> None:
+        """``/metrics``, ``/healthz`` and ``/readyz`` on a port of their own (``metrics.port``)."""
+        # A small cap of its own: the probes' port never shares the fate of the API's sockets.
+        self.metrics = HttpServer(
+            self.config.metrics.host, port, operations, max_connections=_PROBE_CONNECTIONS
+        )
+        stack.push_async_callback(self.metrics.stop)
+        await self.metrics.start()
+        log.info("serving Prometheus metrics on %s/metrics (and /healthz, /readyz)", self.metrics.url)
+
+    async def _start_nats_service(
+        self,
+        stack: contextlib.AsyncExitStack,
+        nc: Connection,
+        special: Mapping[str, Mapping[str, SpecialHandler]],
+    ) -> None:
+        """Answer the ID requests on NATS, in the queue group (not the snowflake one if refused)."""
+        config = self.config
+        self.service = NatsIdService(nc, config.nats, self.dispatchers, special_tags=special)
+        if self._snowflake_left:
+            self.service.leave("snowflake")
+        stack.push_async_callback(self.service.stop)
+        await self.service.start()
+        prefix = config.nats.subject_prefix
+        log.info(
+            "serving %s in queue group %r",
+            ", ".join(id_subject(prefix, kind, "<tag>") for kind in self.dispatchers),
+            config.nats.queue_group,
+        )
+
+    async def _start_kafka_service(self, stack: contextlib.AsyncExitStack) -> None:
+        """Answer the ID requests on Kafka's request topic."""
+        config = self.config
+        self.phase = f"connecting to Kafka at {config.kafka.bootstrap_servers}"
+        self.kafka = KafkaRequestService(
+            config.kafka,
+            self.dispatchers,
+            max_body_bytes=config.limits.max_body_bytes,
+            request_max_age=config.kafka.request_max_age,
+            reply_timeout=config.kafka.reply_timeout,
+        )
+        # Registered before start(): stop() also closes the clients of a start that failed half-way.
+        stack.push_async_callback(self.kafka.stop)
+        await self.kafka.start()
 
     def _metrics_on_http_port(self) -> bool:
         """Whether ``metrics.port`` is ``http.port``: then the HTTP API's server serves ``/metrics`` too."""
@@ -330,113 +336,6 @@ class Worker:
             f"callers: {', '.join(access.names())}" if not access.open else "open to anyone who reaches it",
         )
 
-    async def _postgres(self, stack: contextlib.AsyncExitStack) -> PostgresSegmentStore:
-        """The PostgreSQL pool, opened on first need (segments, the replay store) and closed last.
-
-        With ``segment.remember_grants``, the pool remembers every grant in the state directory and repairs
-        a new primary that lost some (docs/ha.md).
-        """
-        if self.postgres is None:
-            pg = self.config.postgres
-            grants = await open_grants(self.config)
-            if grants is not None:
-                stack.callback(grants.close)
-                self.grants = grants
-            self.postgres = await PostgresSegmentStore.connect(
-                pg.dsn,
-                min_size=pg.pool_min,
-                max_size=pg.pool_max,
-                command_timeout=pg.command_timeout,
-                connect_timeout=pg.connect_timeout,
-                grants=grants,
-                new_primary_grace=pg.new_primary_grace if grants is not None else 0.0,
-                # A serving worker starts without PostgreSQL (no primary yet, a failover, a DSN naming
-                # only standbys) and answers `unavailable` until it can reach it: one line, not an exit.
-                lazy=self.serve,
-            )
-            stack.push_async_callback(self.postgres.close)
-            if self.postgres.start_error is not None:
-                log.warning(
-                    "PostgreSQL cannot be reached yet, serving anyway: segment requests are answered "
-                    "'unavailable' (retryable) until it can (%s)",
-                    self.postgres.start_error,  # str(): where PostgreSQL is, for the operator
-                )
-            else:
-                log.info("connected to PostgreSQL at %s", redact(pg.dsn))
-        return self.postgres
-
-    async def _start_segments(
-        self, stack: contextlib.AsyncExitStack, store: PostgresSegmentStore
-    ) -> SegmentAllocator:
-        """The segment allocator, its tag list loaded if PostgreSQL answers, and its refresh loop."""
-        config = self.config
-        if store.connected:  # else said once already (see _postgres); the allocator retries by itself
-            await self._restore_peaks(store)
-        allocator = SegmentAllocator(
-            store,
-            self.clock,
-            AllocatorSettings(
-                prefetch_threshold=config.segment.prefetch_threshold,
-                refresh_interval=config.segment.refresh_interval,
-                retry_max=config.segment.retry_max,
-            ),
-            sizer=self.rates.size,
-            meters=self.rates.segment_meter,
-        )
-        stack.push_async_callback(allocator.close)
-        try:
-            if store.connected:
-                await allocator.refresh()
-                log.info("serving %d segment tags", len(allocator.tags))
-        except DispenserError as exc:
-            log.warning("could not load the tag list yet (will retry): %s", exc)
-        _background(stack, allocator.run_refresh_loop(), "segment-refresh")
-        return allocator
-
-    async def _open_replay_store(self, stack: contextlib.AsyncExitStack) -> ReplayStore | None:
-        """The fleet-wide store of answers to requests with a ``request_id`` (``limits.dedup_store``)."""
-        config = self.config
-        choice = config.limits.dedup_store
-        if choice == "auto":
-            uses_postgres = config.segment.enabled or (
-                config.snowflake.enabled and config.snowflake.mode == "postgres"
-            )
-            choice = "postgres" if uses_postgres else "local"
-        if choice == "local":
-            if config.snowflake.enabled:
-                log.info(
-                    "request_id answers are kept by this worker only (limits.dedup_store = 'local'): a retry "
-                    "that reaches another worker gets new IDs; set it to 'postgres' for fleet-wide retries"
-                )
-            return None
-        store = PostgresReplayStore(await self._postgres(stack))
-        _background(stack, self._sweep_replays(store), "replay-sweep")
-        return store
-
-    async def _sweep_replays(self, store: PostgresReplayStore) -> None:
-        """Delete expired answers every TTL (any worker may; the delete is idempotent)."""
-        interval = max(self.config.limits.dedup_ttl, 1.0)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                swept = await store.sweep()
-            except DispenserError as exc:
-                log.debug("could not sweep expired request answers (will retry): %s", exc)
-                continue
-            if swept:
-                log.debug("swept %d expired request answers", swept)
-
-    async def _restore_peaks(self, store: PostgresSegmentStore) -> None:
-        """Start from the saved fleet peaks (a restart at peak time, of any number of workers, sizes from them)."""
-        try:
-            peaks = await store.load_peaks("segment")
-        except DispenserError as exc:
-            log.warning("could not load the saved rate peaks (sizing from scratch): %s", exc)
-            return
-        self.rates.restore("segment", peaks)
-        if peaks:
-            log.info("restored the rate peaks of %d tag(s)", len(peaks))
-
     async def _start_rates(self, stack: contextlib.AsyncExitStack) -> None:
         """Publish this worker's rate events (NATS; Kafka too when on), hear its peers' (NATS, or else Kafka)."""
         config = self.config
@@ -456,175 +355,7 @@ class Worker:
                 stack.push_async_callback(listener.close)
                 self.rate_listener = listener
         self.rate_publisher = RatePublisher(self.rates, self.allocator, sinks, peak_store=self.store)
-        _background(stack, self.rate_publisher.run(), "rate-events")
-
-    async def _start_residues(
-        self, stack: contextlib.AsyncExitStack, allocator: SegmentAllocator, nc: Connection
-    ) -> None:
-        """Claim each tag's class at its first segment, against the other databases' (docs/datacenters.md)."""
-        config = self.config
-        prefix = config.nats.subject_prefix
-        subject, check_subject = residue_subject(prefix), residue_check_subject(prefix)
-        store = self.postgres
-        assert store is not None
-
-        async def database() -> Database:
-            return await database_of(store)
-
-        async def announce_claims(claims: list[ResidueClaim]) -> None:
-            await announce(nc, subject, guard, claims)
-
-        guard = ResidueGuard(
-            self.rates.worker,
-            database,
-            announce_claims,
-            datacenter=config.nats.datacenter,
-            on_refuse=allocator.refuse,
-        )
-        self.residue_guard = guard
-        if store.connected:
-            with contextlib.suppress(DispenserError):  # else read at the first segment
-                await guard.read_database()
-        # Announcements first, so that none made from here on is missed; then ask, before answering checks
-        # ourselves: with no other worker listening, the server's "no responders" ends the wait at once.
-        await serve_residues(nc, subject, None, guard)
-        window = config.segment.residue_check_window
-        heard = await ask_residues(nc, check_subject, window, message_of(guard, []))
-        if not heard.answered:
-            log.warning(
-                "the residue check on %r got no answer at all, not even the server's 'no responders': no "
-                "permission to publish there (or to receive on _INBOX.>), or the server is slow; the tags' "
-                "classes are checked only against the claims announced from now on (docs/datacenters.md)",
-                check_subject,
-            )
-        await guard.heard(heard.claims)
-        await serve_residues(nc, None, check_subject, guard)
-        allocator.check_residues(guard)
-        _background(stack, self._recheck_residues(guard, nc, check_subject), "residue-checks")
-
-    async def _recheck_residues(self, guard: ResidueGuard, nc: Connection, subject: str) -> None:
-        """Check the claims again now and then: a worker that missed an announcement hears it here."""
-        segment = self.config.segment
-        while True:
-            await asyncio.sleep(segment.residue_recheck_interval)
-            round_ = guard.begin_round()
-            try:
-                heard = await ask_residues(
-                    nc, subject, segment.residue_check_window, message_of(guard, guard.claims())
-                )
-            except Exception as exc:  # NATS down or slow: the next round tries again
-                log.debug("could not check the residue classes (will retry): %r", exc)
-                continue
-            await guard.end_round(round_, heard.claims)
-
-    async def _start_snowflake(self, stack: contextlib.AsyncExitStack) -> SnowflakeGenerator:
-        """Register the worker ID, check the clock against the record and the peers, start the generator."""
-        config = self.config
-        sf = config.snowflake
-        self.registration = registration = await open_registration(sf, config.postgres, self.clock)
-        stack.push_async_callback(registration.close)
-        lease = registration.lease
-        clock_check = clock_subject(config.nats.subject_prefix)
-        guard = IdentityGuard(
-            sf.datacenter_id,
-            lambda: self.snowflake.worker_id if self.snowflake is not None else lease.worker_id,
-            registration.address,
-            layout=registration.layout,
-        )
-        if self.nc is not None:
-            self.identity_guard = guard
-            # Answer (and hear the peers' claims) before asking, and ask again a window later: of two workers
-            # starting at once, at most one serves (docs/snowflake.md, "Two workers on one ID").
-            _, heard = await join_peers(
-                self.nc, clock_check, self.clock.wall_ms, sf.peer_check_timeout, guard
-            )
-            readings = heard.readings
-            if not heard.answered:
-                detail = (
-                    f"the peer clock check on {clock_check!r} got no answer at all, not even the server's "
-                    "'no responders': no permission to publish there (or to receive on _INBOX.>), or the "
-                    "server is slow; the clock is NOT checked against the peers (see docs/security.md)"
-                )
-                if sf.peer_check_failure == "refuse":
-                    raise PeerClockUnverified(detail)
-                log.warning("%s", detail)
-            offset = check_peer_clocks(readings, sf.peer_threshold_ms)
-            if offset is not None:
-                log.info("clock is within %.0f ms of the mean of %d live peer(s)", offset, len(readings))
-            elif heard.answered:
-                log.info("no live snowflake peers answered the clock check: this worker is the first")
-        else:
-            log.warning("NATS is off: the snowflake clock and worker ID are not checked against live peers")
-        settings = SnowflakeSettings(
-            random_start=sf.random_start,
-            max_backward_ms=sf.max_backward_ms,
-            report_interval=sf.report_interval,
-            registry_outage=registration.registry_outage,
-        )
-        generator = SnowflakeGenerator(
-            registration.layout,
-            lease,
-            registration,  # the registry, except that a start from the local cache may issue at once
-            self.clock,
-            registration.persist,
-            settings=settings,
-            persist_clean_stop=registration.persist_clean_stop,
-            datacenter_id=sf.datacenter_id,
-        )
-
-        def refuse(error: WorkerIdInUse) -> None:
-            generator.refuse(error)
-            self._leave_snowflake()
-
-        guard.on_refuse = refuse
-        if guard.refusal is not None:
-            refuse(guard.refusal)
-        await generator.start()
-        stack.push_async_callback(generator.stop)
-        generator.on_issue = self._snowflake_meter
-        if registration.from_cache:
-            generator.relocate(pause=False)  # keep trying the registry; the cached ID stays ours
-        if self.nc is not None:
-            _background(stack, self._recheck_peers(guard, clock_check), "snowflake-peers")
-        where = f"datacenter {sf.datacenter_id}, " if registration.layout.datacenter_bits else ""
-        log.info(
-            "snowflake worker ID %d (%s%s mode); layout valid until %s",
-            generator.worker_id,
-            where,
-            sf.mode,
-            registration.layout.end_datetime().isoformat(),
-        )
-        return generator
-
-    def _leave_snowflake(self) -> None:
-        """A refused worker leaves the snowflake queue group (or never joins it).
-
-        With NATS gateways, a datacenter's callers are then served by another datacenter's workers
-        instead of this worker's refusals (docs/datacenters.md). Kafka requests still get the refusal.
-        """
-        self._snowflake_left = True
-        if self.service is not None:
-            self.service.leave("snowflake")
-
-    async def _recheck_peers(self, guard: IdentityGuard, subject: str) -> None:
-        """Ask the live peers again now and then: two workers that started unheard by each other meet here."""
-        sf = self.config.snowflake
-        assert self.nc is not None
-        while guard.refusal is None:
-            await asyncio.sleep(sf.peer_recheck_interval)
-            try:
-                heard = await collect_peer_clocks(
-                    self.nc, subject, self.clock.wall_ms, sf.peer_check_timeout, claim=guard.claim()
-                )
-            except Exception as exc:  # NATS down or slow: the next round tries again
-                log.debug("could not check the snowflake peers (will retry): %r", exc)
-                continue
-            guard.heard(heard.claims)
-
-    def _snowflake_meter(self, tag: str, count: int) -> None:
-        # Snowflake serves any tag name: the book keeps a bounded table of meters in which invented names
-        # give way to each other first, and every tag served gets one (issue 33, item 6).
-        self.rates.record("snowflake", tag, count)
+        background(stack, self.rate_publisher.run(), "rate-events")
 
 
 def _first_nats_failure(config: Config) -> Callable[[Exception], None]:
@@ -645,125 +376,6 @@ def _first_nats_failure(config: Config) -> Callable[[Exception], None]:
             log.debug("NATS not reachable yet: %s", exc)
 
     return on_retry
-
-
-def _background(stack: contextlib.AsyncExitStack, work: Coroutine[Any, Any, None], name: str) -> None:
-    """Run ``work`` in a task of its own, cancelled (and awaited) on stop."""
-    task = asyncio.create_task(work, name=name)
-    stack.push_async_callback(_cancel, task)
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-
-
-_STOP_BUDGET = 8.0
-"""Seconds a command has, from SIGTERM or SIGINT, to wind down (a stop that hangs on a silent dependency is
-cut short there): within the 10 s every process must stop in, Kubernetes' grace period of 30 s included."""
-
-
-@contextlib.contextmanager
-def _stop_on_signal(on_signal: Callable[[], None]) -> Iterator[asyncio.Event]:
-    """An event set by SIGTERM or SIGINT while the block runs, which also calls ``on_signal`` (removed after)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def signalled() -> None:
-        stop.set()
-        on_signal()
-
-    for sig in _STOP_SIGNALS:
-        loop.add_signal_handler(sig, signalled)
-    try:
-        yield stop
-    finally:
-        for sig in _STOP_SIGNALS:
-            loop.remove_signal_handler(sig)
-
-
-Run = Callable[[asyncio.Event], Awaitable[None]]
-"""The work of a command once started: runs until the stop event is set (then winds down, and returns)."""
-
-
-async def run_until_signal(
-    start: Callable[[contextlib.AsyncExitStack], Awaitable[Run]], *, stop_budget: float = _STOP_BUDGET
-) -> int:
-    """Start a command, run it until SIGTERM or SIGINT, release what it opened; returns the exit status.
-
-    A signal stops the command in every state: while it starts (a dependency still being waited for: the
-    start is cancelled, what it opened released, exit status 1) and while it runs. From the first signal,
-    the wind-down has ``stop_budget`` seconds; past them (a dependency that hangs on close), or at a
-    second signal, it is cut short, said in one line, and the exit status is 1.
-
-    Args:
-        start: opens what the command needs, registering each clean-up on the stack it is given (they run
-            in reverse order when the command ends, however it ends), and returns the command's work.
-            An ``OSError`` or :class:`DispenserError` from it is a start-up failure: logged in one line,
-            exit status 1.
-        stop_budget: seconds from the signal to the end of the wind-down.
-    """
-    loop = asyncio.get_running_loop()
-    budget = asyncio.timeout(None)
-
-    def signalled() -> None:
-        # The first signal starts the budget; a second one (an impatient Ctrl-C) ends it now.
-        when = loop.time() + stop_budget if budget.when() is None else loop.time()
-        budget.reschedule(when)
-
-    try:
-        async with budget:
-            with _stop_on_signal(signalled) as stop:
-                async with contextlib.AsyncExitStack() as stack:
-                    starting = asyncio.ensure_future(start(stack))
-                    signal_came = asyncio.ensure_future(stop.wait())
-                    try:
-                        await asyncio.wait({starting, signal_came}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        signal_came.cancel()
-                    if not starting.done():
-                        starting.cancel()  # releases what it opened (see Worker.start)
-                        await asyncio.gather(starting, return_exceptions=True)
-                        log.warning("stopped by a signal before the start finished")
-                        return 1
-                    try:
-                        run = starting.result()
-                    except (OSError, DispenserError) as exc:
-                        log.error("cannot start: %s", exc)  # the stack releases what was opened
-                        return 1
-                    await run(stop)
-                return 0
-    except TimeoutError:
-        if not budget.expired():
-            raise
-    log.error(
-        "did not stop within %g s of the signal: gave up waiting for the rest of the clean-up", stop_budget
-    )
-    return 1
-
-
-def grants_dir(config: Config) -> Path:
-    """The directory ``segment.remember_grants`` keeps its files in (``segment.state_dir``, else snowflake's)."""
-    configured = config.segment.state_dir or config.snowflake.state_dir
-    return Path(configured) if configured else default_state_dir()
-
-
-async def open_grants(config: Config) -> GrantFile | None:
-    """Where this worker remembers its segment grants, or None (``segment.remember_grants`` off).
-
-    Raises:
-        StateDirUnusable: the state directory cannot be written, or did not answer within
-            ``grants.WRITE_TIMEOUT`` (remembering in memory only would leave a restart unable to repair a
-            primary that lost grants, and nobody would know).
-    """
-    segment = config.segment
-    if not (segment.enabled and segment.remember_grants):
-        return None
-    directory = grants_dir(config)
-    try:
-        return await GrantFile.open_within(directory)
-    except OSError as exc:
-        raise StateDirUnusable(str(directory), exc.strerror or str(exc)) from exc
 
 
 async def run_worker(config: Config, on_ready: Callable[[Worker], None] | None = None) -> int:
