@@ -159,6 +159,41 @@ def _in_datacenter(config: Config, gateways: NatsGateways, index: int, data_dir:
     )
 
 
+def _dev_config(
+    config: Config, data_dir: Path, nats_url: str, postgres_dsn: str, broker: KafkaBroker | None
+) -> Config:
+    """``config`` pointed at the servers started here, with snowflake and metrics on unless configured."""
+    if broker is not None:
+        config = msgspec.structs.replace(
+            config,
+            kafka=msgspec.structs.replace(config.kafka, enabled=True, bootstrap_servers=broker.bootstrap),
+        )
+    # Snowflake too, with a static worker ID (no ZooKeeper needed) and its cache in the data dir,
+    # unless the user configured snowflake themselves.
+    snowflake = config.snowflake
+    if not snowflake.enabled:
+        snowflake = msgspec.structs.replace(
+            snowflake, enabled=True, mode="static", state_dir=str(data_dir / "state")
+        )
+    metrics = config.metrics
+    if metrics.port is None:  # on in dev (off by default in serve), unless the port is taken
+        metrics = msgspec.structs.replace(
+            metrics, port=DEV_METRICS_PORT if port_is_free(DEV_METRICS_PORT) else 0
+        )
+    config = msgspec.structs.replace(
+        config,
+        metrics=metrics,
+        nats=msgspec.structs.replace(config.nats, url=nats_url),
+        postgres=msgspec.structs.replace(config.postgres, dsn=postgres_dsn),
+        snowflake=snowflake,
+    )
+    if config.segment.state_dir is None:  # the remembered grants belong to this data dir's database
+        config = msgspec.structs.replace(
+            config, segment=msgspec.structs.replace(config.segment, state_dir=str(data_dir / "state"))
+        )
+    return config
+
+
 def run_dev(
     config: Config,
     data_dir: Path,
@@ -212,33 +247,7 @@ def run_dev(
         postgres.start()
         if broker is not None:
             broker.start()
-            config = msgspec.structs.replace(
-                config,
-                kafka=msgspec.structs.replace(config.kafka, enabled=True, bootstrap_servers=broker.bootstrap),
-            )
-        # Snowflake too, with a static worker ID (no ZooKeeper needed) and its cache in the data dir,
-        # unless the user configured snowflake themselves.
-        snowflake = config.snowflake
-        if not snowflake.enabled:
-            snowflake = msgspec.structs.replace(
-                snowflake, enabled=True, mode="static", state_dir=str(data_dir / "state")
-            )
-        metrics = config.metrics
-        if metrics.port is None:  # on in dev (off by default in serve), unless the port is taken
-            metrics = msgspec.structs.replace(
-                metrics, port=DEV_METRICS_PORT if port_is_free(DEV_METRICS_PORT) else 0
-            )
-        config = msgspec.structs.replace(
-            config,
-            metrics=metrics,
-            nats=msgspec.structs.replace(config.nats, url=nats_url),
-            postgres=msgspec.structs.replace(config.postgres, dsn=postgres.dsn),
-            snowflake=snowflake,
-        )
-        if config.segment.state_dir is None:  # the remembered grants belong to this data dir's database
-            config = msgspec.structs.replace(
-                config, segment=msgspec.structs.replace(config.segment, state_dir=str(data_dir / "state"))
-            )
+        config = _dev_config(config, data_dir, nats_url, postgres.dsn, broker)
         asyncio.run(prepare_demo(postgres.dsn))
         _write_client_config(data_dir / "dev.toml", config)
         if gateways is not None:
