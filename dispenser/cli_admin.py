@@ -1,0 +1,265 @@
+"""The ``dispenser`` commands that administer the database: ``migrate``, ``tag`` and ``import-leaf``.
+
+The schema is created or upgraded, segment tags are added, listed, changed and removed, and Leaf's tags are
+copied from its MySQL database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from dispenser.arguments import non_negative_int, positive_float, positive_int
+from dispenser.cli_common import AddParser
+from dispenser.config import Config
+from dispenser.core.errors import BadRequest, TagStartTooLow
+from dispenser.core.residue import Residue
+from dispenser.ports import SegmentStore, TagInfo
+from dispenser.runner import run_async
+
+__all__ = [
+    "LEAF_MYSQL_ENV",
+    "add_import_leaf",
+    "add_migrate",
+    "add_tag",
+    "residue_of",
+    "run_import_leaf",
+    "run_migrate",
+    "run_tag",
+]
+
+T = TypeVar("T")
+
+LEAF_MYSQL_ENV = "LEAF_MYSQL_DSN"
+"""Where ``dispenser import-leaf`` finds Leaf's database when ``--mysql`` is not given."""
+
+
+def add_migrate(add_parser: AddParser) -> None:
+    """``dispenser migrate``: how long to wait for table locks."""
+    migrate = add_parser(
+        "migrate",
+        help="create or upgrade the tables in PostgreSQL (idempotent)",
+        description=(
+            "Create leaf_alloc (Leaf's own table) and the dispenser's tables in postgres.dsn, or upgrade them "
+            "to this version's schema. Safe to run again, and on a database Leaf already uses (existing "
+            "rows are kept). Behind a long transaction it waits for a table lock at most --lock-timeout at a "
+            "time (fetches queued behind it wait that long), rolls back and tries again until "
+            "--lock-retry-for has passed, then exits 1 with nothing applied."
+        ),
+    )
+    migrate.add_argument(
+        "--lock-timeout",
+        type=positive_float,
+        help="seconds one attempt waits for a table lock (default 1)",
+    )
+    migrate.add_argument(
+        "--lock-retry-for",
+        type=positive_float,
+        help="seconds of attempts before giving up (default 60)",
+    )
+
+
+def add_tag(add_parser: AddParser, common: argparse.ArgumentParser) -> None:
+    """``dispenser tag add|list|set|remove``; each action takes the global options (``common``) too."""
+    tag = add_parser(
+        "tag",
+        help="administer segment tags",
+        description="Create, list, change and remove segment tags (rows of leaf_alloc) in postgres.dsn.",
+    )
+    tag_sub = tag.add_subparsers(dest="tag_command", required=True, metavar="ACTION")
+    add = tag_sub.add_parser("add", help="create a tag", parents=[common])
+    add.add_argument("tag", help="the tag's name (letters, digits, - _ ., at most 128 characters)")
+    add.add_argument("--step", type=positive_int, required=True, help="IDs per segment (at least 1)")
+    add.add_argument(
+        "--start",
+        type=positive_int,
+        default=1,
+        help="first ID (default 1); refused below the high water of a removed tag of that name",
+    )
+    add.add_argument(
+        "--resume",
+        action="store_true",
+        help="a tag removed before: start where it stopped (its high water), so its IDs never come back",
+    )
+    add.add_argument("--description", default="", help="free text")
+    add.add_argument(
+        "--stride",
+        type=positive_int,
+        default=1,
+        help="a database per datacenter: hand out only IDs equal to --offset modulo this (the same in "
+        "every datacenter; default 1, Leaf's tag). Set once: never change it",
+    )
+    add.add_argument(
+        "--offset",
+        type=int,
+        default=None,
+        help="this datacenter's residue, 0 to --stride - 1, different in each datacenter; required with "
+        "--stride above 1 (a default would be the same in every datacenter)",
+    )
+    tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
+    set_ = tag_sub.add_parser("set", help="change a tag's step (from its next segment)", parents=[common])
+    set_.add_argument("tag", help="the tag's name")
+    set_.add_argument("--step", type=positive_int, required=True, help="IDs per segment (at least 1)")
+    remove = tag_sub.add_parser(
+        "remove",
+        help="delete a tag (its high water is kept: adding it again below is refused)",
+        parents=[common],
+    )
+    remove.add_argument("tag", help="the tag's name")
+
+
+def add_import_leaf(add_parser: AddParser) -> None:
+    """``dispenser import-leaf``: Leaf's database, which tags, and how far above Leaf's IDs to start."""
+    leaf = add_parser(
+        "import-leaf",
+        help="copy every tag from a Leaf MySQL database, each starting above anything Leaf can have granted",
+        description=(
+            "Copy Leaf's leaf_alloc tags into the dispenser's PostgreSQL (postgres.dsn), each starting at "
+            "Leaf's max_id plus a margin. Stop every Leaf server first (docs/migrating-from-leaf.md). "
+            "Safe to run again: a tag already at or above its safe start is left alone, none is lowered."
+        ),
+    )
+    leaf.add_argument(
+        "--mysql",
+        metavar="DSN",
+        help=f"Leaf's database, mysql://user:password@host:port/database (default: ${LEAF_MYSQL_ENV})",
+    )
+    leaf.add_argument(
+        "--tags", metavar="A,B", help="only these tags (comma-separated; each must exist in Leaf)"
+    )
+    leaf.add_argument("--dry-run", action="store_true", help="print what would be done, write nothing")
+    leaf.add_argument(
+        "--force",
+        action="store_true",
+        help="raise tags the dispenser already has below their safe start (never lowers a tag)",
+    )
+    leaf.add_argument(
+        "--margin",
+        type=non_negative_int,
+        metavar="N",
+        help="IDs to start above Leaf's max_id (default: max(step, 1000000), one largest Leaf segment)",
+    )
+
+
+def _with_store(config: Config, action: Callable[[Any], Awaitable[T]]) -> T:
+    """Run ``action`` on a PostgreSQL segment store of ``postgres.dsn``, connected for it alone."""
+    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
+
+    async def go() -> T:
+        async with await PostgresSegmentStore.connect(config.postgres.dsn, command_timeout=10.0) as store:
+            return await action(store)
+
+    return run_async(go())
+
+
+def run_migrate(args: argparse.Namespace, config: Config) -> int:
+    """Create or upgrade the schema; print the versions applied."""
+    from dispenser.adapters.postgres.schema import migrate  # noqa: PLC0415
+
+    # Unset: the defaults of migrate() (the schema module imports asyncpg, so it is not imported up here).
+    limits = {name: getattr(args, name) for name in ("lock_timeout", "lock_retry_for") if getattr(args, name)}
+    applied = run_async(migrate(config.postgres.dsn, **limits))
+    if applied:
+        print(f"applied schema version(s) {', '.join(map(str, applied))}")
+    else:
+        print("schema is up to date")
+    return 0
+
+
+def run_tag(args: argparse.Namespace, config: Config) -> int:
+    """Add, list, change or remove segment tags."""
+    if args.tag_command == "list":
+        infos = _with_store(config, lambda store: store.list_tags())
+        print(f"{'TAG':<32} {'NEXT ID':>20} {'STEP':>10}  DESCRIPTION")
+        for info in infos:
+            print(f"{info.tag:<32} {info.max_id:>20} {info.step:>10}  {info.description}")
+        return 0
+    if args.tag_command == "add":
+        info = _with_store(config, lambda store: _add_or_resume(store, args))
+        print(f"added tag {info.tag!r}: first ID {info.max_id}, step {info.step}")
+    elif args.tag_command == "set":
+        info = _with_store(config, lambda store: store.set_step(args.tag, args.step))
+        print(f"tag {info.tag!r}: step is now {info.step} (from its next segment)")
+    else:
+        _with_store(config, lambda store: store.remove_tag(args.tag))
+        print(f"removed tag {args.tag!r}")
+    return 0
+
+
+def run_import_leaf(args: argparse.Namespace, config: Config) -> int:
+    """Copy Leaf's tags; exit 2 on bad arguments, 1 if any tag was not imported."""
+    from dispenser.leaf_import import import_leaf  # noqa: PLC0415 - imports the MySQL driver
+
+    # The DSN holds a password: from the environment it stays out of `ps` and the shell's history.
+    dsn = args.mysql or os.environ.get(LEAF_MYSQL_ENV)
+    if not dsn:
+        print(
+            f"dispenser import-leaf: give Leaf's database with --mysql DSN or ${LEAF_MYSQL_ENV}",
+            file=sys.stderr,
+        )
+        return 2
+    tags = None if args.tags is None else [t.strip() for t in args.tags.split(",") if t.strip()]
+    if tags is not None and not tags:
+        print("dispenser import-leaf: --tags names no tag", file=sys.stderr)
+        return 2
+    try:
+        report = run_async(
+            import_leaf(
+                dsn,
+                config.postgres.dsn,
+                tags=tags,
+                margin=args.margin,
+                force=args.force,
+                dry_run=args.dry_run,
+            )
+        )
+    except ValueError as exc:
+        print(f"dispenser import-leaf: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # the leaf-import extra is missing
+        print(f"dispenser import-leaf: {exc}", file=sys.stderr)
+        return 1
+    for warning in report.warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
+    print("\n".join(report.lines()))
+    if report.failed:
+        print(
+            f"dispenser import-leaf: {len(report.failed)} tag(s) not imported: "
+            f"{', '.join(p.row.tag for p in report.failed)}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def residue_of(args: argparse.Namespace) -> Residue:
+    """``--stride`` and ``--offset`` as a residue class (BadRequest when they do not make one).
+
+    ``--offset`` has no default with a stride: the same command run in two datacenters would give both
+    offset 0, and every ID would be handed out twice (docs/datacenters.md).
+    """
+    if args.offset is None and args.stride > 1:
+        raise BadRequest(
+            f"--offset is required with --stride {args.stride}: give each datacenter's database its own "
+            f"offset, 0 to {args.stride - 1} (the same offset in two databases hands out every ID twice)"
+        )
+    try:
+        return Residue(args.stride, args.offset or 0)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+async def _add_or_resume(store: SegmentStore, args: argparse.Namespace) -> TagInfo:
+    """``tag add``: with ``--resume``, a removed tag starts at its high water (or ``--start``, if higher)."""
+    residue_class = residue_of(args)
+    try:
+        return await store.add_tag(args.tag, args.step, args.start, args.description, residue=residue_class)
+    except TagStartTooLow as exc:
+        if not args.resume:
+            raise
+        return await store.add_tag(
+            args.tag, args.step, exc.high_water, args.description, residue=residue_class
+        )

@@ -1,0 +1,182 @@
+"""The ``dispenser`` commands that ask: ``get``, ``watch``, ``check`` and ``decode``.
+
+IDs from a running worker, the rate events on NATS, every dependency the configuration names, and a
+snowflake ID taken apart with the configured layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import msgspec
+
+from dispenser.arguments import positive_float, positive_int
+from dispenser.cli_common import AddParser, uvloop_suits
+from dispenser.config import Config
+from dispenser.runner import run_async
+
+__all__ = [
+    "add_check",
+    "add_decode",
+    "add_get",
+    "add_watch",
+    "run_check",
+    "run_decode",
+    "run_get",
+    "run_watch",
+]
+
+
+def add_get(add_parser: AddParser) -> None:
+    """``dispenser get``: the tag, how many, their form, and which broker to ask over."""
+    get = add_parser(
+        "get",
+        help="ask the running service for IDs and print them, one per line",
+        description="Ask a running worker for IDs (over NATS, or Kafka with --via kafka) and print them.",
+    )
+    get.add_argument("tag", help="the tag (segment: created with `dispenser tag add`; snowflake: any name)")
+    get.add_argument("count", type=positive_int, nargs="?", default=1, help="how many IDs (default 1)")
+    get.add_argument("--ranges", action="store_true", help="ask for ranges; print 'first last' per line")
+    get.add_argument(
+        "--kind", choices=["segment", "snowflake"], default="segment", help="generator (default segment)"
+    )
+    get.add_argument("--request-id", help="idempotency key: a retry returns the same IDs")
+    get.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=5.0,
+        help="seconds to wait for the reply, connecting included (default 5)",
+    )
+    get.add_argument(
+        "--via",
+        choices=["nats", "kafka"],
+        default="nats",
+        help="ask over NATS (default) or the Kafka request topic",
+    )
+
+
+def add_watch(add_parser: AddParser) -> None:
+    """``dispenser watch``: once or live, as a table or JSON lines."""
+    watch = add_parser(
+        "watch",
+        help="live view of every tag's rate, peak, step, buffers and runway (from the rate events on NATS)",
+    )
+    watch.add_argument("--once", action="store_true", help="listen for one event interval, print one table")
+    watch.add_argument("--json", action="store_true", help="print every rate event as a JSON line")
+    watch.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=5.0,
+        help="seconds to wait for NATS before giving up (default 5)",
+    )
+
+
+def add_check(add_parser: AddParser) -> None:
+    """``dispenser check``: no options of its own, it checks what the configuration names."""
+    add_parser(
+        "check",
+        help="check that every dependency can be reached; non-zero exit names failures",
+        description=(
+            "Try every dependency the configuration names (NATS, PostgreSQL and its schema, ZooKeeper or "
+            "the snowflake registry, Kafka) and print one line each: ok, or FAIL with the cause. Exits 1 "
+            "if any failed. Use it in a deployment's pre-flight, or to find out why a worker will not start."
+        ),
+    )
+
+
+def add_decode(add_parser: AddParser) -> None:
+    """``dispenser decode``: one snowflake ID."""
+    decode = add_parser(
+        "decode",
+        help="take a snowflake ID apart (time, datacenter, worker, sequence) with the configured layout",
+    )
+    decode.add_argument("id", type=int, help="a snowflake ID, in decimal")
+
+
+def run_get(args: argparse.Namespace, config: Config) -> int:
+    """Ask a worker over NATS (or Kafka) and print its IDs, or its error (exit 1)."""
+    from dispenser.adapters.nats.client import request_once  # noqa: PLC0415
+    from dispenser.messages import Reply, id_subject  # noqa: PLC0415
+
+    body: dict[str, Any] = {"count": args.count}
+    if args.ranges:
+        body["format"] = "ranges"
+    if args.request_id:
+        body["request_id"] = args.request_id
+    subject = id_subject(config.nats.subject_prefix, args.kind, args.tag)
+
+    async def ask_kafka() -> Reply:
+        from dispenser.client import KafkaIdClient  # noqa: PLC0415 - imports aiokafka
+
+        async with KafkaIdClient(config.kafka, timeout=args.timeout) as client:
+            try:
+                return await client.request(
+                    args.tag,
+                    args.count,
+                    kind=args.kind,
+                    format="ranges" if args.ranges else "ids",
+                    request_id=args.request_id,
+                )
+            except TimeoutError:
+                raise OSError(
+                    f"no reply on {config.kafka.reply_topic!r} within {args.timeout}s (is a worker serving "
+                    f"{config.kafka.request_topic!r} on {config.kafka.bootstrap_servers}?)"
+                ) from None
+
+    async def ask() -> Reply:
+        data = await request_once(
+            config.nats, subject, msgspec.json.encode(body), args.timeout, "dispenser-get"
+        )
+        return msgspec.json.decode(data, type=Reply)
+
+    reply = run_async(ask_kafka() if args.via == "kafka" else ask(), fast=uvloop_suits(config))
+    if reply.error is not None:
+        retry = " (retryable)" if reply.error.retryable else ""
+        print(f"dispenser: {reply.error.code}: {reply.error.message}{retry}", file=sys.stderr)
+        return 1
+    out = sys.stdout
+    if reply.ranges is not None:
+        out.writelines(f"{first} {last}\n" for first, last in reply.ranges)
+    elif reply.ids is not None:
+        out.writelines(f"{i}\n" for i in reply.ids)
+    return 0
+
+
+def run_watch(args: argparse.Namespace, config: Config) -> int:
+    """Show the rate events (``dispenser.watch``)."""
+    from dispenser.watch import run_watch  # noqa: PLC0415
+
+    return run_async(run_watch(config, once=args.once, as_json=args.json, timeout=args.timeout))
+
+
+def run_check(_args: argparse.Namespace, config: Config) -> int:
+    """Print a line per dependency; exit 1 if any cannot be reached."""
+    from dispenser.health import check_all  # noqa: PLC0415
+
+    results = run_async(check_all(config), fast=uvloop_suits(config))
+    failed = [r for r in results if not r.ok]
+    for result in results:
+        print(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {result.detail}")
+        if result.warning:
+            print(f"WARN {result.name}: {result.warning}")
+    if failed:
+        print(f"dispenser: cannot reach {', '.join(r.name for r in failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_decode(args: argparse.Namespace, config: Config) -> int:
+    """Print the parts of a snowflake ID."""
+    from dispenser.registries import layout_of  # noqa: PLC0415
+    from dispenser.service.decode import decode_id  # noqa: PLC0415
+
+    reply = decode_id(layout_of(config.snowflake), args.id)
+    print(f"id:        {reply.id}")
+    print(f"time:      {reply.time}  ({reply.timestamp_ms} ms since 1970)")
+    if reply.datacenter_id is not None:
+        print(f"datacenter: {reply.datacenter_id}")
+    print(f"worker:    {reply.worker_id}")
+    print(f"sequence:  {reply.sequence}")
+    return 0
