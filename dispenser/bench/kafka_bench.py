@@ -10,33 +10,34 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import logging
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
-from dispenser.adapters.kafka.clients import CORRELATION_ID, REPLY_TOPIC, ensure_topics, header
-from dispenser.bench.stats import ratio, summarize, write_json
+from dispenser.adapters.kafka.clients import ensure_topics
+from dispenser.bench.kafka_load import BODY, TAG, CopyLoop, Requester, drive, timed_rate, unique
+from dispenser.bench.kafka_report import (
+    Report,
+    enrichment_target,
+    render,
+    request_reply_target,
+    write_report,
+)
+from dispenser.bench.stats import ratio, summarize
 from dispenser.config import KafkaConfig
 from dispenser.ports import IdSource
-from dispenser.tables import fmt_ms, fmt_rate, fmt_ratio, render_table
 
 __all__ = ["KafkaBenchOptions", "main", "run"]
-
-TAG = "bench"
-BODY = b'{"tag": "bench", "count": 1}'
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,101 +60,9 @@ class KafkaBenchOptions:
     quiet: bool = False
 
 
-@dataclass
-class Report:
-    """Everything one run measured."""
-
-    request_reply: list[dict[str, Any]] = field(default_factory=list)
-    enrichment: list[dict[str, Any]] = field(default_factory=list)
-    targets: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _unique(name: str) -> str:
-    return f"bench.{name}.{uuid.uuid4().hex[:8]}"
-
-
 def _say(options: KafkaBenchOptions, text: str) -> None:
     if not options.quiet:
         print(text, file=sys.stderr, flush=True)
-
-
-class Requester:
-    """One producer and one reply consumer; any number of requests in flight, matched by correlation ID."""
-
-    def __init__(self, bootstrap: str, request_topic: str, reply_topic: str) -> None:
-        self.request_topic = request_topic
-        self.reply_topic = reply_topic
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, acks=1, linger_ms=0, retry_backoff_ms=10
-        )
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
-        )
-        self._pending: dict[bytes, asyncio.Future[bytes]] = {}
-        self._reader: asyncio.Task[None] | None = None
-        self._headers_base = [(REPLY_TOPIC, reply_topic.encode())]
-        self.errors = 0
-
-    async def start(self) -> None:
-        """Connect and read the reply topic from its end."""
-        await self._producer.start()
-        await self._consumer.start()
-        tp = TopicPartition(self.reply_topic, 0)
-        self._consumer.assign([tp])
-        await self._consumer.seek_to_end(tp)
-        await self._consumer.position(tp)
-        self._reader = asyncio.create_task(self._read())
-
-    async def stop(self) -> None:
-        """Close both clients."""
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-        await self._consumer.stop()
-        await self._producer.stop()
-
-    async def _read(self) -> None:
-        while True:
-            fetched = await self._consumer.getmany(timeout_ms=500)
-            for records in fetched.values():
-                for record in records:
-                    future = self._pending.pop(header(record.headers, CORRELATION_ID) or b"", None)
-                    if future is not None and not future.done():
-                        future.set_result(record.value or b"")
-
-    async def ask(self, body: bytes, timeout: float = 30.0) -> bytes:
-        """One request, awaited."""
-        correlation = uuid.uuid4().bytes
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._pending[correlation] = future
-        await self._producer.send(
-            self.request_topic,
-            body,
-            key=TAG.encode(),
-            headers=[*self._headers_base, (CORRELATION_ID, correlation)],
-        )
-        try:
-            return await asyncio.wait_for(future, timeout)
-        finally:
-            self._pending.pop(correlation, None)
-
-
-async def drive(requester: Requester, inflight: int, seconds: float) -> tuple[int, list[int], float]:
-    """``inflight`` coroutines asking in a loop for ``seconds``; returns (replies, latencies in ns, elapsed)."""
-    latencies: list[int] = []
-    end = time.perf_counter() + seconds
-
-    async def loop() -> None:
-        while time.perf_counter() < end:
-            started = time.perf_counter_ns()
-            reply = await requester.ask(BODY)
-            latencies.append(time.perf_counter_ns() - started)
-            if b'"error"' in reply:
-                requester.errors += 1
-
-    started = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(inflight)))
-    return len(latencies), latencies, time.perf_counter() - started
 
 
 @contextlib.contextmanager
@@ -191,7 +100,7 @@ async def _wait_answering(requester: Requester, proc: subprocess.Popen[bytes], l
 def _responder_argv(
     responder: str, bootstrap: str, dsn: str, requests: str, replies: str
 ) -> tuple[list[str], dict[str, str]]:
-    group = _unique(responder)
+    group = unique(responder)
     if responder == "echo":
         argv = [sys.executable, "-m", "dispenser.bench.kafka_echo", "--bootstrap", bootstrap]
         return [*argv, "--topic", requests, "--group", group], {}
@@ -215,7 +124,7 @@ async def _request_reply(
     with contextlib.ExitStack() as children:
         try:
             for responder in ("echo", "dispenser"):
-                requests, replies = _unique(f"{responder}.requests"), _unique(f"{responder}.replies")
+                requests, replies = unique(f"{responder}.requests"), unique(f"{responder}.replies")
                 await ensure_topics(kafka, {requests: 1, replies: 1})
                 argv, env = _responder_argv(responder, bootstrap, dsn, requests, replies)
                 log = workdir / f"{responder}.log"
@@ -253,103 +162,7 @@ async def _request_reply(
         share = ratio(float(ours["requests_per_s"]), float(echo["requests_per_s"]))
         ours["ratio_to_echo"] = share
         report.request_reply += [echo, ours]
-        report.targets.append(
-            {
-                "name": f"request/reply vs echo @{inflight}",
-                "measured": fmt_ratio(share, percent=True),
-                "goal": ">= 85%",
-                "passed": share is not None and share >= 0.85,
-            }
-        )
-
-
-class CopyLoop:
-    """The baseline: a transactional copy loop with no ID assignment (what the enricher does, minus IDs)."""
-
-    def __init__(self, bootstrap: str, source: str, target: str, commit_records: int) -> None:
-        self.source, self.target, self.commit_records = source, target, commit_records
-        self.group = _unique("copy")
-        self.committed = 0
-        self._consumer = AIOKafkaConsumer(
-            source,
-            bootstrap_servers=bootstrap,
-            group_id=self.group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-        )
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            transactional_id=self.group,
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=5,
-            retry_backoff_ms=10,
-            max_batch_size=262_144,
-        )
-
-    async def run(self, total: int) -> None:
-        """Copy until ``total`` records are committed."""
-        await self._producer.start()
-        await self._consumer.start()
-        try:
-            while self.committed < total:
-                fetched = await self._consumer.getmany(timeout_ms=100, max_records=self.commit_records)
-                if not fetched:
-                    continue
-                await self._producer.begin_transaction()
-                offsets = {}
-                sends = []
-                copied = 0
-                for tp, records in fetched.items():
-                    # Producer batches built here, as the enricher does (aiokafka's per-record send costs more).
-                    batch = self._producer.create_batch()
-                    for record in records:
-                        if (
-                            batch.append(
-                                key=record.key,
-                                value=record.value,
-                                timestamp=None,
-                                headers=list(record.headers),
-                            )
-                            is None
-                        ):
-                            sends.append(
-                                await self._producer.send_batch(batch, self.target, partition=tp.partition)
-                            )
-                            batch = self._producer.create_batch()
-                            batch.append(
-                                key=record.key,
-                                value=record.value,
-                                timestamp=None,
-                                headers=list(record.headers),
-                            )
-                    sends.append(await self._producer.send_batch(batch, self.target, partition=tp.partition))
-                    offsets[tp] = records[-1].offset + 1
-                    copied += len(records)
-                await asyncio.gather(*sends)
-                await self._producer.send_offsets_to_transaction(offsets, self.group)
-                await self._producer.commit_transaction()
-                self.committed += copied
-        finally:
-            await self._consumer.stop()
-            await self._producer.stop()
-
-
-async def _timed(progress: Callable[[], int], total: int, work: asyncio.Task[None]) -> float:
-    """Records per second from the first commit (``progress()`` > 0) to ``total`` committed."""
-    first_at = first_count = None
-    while progress() < total:
-        if work.done():
-            work.result()
-            raise RuntimeError("the loop stopped before it was done")
-        count = progress()
-        if first_at is None and count > 0:
-            first_at, first_count = time.perf_counter(), count
-        await asyncio.sleep(0.002)
-    if first_at is None or first_count is None:
-        raise RuntimeError("everything was committed in one transaction: use more records")
-    return (total - first_count) / (time.perf_counter() - first_at)
+        report.targets.append(request_reply_target(inflight, share))
 
 
 async def _copy_once(
@@ -359,12 +172,12 @@ async def _copy_once(
     from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings  # noqa: PLC0415
     from dispenser.service.enrichment import Placement  # noqa: PLC0415
 
-    target = _unique(f"{loop_kind}.out")
+    target = unique(f"{loop_kind}.out")
     await ensure_topics(kafka, {target: 1})
     if loop_kind == "copy":
         copier = CopyLoop(kafka.bootstrap_servers, source, target, batch)
         task = asyncio.create_task(copier.run(records))
-        rate = await _timed(lambda: copier.committed, records, task)
+        rate = await timed_rate(lambda: copier.committed, records, task)
         await task
         return rate
     settings = EnrichSettings(
@@ -372,7 +185,7 @@ async def _copy_once(
         output_topic=target,
         tag=TAG,
         placement=Placement.from_options(field="id"),
-        group_id=_unique("enrich"),
+        group_id=unique("enrich"),
         commit_records=batch,
         commit_interval=1.0,
     )
@@ -380,7 +193,7 @@ async def _copy_once(
     await enricher.start()
     stop = asyncio.Event()
     task = asyncio.create_task(enricher.run(stop))
-    rate = await _timed(lambda: enricher.stats.enriched, records, task)
+    rate = await timed_rate(lambda: enricher.stats.enriched, records, task)
     stop.set()
     await task
     return rate
@@ -391,7 +204,7 @@ async def _enrichment(options: KafkaBenchOptions, bootstrap: str, dsn: str, repo
     from dispenser.config import load_config  # noqa: PLC0415
 
     kafka = KafkaConfig(bootstrap_servers=bootstrap)
-    source = _unique("enrich.in")
+    source = unique("enrich.in")
     await ensure_topics(kafka, {source: 1})
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
     await producer.start()
@@ -446,14 +259,7 @@ async def _enrichment(options: KafkaBenchOptions, bootstrap: str, dsn: str, repo
         for case in report.enrichment:
             if case["loop"] == "enrich" and case["commit_records"] == batch:
                 case["ratio_to_copy"] = share
-        report.targets.append(
-            {
-                "name": f"enrichment vs copy loop, commit {batch}",
-                "measured": fmt_ratio(share, percent=True),
-                "goal": ">= 80%",
-                "passed": share is not None and share >= 0.8,
-            }
-        )
+        report.targets.append(enrichment_target(batch, share))
 
 
 async def _prepare_tag(dsn: str) -> None:
@@ -480,42 +286,6 @@ async def _measure(options: KafkaBenchOptions, bootstrap: str, dsn: str, workdir
     if "enrichment" in options.parts:
         await _enrichment(options, bootstrap, dsn, report)
     return report
-
-
-def render(report: Report) -> str:
-    """The report as text tables."""
-    rr = render_table(
-        ["request/reply", "in flight", "req/s", "p50 ms", "p99 ms", "vs echo"],
-        [
-            [
-                c["responder"],
-                str(c["inflight"]),
-                fmt_rate(c["requests_per_s"]),
-                fmt_ms(c["p50_ms"]),
-                fmt_ms(c["p99_ms"]),
-                fmt_ratio(c.get("ratio_to_echo"), percent=True),
-            ]
-            for c in report.request_reply
-        ],
-    )
-    en = render_table(
-        ["enrichment", "commit every", "records/s", "vs copy"],
-        [
-            [
-                c["loop"],
-                str(c["commit_records"]),
-                fmt_rate(c["records_per_s"]),
-                fmt_ratio(c.get("ratio_to_copy"), percent=True),
-            ]
-            for c in report.enrichment
-        ],
-    )
-    targets = render_table(
-        ["targets", "measured", "goal", "met"],
-        [[t["name"], t["measured"], t["goal"], "yes" if t["passed"] else "NO"] for t in report.targets],
-    )
-    parts = [rr if report.request_reply else "", en if report.enrichment else "", targets]
-    return "\n\n".join(part for part in parts if part)
 
 
 def run(options: KafkaBenchOptions) -> Report:
@@ -595,24 +365,14 @@ def main(argv: Sequence[str]) -> int:
     report = run(options)
     print(render(report))
     if options.json_path is not None:
-        write_json(
+        write_report(
             options.json_path,
+            report,
             {
-                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "host": {
-                    "machine": platform.machine(),
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                },
-                "settings": {
-                    "duration": options.duration,
-                    "warmup": options.warmup,
-                    "records": options.records,
-                    "backoff_override": options.backoff_override,
-                },
-                "request_reply": report.request_reply,
-                "enrichment": report.enrichment,
-                "targets": report.targets,
+                "duration": options.duration,
+                "warmup": options.warmup,
+                "records": options.records,
+                "backoff_override": options.backoff_override,
             },
         )
     return 0
