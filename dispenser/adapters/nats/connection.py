@@ -46,78 +46,22 @@ async def connect(
         OSError: no server could be reached within ``deadline``, or one refused the credentials; the
             message names NATS, the URLs and the last cause.
     """
-    tls: ssl.SSLContext | None = None
-    if config.tls_ca or config.tls_cert:
-        tls = ssl.create_default_context(cafile=config.tls_ca)
-        if config.tls_cert:
-            tls.load_cert_chain(config.tls_cert, config.tls_key)
     if deadline is None:
         deadline = config.start_deadline
     servers = [url.strip() for url in config.url.split(",") if url.strip()]
     shown = ", ".join(redact(s) for s in servers)
     nc = Client()
-    connected = False
-    failures: list[Exception] = []
-    refused: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
-    outage_logged = False
-
-    async def on_error(exc: Exception) -> None:
-        nonlocal outage_logged
-        if not connected:  # the start: the caller says what it needs to, once (see on_retry)
-            failures.append(exc)
-            if on_retry is not None:
-                on_retry(exc)
-            if _refused(exc) and not refused.done():
-                refused.set_result(exc)
-            return
-        # One line per outage, not one per reconnect attempt (two a second): the rest at debug.
-        if outage_logged:
-            log.debug("NATS error: %s", _describe(exc))
-        else:
-            outage_logged = True
-            log.warning("NATS error: %s", _describe(exc))
-
-    async def on_disconnect() -> None:
-        if not (nc.is_closed or nc.is_draining):  # a disconnect we asked for is not news
-            log.warning("disconnected from NATS; reconnecting")
-
-    async def on_reconnect() -> None:
-        nonlocal outage_logged
-        outage_logged = False
-        log.info(
-            "reconnected to NATS at %s", redact(str(nc.connected_url.geturl() if nc.connected_url else ""))
-        )
-
-    connecting = asyncio.ensure_future(
-        nc.connect(
-            servers=servers,
-            name=name,
-            user=config.user,
-            password=config.password,
-            token=config.token,
-            user_credentials=config.creds_file,
-            nkeys_seed=config.nkeys_seed,
-            tls=tls,
-            connect_timeout=config.connect_timeout,  # type: ignore[arg-type]  # seconds, a float is fine
-            allow_reconnect=True,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,  # type: ignore[arg-type]
-            ping_interval=config.ping_interval,
-            max_outstanding_pings=config.max_outstanding_pings,
-            # Bounds a stop against a server that went silent (drain waits for its acknowledgement).
-            drain_timeout=_DRAIN_TIMEOUT,
-            error_cb=on_error,
-            disconnected_cb=on_disconnect,
-            reconnected_cb=on_reconnect,
-        )
-    )
+    callbacks = _Callbacks(nc, on_retry)
+    connecting = asyncio.ensure_future(nc.connect(**_options(config, servers, name, callbacks)))
+    refused = callbacks.refused
     try:
         racing: set[asyncio.Future[Any]] = {connecting, refused}
         done, _ = await asyncio.wait(racing, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
         if connecting in done:
             connecting.result()  # the connection, or nats-py's own error (a bad URL)
-            connected = True
+            callbacks.connected = True
             return nc
+        failures = callbacks.failures
         cause = refused.result() if refused in done else (failures[-1] if failures else None)
         within = "" if refused in done else f" within {deadline:g} s"
         raise OSError(f"cannot connect to NATS at {shown}{within}: {_describe(cause)}")
@@ -126,11 +70,93 @@ async def connect(
     except Exception as exc:
         raise OSError(f"cannot connect to NATS at {shown}: {_describe(exc)}") from exc
     finally:
-        if not connected:  # given up, failed or cancelled: leave no socket or task behind
+        if not callbacks.connected:  # given up, failed or cancelled: leave no socket or task behind
             connecting.cancel()
             await asyncio.gather(connecting, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await nc.close()
+
+
+def _tls_context(config: NatsConfig) -> ssl.SSLContext | None:
+    """The TLS context of the configured CA and client certificate; ``None`` when neither is set."""
+    if not (config.tls_ca or config.tls_cert):
+        return None
+    tls = ssl.create_default_context(cafile=config.tls_ca)
+    if config.tls_cert:
+        tls.load_cert_chain(config.tls_cert, config.tls_key)
+    return tls
+
+
+def _options(config: NatsConfig, servers: list[str], name: str, callbacks: _Callbacks) -> dict[str, Any]:
+    """nats-py's ``Client.connect`` arguments: servers, credentials, timeouts, reconnecting forever."""
+    return {
+        "servers": servers,
+        "name": name,
+        "user": config.user,
+        "password": config.password,
+        "token": config.token,
+        "user_credentials": config.creds_file,
+        "nkeys_seed": config.nkeys_seed,
+        "tls": _tls_context(config),
+        "connect_timeout": config.connect_timeout,  # seconds, a float is fine
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "ping_interval": config.ping_interval,
+        "max_outstanding_pings": config.max_outstanding_pings,
+        # Bounds a stop against a server that went silent (drain waits for its acknowledgement).
+        "drain_timeout": _DRAIN_TIMEOUT,
+        "error_cb": callbacks.on_error,
+        "disconnected_cb": callbacks.on_disconnect,
+        "reconnected_cb": callbacks.on_reconnect,
+    }
+
+
+class _Callbacks:
+    """nats-py's error, disconnect and reconnect callbacks of one connection, and what they saw at the start.
+
+    Until :attr:`connected`, errors are collected (and handed to ``on_retry``), and a refused credential
+    settles :attr:`refused`; afterwards, one warning per outage, the rest at debug.
+    """
+
+    def __init__(self, nc: Client, on_retry: Callable[[Exception], None] | None) -> None:
+        self._nc = nc
+        self._on_retry = on_retry
+        self.connected = False
+        self.failures: list[Exception] = []
+        """The errors of the attempts at the start, last last."""
+        self.refused: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
+        """Set to the first error that refused the credentials at the start: trying again will not help."""
+        self._outage_logged = False
+
+    async def on_error(self, exc: Exception) -> None:
+        """A failed attempt at the start, or an error of the connection once connected."""
+        if not self.connected:  # the start: the caller says what it needs to, once (see on_retry)
+            self.failures.append(exc)
+            if self._on_retry is not None:
+                self._on_retry(exc)
+            if _refused(exc) and not self.refused.done():
+                self.refused.set_result(exc)
+            return
+        # One line per outage, not one per reconnect attempt (two a second): the rest at debug.
+        if self._outage_logged:
+            log.debug("NATS error: %s", _describe(exc))
+        else:
+            self._outage_logged = True
+            log.warning("NATS error: %s", _describe(exc))
+
+    async def on_disconnect(self) -> None:
+        """Warn of a disconnect, unless it was asked for (closing, draining)."""
+        if not (self._nc.is_closed or self._nc.is_draining):  # a disconnect we asked for is not news
+            log.warning("disconnected from NATS; reconnecting")
+
+    async def on_reconnect(self) -> None:
+        """Log the server reconnected to; the next error starts a new outage."""
+        self._outage_logged = False
+        nc = self._nc
+        log.info(
+            "reconnected to NATS at %s", redact(str(nc.connected_url.geturl() if nc.connected_url else ""))
+        )
 
 
 async def drain(nc: Client) -> None:
