@@ -34,7 +34,6 @@ from dispenser.cli_ask import (
     run_watch,
 )
 from dispenser.cli_common import AddParser, Handler
-from dispenser.cli_common import uvloop_suits as _uvloop_suits  # noqa: F401 - the name tests know it by
 from dispenser.cli_serve import add_dev, add_enrich, add_serve, run_dev, run_enrich, run_serve
 from dispenser.cli_tools import add_bench, add_schemas, run_bench, run_schemas
 from dispenser.config import Config, ConfigError, effective, load_config, unknown_variables

@@ -115,6 +115,7 @@ async def test_serve_with_a_stalled_state_dir_answers_unavailable_and_stops_on_s
         "DISPENSER_NATS_SUBJECT_PREFIX": "stall",
         "DISPENSER_SEGMENT_FETCH_DEADLINE": "0.5",
         "DISPENSER_SEGMENT_STATE_DIR": str(tmp_path / "state"),
+        "DISPENSER_RATE_ADAPTIVE_STEP": "false",  # segments of the tag's 5 IDs: 20 asked run past both buffers
         "STALL": str(stall),
     }
     async with spawned([sys.executable, "-c", _STALLING_SERVE], env, log_path) as proc:

@@ -49,6 +49,7 @@ async def test_sigterm_with_a_fetch_stuck_on_a_silent_database_logs_no_error(
             "DISPENSER_POSTGRES_COMMAND_TIMEOUT": "30",
             "DISPENSER_SEGMENT_FETCH_DEADLINE": "0.5",
             "DISPENSER_SEGMENT_STATE_DIR": str(tmp_path / "state"),
+            "DISPENSER_RATE_ADAPTIVE_STEP": "false",  # segments of the tag's 5 IDs: 20 asked run past both buffers
         }
         async with spawned([sys.executable, "-m", "dispenser", "serve"], env, log_path) as proc:
             async with client(nats_server.url) as nc:

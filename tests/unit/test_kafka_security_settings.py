@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from dispenser import cli
 from dispenser.adapters.kafka.clients import KafkaTlsFailed, check_security, client_options
+from dispenser.cli_common import uvloop_suits
 from dispenser.config import KafkaConfig, load_config
 from dispenser.runner import run_async
 from dispenser.testing.servers import free_port
@@ -68,7 +68,7 @@ def test_commands_run_on_asyncio_when_kafka_uses_tls() -> None:
     """uvloop, except with TLS to Kafka (uvloop closes a TLS consumer in 30 s about every other time)."""
 
     def protocol(name: str) -> bool:
-        return cli._uvloop_suits(load_config(environ={"DISPENSER_KAFKA_SECURITY_PROTOCOL": name}))
+        return uvloop_suits(load_config(environ={"DISPENSER_KAFKA_SECURITY_PROTOCOL": name}))
 
     assert protocol("PLAINTEXT")
     assert protocol("SASL_PLAINTEXT")
