@@ -3,20 +3,53 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dispenser.core.rate import RateMeter
-from dispenser.core.refill import Overlap, Refill
+from dispenser.core.refill import (
+    IDLE,
+    RETRY,
+    Again,
+    Done,
+    Fetch,
+    Overlap,
+    Phase,
+    Refill,
+    RefillOrderError,
+    Stop,
+)
 from dispenser.core.segment import NEED_SEGMENT
 from dispenser.core.step import StepPolicy
 from dispenser.testing.clock import ManualClock
 
 
-def engine(clock: ManualClock, *, min_gap: float = 0.1, overlap: Overlap = Overlap.REFUSE) -> Refill:
-    return Refill(RateMeter(clock.monotonic()), min_gap=min_gap, overlap=overlap)
+def engine(
+    clock: ManualClock,
+    *,
+    min_gap: float = 0.1,
+    overlap: Overlap = Overlap.REFUSE,
+    repeat_on_retry: bool = False,
+) -> Refill:
+    return Refill(
+        RateMeter(clock.monotonic()), min_gap=min_gap, overlap=overlap, repeat_on_retry=repeat_on_retry
+    )
+
+
+def fixed(step: int | None) -> Callable[[], int | None]:
+    """A step policy that always answers ``step``."""
+    return lambda: step
+
+
+def sent(refill: Refill, now: float, step: int | None = None) -> Fetch:
+    """Open a fetch and send its first attempt."""
+    refill.begin()
+    fetch = refill.next(now, fixed(step))
+    assert isinstance(fetch, Fetch)
+    return fetch
 
 
 async def test_the_rate_is_measured_between_attempts_and_never_over_less_than_min_gap() -> None:
@@ -24,14 +57,13 @@ async def test_the_rate_is_measured_between_attempts_and_never_over_less_than_mi
     clock = ManualClock()
     refill = engine(clock)
     assert refill.recent_rate(clock.monotonic()) == 0.0  # no attempt yet: nothing measured
-    refill.start()
-    refill.attempt(clock.monotonic())
-    refill.arrive([(1, 10_000)], clock.monotonic(), asked=10_000)
+    sent(refill, clock.monotonic(), 10_000)
+    assert isinstance(refill.on_reply([(1, 10_000)], clock.monotonic()), Done)
     await clock.advance(0.5)
     assert refill.take(1000, clock.monotonic()) is not NEED_SEGMENT
     assert refill.recent_rate(clock.monotonic()) == pytest.approx(2000.0)
 
-    refill.attempt(clock.monotonic())
+    sent(refill, clock.monotonic())
     await clock.advance(0.001)
     assert refill.take(1000, clock.monotonic()) is not NEED_SEGMENT
     assert refill.recent_rate(clock.monotonic()) == pytest.approx(1000 / 0.1)
@@ -41,29 +73,25 @@ async def test_a_retry_moves_the_mark_and_a_fetch_for_a_waiter_measures_nothing(
     """An outage's wait is not counted as consumption; a fetch paced by a take, not by consumption, has no rate."""
     clock = ManualClock()
     refill = engine(clock)
-    refill.start()
-    refill.attempt(clock.monotonic())
-    refill.failed()
+    sent(refill, clock.monotonic())
+    assert refill.on_failure() is RETRY
     await clock.advance(5.0)  # the source is down for 5 s
-    refill.start()
-    refill.attempt(clock.monotonic())
-    refill.arrive([(1, 100)], clock.monotonic(), asked=100)
+    assert refill.next(clock.monotonic(), fixed(100)) == Fetch(100)
+    assert isinstance(refill.on_reply([(1, 100)], clock.monotonic()), Done)
     await clock.advance(1.0)
     refill.take(100, clock.monotonic())
     assert refill.recent_rate(clock.monotonic()) == pytest.approx(100.0)  # over 1 s, not 6
 
     refill.need(500)
-    refill.start()
-    refill.attempt(clock.monotonic())
-    refill.arrive([(101, 300)], clock.monotonic(), asked=200)
-    assert not refill.satisfied()
-    refill.again()
+    sent(refill, clock.monotonic(), 200)
+    again = refill.on_reply([(101, 300)], clock.monotonic())
+    assert isinstance(again, Again)
+    assert not again.pause
     assert refill.buffer.fetching
     assert refill.recent_rate(clock.monotonic()) == 0.0
     assert refill.size(100) == 300  # the shortfall, above the step
-    refill.attempt(clock.monotonic())
-    refill.arrive([(301, 600)], clock.monotonic(), asked=300)
-    assert refill.satisfied()
+    assert refill.next(clock.monotonic(), fixed(100)) == Fetch(300)
+    assert isinstance(refill.on_reply([(301, 600)], clock.monotonic()), Done)
     assert refill.wanted == 0
     assert refill.size(100) == 100
 
@@ -72,22 +100,27 @@ async def test_overlap_is_refused_from_one_source_and_skipped_from_several() -> 
     """The worker's store grants increasing segments (an overlap is a fault); two workers may be apart."""
     clock = ManualClock()
     strict = engine(clock)
-    strict.start()
-    strict.arrive([(1, 100)], clock.monotonic(), asked=100)
-    strict.start()
-    with pytest.raises(ValueError, match="not above"):
-        strict.arrive([(50, 150)], clock.monotonic(), asked=100)
+    sent(strict, clock.monotonic())
+    strict.on_reply([(1, 100)], clock.monotonic())
+    sent(strict, clock.monotonic())
+    stop = strict.on_reply([(50, 150)], clock.monotonic())
+    assert isinstance(stop, Stop)
+    assert "not above" in stop.reason
     assert not strict.buffer.fetching
+    assert strict.phase is Phase.IDLE
 
     lenient = engine(clock, overlap=Overlap.SKIP)
-    lenient.start()
-    lenient.arrive([(1, 100)], clock.monotonic(), asked=100)
-    lenient.start()
-    arrival = lenient.arrive([(50, 150)], clock.monotonic(), asked=101)
+    sent(lenient, clock.monotonic())
+    lenient.on_reply([(1, 100)], clock.monotonic())
+    sent(lenient, clock.monotonic())
+    done = lenient.on_reply([(50, 150)], clock.monotonic())
+    assert isinstance(done, Done)
+    arrival = done.arrival
     assert (arrival.received, arrival.dropped, arrival.admitted) == (101, 51, 50)
-    lenient.start()
-    behind = lenient.arrive([(1, 20)], clock.monotonic(), asked=20)
-    assert behind.admitted == 0
+    sent(lenient, clock.monotonic())
+    behind = lenient.on_reply([(1, 20)], clock.monotonic())
+    assert isinstance(behind, Again)
+    assert behind.arrival.admitted == 0
     assert lenient.buffer.fetching  # nothing arrived: the fetch goes on
 
 
@@ -95,10 +128,43 @@ async def test_a_refusal_ends_the_fetch_and_the_wait() -> None:
     clock = ManualClock()
     refill = engine(clock)
     refill.need(10)
-    refill.start()
-    refill.give_up()
+    sent(refill, clock.monotonic())
+    assert isinstance(refill.on_failure(final=True), Stop)
     assert not refill.buffer.fetching
     assert refill.wanted == 0
+    assert refill.next(clock.monotonic()) is IDLE
+
+
+async def test_decisions_out_of_turn_are_refused() -> None:
+    """The call order is the engine's state: one fetch at a time, a reply only to an attempt out."""
+    clock = ManualClock()
+    refill = engine(clock)
+    assert refill.next(clock.monotonic()) is IDLE  # nothing open: nothing to send
+    with pytest.raises(RefillOrderError, match="on_reply"):
+        refill.on_reply([(1, 10)], clock.monotonic())
+    with pytest.raises(RefillOrderError, match="on_failure"):
+        refill.on_failure()
+    sent(refill, clock.monotonic())
+    with pytest.raises(RefillOrderError, match="begin"):
+        refill.begin()  # a second fetch while one is open
+    with pytest.raises(RefillOrderError, match="next"):
+        refill.next(clock.monotonic())  # an attempt is out
+    refill.on_failure()
+    with pytest.raises(RefillOrderError, match="on_reply"):
+        refill.on_reply([(1, 10)], clock.monotonic())  # backing off: nothing is out
+    refill.abandon()
+    assert refill.phase is Phase.IDLE
+    assert not refill.buffer.fetching
+
+
+async def test_a_retry_repeats_the_failed_request_or_is_sized_anew() -> None:
+    """The client's retry asks what it asked (its request_id may be granted already); the worker's re-sizes."""
+    clock = ManualClock()
+    for repeat, expected in ((True, Fetch(100, repeat=True)), (False, Fetch(500))):
+        refill = engine(clock, repeat_on_retry=repeat)
+        assert sent(refill, clock.monotonic(), 100) == Fetch(100)
+        refill.on_failure()
+        assert refill.next(clock.monotonic(), fixed(500)) == expected
 
 
 def test_the_client_sizes_from_its_own_meter() -> None:
@@ -140,13 +206,21 @@ def test_never_an_id_twice_never_below_one_handed_out_and_sizes_within_bounds(
 ) -> None:
     """Any mix of takes, runs, time, replies from several sources (each behind or ahead) and failures."""
     now = 0.0
-    refill = Refill(RateMeter(now, window=1, retention=60.0), min_gap=min_gap, overlap=Overlap.SKIP)
+    refill = Refill(RateMeter(now, window=1, retention=60.0), min_gap=min_gap, overlap=Overlap.SKIP, cap=cap)
     policy = StepPolicy(segment_seconds=3.0, max_step=cap)
     # Each source grants from a counter of its own, as workers holding different segments do.
     counters = [1 + i * 1_000_000 for i in range(sources)]
     turn = itertools.cycle(range(sources))
     handed: list[int] = []
     in_flight: int | None = None
+    steps: list[int] = []  # the policy's answers, as the engine asked for them
+
+    def policy_step() -> int:
+        step = refill.step(policy, floor, refill.own_view(now))
+        assert floor <= step <= max(floor, cap)
+        steps.append(step)
+        return step
+
     for op, arg in ops:
         if op == "wait":
             now += arg / 1000
@@ -161,31 +235,30 @@ def test_never_an_id_twice_never_below_one_handed_out_and_sizes_within_bounds(
                 refill.need(arg if op == "take" else 1)
             handed += [i for first, last in ranges for i in range(first, last + 1)]
         if in_flight is None and (refill.wants_fetch or refill.wanted):
-            step = refill.step(policy, floor, refill.own_view(now))
-            assert floor <= step <= max(floor, cap)
-            size = refill.size(step, cap=cap)
-            assert size is not None
-            assert min(max(step, refill.shortfall()), cap) == size
-            if not refill.buffer.fetching:
-                refill.start()
-            refill.attempt(now)
-            in_flight = size
+            shortfall = refill.shortfall()
+            refill.begin()
+            fetch = refill.next(now, policy_step)
+            assert isinstance(fetch, Fetch)
+            assert fetch.size is not None
+            assert min(max(steps[-1], shortfall), cap) == fetch.size
+            in_flight = fetch.size
         elif in_flight is not None and op == "fail":
-            refill.failed()
-            refill.start()
-            refill.attempt(now)
+            assert refill.on_failure() is RETRY
+            fetch = refill.next(now, policy_step)
+            assert isinstance(fetch, Fetch)
+            in_flight = fetch.size
         elif in_flight is not None and op == "reply":
             source = arg % sources if arg < sources else next(turn)
             first = counters[source]
             counters[source] += in_flight
-            arrival = refill.arrive([(first, first + in_flight - 1)], now, asked=in_flight)
-            assert arrival.received == in_flight
-            if arrival.admitted:
-                in_flight = None
-                if not refill.satisfied():
-                    refill.again()
-                    in_flight = refill.size(refill.step(policy, floor, refill.own_view(now)), cap=cap)
-                    refill.attempt(now)
+            outcome = refill.on_reply([(first, first + in_flight - 1)], now)
+            assert not isinstance(outcome, Stop)
+            assert outcome.arrival.received == in_flight
+            in_flight = None
+            if isinstance(outcome, Again):
+                fetch = refill.next(now, policy_step)
+                assert isinstance(fetch, Fetch)
+                in_flight = fetch.size
         assert refill.recent_rate(now) <= refill.meter.ids_issued / min_gap
     assert len(handed) == len(set(handed))  # never an ID twice
     assert all(a < b for a, b in itertools.pairwise(handed))  # never one below an ID handed out
@@ -196,15 +269,17 @@ def test_a_source_far_behind_is_asked_for_the_whole_gap_and_forgotten_once_passe
     """A reply entirely below what is held: the next size covers the gap; an admitted reply clears it."""
     clock = ManualClock()
     refill = engine(clock, overlap=Overlap.SKIP)
-    refill.start()
-    refill.arrive([(1001, 2000)], clock.monotonic(), asked=1000)
+    sent(refill, clock.monotonic(), 1000)
+    refill.on_reply([(1001, 2000)], clock.monotonic())
     assert refill.size(100) == 100
-    refill.start()
-    arrival = refill.arrive([(11, 110)], clock.monotonic(), asked=100)
-    assert (arrival.received, arrival.dropped) == (100, 100)
+    sent(refill, clock.monotonic(), 100)
+    again = refill.on_reply([(11, 110)], clock.monotonic())
+    assert isinstance(again, Again)
+    assert (again.arrival.received, again.arrival.dropped) == (100, 100)
     assert refill.behind == 2000 - 110
     assert refill.size(100) == 100 + 1890
     assert refill.size(100, cap=500) == 500
-    refill.arrive([(1901, 3990)], clock.monotonic(), asked=1990)
+    assert refill.next(clock.monotonic(), fixed(100)) == Fetch(1990)
+    refill.on_reply([(1901, 3990)], clock.monotonic())
     assert refill.behind == 0
     assert refill.size(100) == 100
