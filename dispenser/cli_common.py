@@ -12,10 +12,11 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from importlib.metadata import entry_points
 
 from dispenser.config import Config
 
-__all__ = ["AddParser", "Handler", "stacks_on_sigusr1", "uvloop_suits"]
+__all__ = ["LAB_ENTRY_POINTS", "AddParser", "Handler", "lab_command", "stacks_on_sigusr1", "uvloop_suits"]
 
 log = logging.getLogger("dispenser")
 
@@ -24,6 +25,32 @@ AddParser = Callable[..., argparse.ArgumentParser]
 
 Handler = Callable[[argparse.Namespace, Config], int]
 """Runs a subcommand with its arguments and the loaded configuration; returns the exit status."""
+
+
+LAB_ENTRY_POINTS = "dispenser.lab"
+"""The entry-point group where the lab (``leaf-dispenser-lab``) registers ``bench`` and ``dev``."""
+
+
+def lab_command(name: str) -> Handler:
+    """The lab's handler of ``dispenser NAME``, or one that says how to install the lab.
+
+    Looked up only when the command runs (scanning the installed distributions costs tens of
+    milliseconds), so that every other command starts as fast as before and the product never imports
+    the lab.
+    """
+    for entry in entry_points(group=LAB_ENTRY_POINTS, name=name):
+        handler: Handler = entry.load()
+        return handler
+
+    def missing(_args: argparse.Namespace, _config: Config) -> int:
+        print(
+            f"dispenser {name}: this command comes with the lab, a second distribution "
+            "(leaf-dispenser-lab, lab/ in the repository): pip install ./lab",
+            file=sys.stderr,
+        )
+        return 2
+
+    return missing
 
 
 def stacks_on_sigusr1() -> None:

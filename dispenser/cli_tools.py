@@ -1,6 +1,6 @@
 """The ``dispenser`` commands for developers: ``bench`` and ``schemas``.
 
-The benchmarks of ``dispenser.bench``, and the JSON Schemas of the wire messages and the AsyncAPI document,
+The benchmarks (the lab's ``dispenser_lab.bench``, found through an entry point), and the JSON Schemas of the wire messages and the AsyncAPI document,
 written or checked.
 """
 
@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from dispenser.cli_common import AddParser
+from dispenser.cli_common import AddParser, lab_command
 from dispenser.config import Config
 
 __all__ = ["add_bench", "add_schemas", "run_bench", "run_schemas"]
@@ -21,7 +21,10 @@ def add_bench(add_parser: AddParser) -> None:
     """``dispenser bench TARGET``: the target's own options are passed on to it."""
     bench = add_parser(
         "bench",
-        help="benchmark the service (`dispenser bench nats|kafka|snowflake|client|http|alternatives --help`)",
+        help=(
+            "benchmark the service (`dispenser bench nats|kafka|snowflake|client|http|alternatives --help`; "
+            "the lab's: pip install ./lab)"
+        ),
     )
     bench.add_argument(
         "target",
@@ -55,31 +58,9 @@ def add_schemas(add_parser: AddParser) -> None:
     schemas.add_argument("--check", action="store_true", help="exit 1 if the files differ from the code")
 
 
-def run_bench(args: argparse.Namespace, _config: Config) -> int:
-    """Run the chosen benchmark with its options (each imported only when asked: some start servers)."""
-    if args.target == "snowflake":
-        from dispenser.bench import snowflake_inproc  # noqa: PLC0415
-
-        return snowflake_inproc.run_cli(args.options)
-    if args.target == "client":
-        from dispenser.bench import client_bench  # noqa: PLC0415 - starts servers; only when asked
-
-        return client_bench.main(args.options)
-    if args.target == "http":
-        from dispenser.bench import http_bench  # noqa: PLC0415 - starts servers; only when asked
-
-        return http_bench.main(args.options)
-    if args.target == "alternatives":
-        from dispenser.bench import alternatives  # noqa: PLC0415 - starts servers; only when asked
-
-        return alternatives.main(args.options)
-    if args.target == "kafka":
-        from dispenser.bench import kafka_bench  # noqa: PLC0415 - starts servers; only when asked
-
-        return kafka_bench.main(args.options)
-    from dispenser.bench import nats_bench  # noqa: PLC0415 - starts servers; only when asked
-
-    return nats_bench.main(args.options)
+def run_bench(args: argparse.Namespace, config: Config) -> int:
+    """Run the chosen benchmark with its options: the benchmarks are the lab's (``leaf-dispenser-lab``)."""
+    return lab_command("bench")(args, config)
 
 
 def _checkout(start: Path) -> Path | None:

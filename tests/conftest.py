@@ -4,7 +4,7 @@ The secret check: every log record of the session (root logger at DEBUG) and eve
 the session's temporary directory is searched for the values in ``tests/secret_values.py``; a secret
 found anywhere fails the run, with the secret's name and the logger or file (see ``tests/secret_scan.py``).
 
-Servers are real processes (see :mod:`dispenser.testing.servers`). A server that cannot start fails the tests
+Servers are real processes (see :mod:`dispenser_lab.servers`). A server that cannot start fails the tests
 that need it, with the reason and the server's log; nothing is skipped for want of a server.
 
 Fixtures:
@@ -31,8 +31,8 @@ import pytest
 import uvloop
 from hypothesis import settings
 
-from dispenser.testing.servers import DevServerError, NatsServer, PostgresServer
-from dispenser.testing.servers.server import ServerProcess
+from dispenser_lab.servers import DevServerError, NatsServer, PostgresServer
+from dispenser_lab.servers.server import ServerProcess
 from tests.secret_scan import Leak, SecretScanHandler, scan_log_files
 from tests.secret_values import SECRETS
 

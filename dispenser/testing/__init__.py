@@ -1,8 +1,9 @@
-"""A test kit for code that uses the dispenser, and for the dispenser's own tests (as ``trio.testing`` is).
+"""A test kit for code that uses the dispenser (as ``trio.testing`` is for trio's users).
 
-Fakes held to the adapters' contract tests (:mod:`~dispenser.testing.fakes`), virtual time
-(:mod:`~dispenser.testing.clock`), real servers (:mod:`~dispenser.testing.servers`) and a TCP fault proxy
-(:mod:`~dispenser.testing.faultproxy`). See ``docs/testing.md``.
+Fakes held to the adapters' contract tests (:mod:`~dispenser.testing.fakes`) and virtual time
+(:mod:`~dispenser.testing.clock`). The real servers and the fault proxy the dispenser's own tests start are
+the lab's (``dispenser_lab.servers``, ``dispenser_lab.faultproxy``: ``lab/`` in the repository, a
+distribution of its own). See ``docs/testing.md``.
 """
 
 from dispenser.testing.clock import ManualClock, settle
@@ -12,16 +13,12 @@ from dispenser.testing.fakes import (
     MemoryWorkerRegistry,
     MemoryWorkerTable,
 )
-from dispenser.testing.faultproxy import Direction, FaultProxy, ThreadedFaultProxy
 
 __all__ = [
-    "Direction",
-    "FaultProxy",
     "ManualClock",
     "MemoryReplayStore",
     "MemorySegmentStore",
     "MemoryWorkerRegistry",
     "MemoryWorkerTable",
-    "ThreadedFaultProxy",
     "settle",
 ]

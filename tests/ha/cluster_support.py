@@ -1,6 +1,6 @@
 """Clustered NATS, ZooKeeper and Kafka for the high-availability tests, shared by the session.
 
-Each cluster is started once (its members are the single dev servers, see :mod:`dispenser.testing.servers`)
+Each cluster is started once (its members are the single dev servers, see :mod:`dispenser_lab.servers`)
 and every test that kills a member restarts it before it ends (:func:`restored`), so the next test finds
 the whole cluster again. Tests keep apart by subject prefixes, registry names, topics and groups.
 """
@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dispenser.testing.faultproxy import ThreadedFaultProxy
-from dispenser.testing.servers import DevServerError, KafkaCluster, NatsCluster, ZooKeeperEnsemble
-from dispenser.testing.servers.group import ServerGroup
+from dispenser_lab.faultproxy import ThreadedFaultProxy
+from dispenser_lab.servers import DevServerError, KafkaCluster, NatsCluster, ZooKeeperEnsemble
+from dispenser_lab.servers.group import ServerGroup
 
 __all__ = ["kafka_cluster", "kafka_proxies", "nats_cluster", "restored", "zk_ensemble"]
 

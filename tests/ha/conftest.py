@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 
-from dispenser.testing.servers import DevServerError
-from dispenser.testing.servers.patroni import PatroniCluster
+from dispenser_lab.servers import DevServerError
+from dispenser_lab.servers.patroni import PatroniCluster
 from tests.ha.cluster_support import kafka_cluster, kafka_proxies, nats_cluster, zk_ensemble
 
 __all__ = [

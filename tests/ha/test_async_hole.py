@@ -27,9 +27,9 @@ import pytest
 from dispenser.app import Worker
 from dispenser.cli import main
 from dispenser.config import Config, load_config
-from dispenser.testing.servers import NatsServer
-from dispenser.testing.servers.patroni import PatroniCluster
-from dispenser.testing.servers.process import sigstop
+from dispenser_lab.servers import NatsServer
+from dispenser_lab.servers.patroni import PatroniCluster
+from dispenser_lab.servers.process import sigstop
 from tests.integration.segment_support import ask, client, ids_of, prepare, running_worker
 
 from .load_support import until

@@ -15,8 +15,8 @@ import pytest
 
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.cli import main
-from dispenser.testing.servers import NatsServer
-from dispenser.testing.servers.patroni import PatroniCluster
+from dispenser_lab.servers import NatsServer
+from dispenser_lab.servers.patroni import PatroniCluster
 from tests.integration.segment_support import ask, client, running_worker, worker_config
 
 # Fixtures are what pytest passes; there is no call site to keep short.

@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 
 from dispenser.adapters.kafka.clients import ensure_topics
 from dispenser.config import KafkaConfig
-from dispenser.testing.servers import KafkaCluster, NatsCluster, ZooKeeperEnsemble
+from dispenser_lab.servers import KafkaCluster, NatsCluster, ZooKeeperEnsemble
 from tests.integration.kafka_support import unique
 
 pytestmark = pytest.mark.ha

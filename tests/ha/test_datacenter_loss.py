@@ -20,9 +20,9 @@ import asyncpg
 import msgspec
 import pytest
 
-from dispenser.testing.servers import NatsGateways
-from dispenser.testing.servers.patroni import PatroniCluster, PatroniNode
-from dispenser.testing.servers.zookeeper_ensemble import ZooKeeperEnsemble
+from dispenser_lab.servers import NatsGateways
+from dispenser_lab.servers.patroni import PatroniCluster, PatroniNode
+from dispenser_lab.servers.zookeeper_ensemble import ZooKeeperEnsemble
 from tests.integration.segment_support import (
     WorkerProcess,
     client,

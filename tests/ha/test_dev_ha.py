@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dispenser.cli import main
-from dispenser.testing.servers.process import process_id
+from dispenser_lab.servers.process import process_id
 from tests.integration.dev_support import wait_for
 
 pytestmark = [pytest.mark.ha, pytest.mark.nats, pytest.mark.postgres, pytest.mark.zookeeper, pytest.mark.slow]

@@ -17,8 +17,8 @@ import nats.errors
 import pytest
 
 from dispenser.messages import Reply
-from dispenser.testing.servers import NatsServer
-from dispenser.testing.servers.patroni import PatroniCluster
+from dispenser_lab.servers import NatsServer
+from dispenser_lab.servers.patroni import PatroniCluster
 from tests.integration.segment_support import client, prepare, running_worker, worker_config
 
 from .load_support import LoadResult, load, until

@@ -19,8 +19,8 @@ import asyncpg
 import msgspec
 import pytest
 
-from dispenser.testing.servers import NatsServer, frozen
-from dispenser.testing.servers.patroni import PatroniCluster, PatroniNode
+from dispenser_lab.servers import NatsServer, frozen
+from dispenser_lab.servers.patroni import PatroniCluster, PatroniNode
 from tests.integration.segment_support import prepare, running_worker, worker_config
 
 from .load_support import LoadResult, load, until

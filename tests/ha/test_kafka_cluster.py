@@ -33,8 +33,8 @@ from dispenser.adapters.kafka.enrich import SOURCE_HEADER, Enricher, EnrichSetti
 from dispenser.client import KafkaIdClient
 from dispenser.config import Config, KafkaConfig
 from dispenser.service.enrichment import Placement
-from dispenser.testing.faultproxy import ThreadedFaultProxy
-from dispenser.testing.servers import KafkaCluster
+from dispenser_lab.faultproxy import ThreadedFaultProxy
+from dispenser_lab.servers import KafkaCluster
 from tests.ha.cluster_support import restored
 from tests.ha.load_support import until
 from tests.integration.kafka_support import Record, TopicReader, kafka_config, unique

@@ -20,7 +20,7 @@ from dispenser.adapters.nats.peers import collect_peer_clocks
 from dispenser.app import Worker
 from dispenser.config import Config, load_config
 from dispenser.ports import SystemClock
-from dispenser.testing.servers import NatsCluster
+from dispenser_lab.servers import NatsCluster
 from tests.ha.cluster_support import restored
 from tests.ha.load_support import load, until
 from tests.integration.segment_support import prepare, running_worker

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from dispenser.testing.servers.patroni import PatroniCluster
+from dispenser_lab.servers.patroni import PatroniCluster
 
 pytestmark = [pytest.mark.postgres, pytest.mark.zookeeper, pytest.mark.ha]
 

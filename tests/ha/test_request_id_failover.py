@@ -27,8 +27,8 @@ import pytest
 
 from dispenser.config import Config, load_config
 from dispenser.messages import Reply
-from dispenser.testing.servers import NatsServer
-from dispenser.testing.servers.patroni import PatroniCluster
+from dispenser_lab.servers import NatsServer
+from dispenser_lab.servers.patroni import PatroniCluster
 from tests.integration.segment_support import ask, client, ids_of, prepare, running_worker
 
 pytestmark = [pytest.mark.postgres, pytest.mark.zookeeper, pytest.mark.nats, pytest.mark.ha, pytest.mark.slow]

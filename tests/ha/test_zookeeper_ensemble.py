@@ -23,7 +23,7 @@ import pytest
 
 from dispenser.adapters.zookeeper.registry import DEFAULT_ROOT, ZkRegistryBase, parse_worker_node
 from dispenser.app import Worker
-from dispenser.testing.servers import NatsServer, ZooKeeperEnsemble
+from dispenser_lab.servers import NatsServer, ZooKeeperEnsemble
 from tests.ha.cluster_support import restored
 from tests.ha.load_support import LoadResult, load, until
 from tests.integration.segment_support import running_worker

@@ -31,8 +31,8 @@ import pytest
 
 from dispenser.adapters.zookeeper.lease import ZooKeeperLeaseRegistry
 from dispenser.app import Worker
-from dispenser.testing.faultproxy import FaultProxy
-from dispenser.testing.servers import NatsServer, ZooKeeperEnsemble, ZooKeeperServer
+from dispenser_lab.faultproxy import FaultProxy
+from dispenser_lab.servers import NatsServer, ZooKeeperEnsemble, ZooKeeperServer
 from tests.ha.cluster_support import restored
 from tests.ha.load_support import load, until
 from tests.ha.test_zookeeper_ensemble import (

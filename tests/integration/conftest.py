@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from dispenser.testing.servers.kafka import KafkaBroker
-from dispenser.testing.servers.mariadb import MariaDBServer
-from dispenser.testing.servers.zookeeper import ZooKeeperServer
+from dispenser_lab.servers.kafka import KafkaBroker
+from dispenser_lab.servers.mariadb import MariaDBServer
+from dispenser_lab.servers.zookeeper import ZooKeeperServer
 from tests.conftest import _running, _started
 from tests.integration.leaf_support import LEAF_DDL, LeafMySQL
 

@@ -38,14 +38,14 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from soak.ledger import RangeSet
 
 from dispenser.adapters.local.grants import GrantFile
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import StoreUnavailable, TagExists, TagStartTooLow, UnknownTag
 from dispenser.core.residue import LEAF, Residue
-from dispenser.testing.servers import PostgresServer
+from dispenser_lab.servers import PostgresServer
+from dispenser_lab.soak.ledger import RangeSet
 
 __all__ = ["RULES", "TAGS", "FleetEnv", "FleetModel", "Worker", "drop_databases", "prepare_databases"]
 

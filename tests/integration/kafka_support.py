@@ -22,8 +22,8 @@ from dispenser.adapters.kafka.clients import ensure_topics, topic_partitions
 from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
 from dispenser.app import Worker
 from dispenser.config import Config, KafkaConfig, load_config
-from dispenser.testing.servers import KafkaBroker
-from dispenser.testing.servers.kafka_markers import DroppedMarkers
+from dispenser_lab.servers import KafkaBroker
+from dispenser_lab.servers.kafka_markers import DroppedMarkers
 
 Header = tuple[str, bytes]
 
@@ -133,7 +133,7 @@ async def send_all(
 async def repairing_dropped_markers(broker: KafkaBroker) -> AsyncIterator[list[DroppedMarkers]]:
     """Meanwhile, write the transaction markers ``broker``'s coordinator drops at a restart, as an operator would.
 
-    Kafka's bug, not ours (:mod:`dispenser.testing.servers.kafka_markers`): a single node killed while a
+    Kafka's bug, not ours (:mod:`dispenser_lab.servers.kafka_markers`): a single node killed while a
     transaction commits may skip its markers when it comes back (or lose them, restarted cleanly),
     leaving the transaction open for ever on the output and the group's offset pending; the enricher
     then waits, as it must. Written as the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dispenser.testing.servers.mariadb import MariaDBServer
+from dispenser_lab.servers.mariadb import MariaDBServer
 
 # Leaf's README (scripts/leaf_alloc.sql), as published.
 LEAF_DDL = """

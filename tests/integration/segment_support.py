@@ -25,7 +25,7 @@ from dispenser.app import Worker
 from dispenser.config import Config, load_config
 from dispenser.messages import Reply
 from dispenser.ports import Clock
-from dispenser.testing.servers.process import sigstop
+from dispenser_lab.servers.process import sigstop
 
 
 def worker_config(nats_url: str, dsn: str, **segment: object) -> Config:

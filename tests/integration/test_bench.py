@@ -10,7 +10,7 @@ import pytest
 
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.cli import main
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 from .segment_support import prepare, running_worker, worker_config
 

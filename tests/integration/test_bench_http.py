@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dispenser.cli import main
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from dispenser.cli import main
-from dispenser.testing.servers import KafkaBroker, NatsServer, ZooKeeperServer, free_port
+from dispenser_lab.servers import KafkaBroker, NatsServer, ZooKeeperServer, free_port
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 

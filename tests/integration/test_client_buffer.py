@@ -15,7 +15,7 @@ from dispenser.adapters.nats.client import NatsIdTransport
 from dispenser.client import BlockingIdClient, BufferSettings, DispenserUnavailable, IdClient, IdRequestError
 from dispenser.config import NatsConfig
 from dispenser.messages import IdRequest, Kind, Reply
-from dispenser.testing.servers import KafkaBroker, NatsServer
+from dispenser_lab.servers import KafkaBroker, NatsServer
 
 from .kafka_support import unique
 from .segment_support import WorkerProcess, ask, client, prepare, running_worker, wait_until, worker_config

@@ -18,7 +18,7 @@ import pytest
 from dispenser.adapters.zookeeper.registry import DEFAULT_ROOT
 from dispenser.config import load_config
 from dispenser.messages import Reply
-from dispenser.testing.servers import NatsServer, ZooKeeperServer
+from dispenser_lab.servers import NatsServer, ZooKeeperServer
 
 from .segment_support import assert_nowhere, client, request, running_worker, whole
 from .snowflake_support import ranges_of, snowflake_env, subject, worker_id_of, zk_session

@@ -1,6 +1,6 @@
 """A worker in datacenter B fetching from a primary in A (20 ms each way): what a fetch costs, and that requests do not pay it.
 
-The datacenter boundary is the test kit's :class:`~dispenser.testing.faultproxy.FaultProxy` between the worker
+The datacenter boundary is the test kit's :class:`~dispenser_lab.faultproxy.FaultProxy` between the worker
 and PostgreSQL, adding 20 ms each way. One PostgreSQL stands for the primary in A; the synchronous standby's acknowledgement (a
 second crossing per commit with ``pg-b1`` synchronous, docs/datacenters.md) is not modelled here.
 """
@@ -17,8 +17,8 @@ import pytest
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.config import load_config
 from dispenser.messages import Reply
-from dispenser.testing.faultproxy import FaultProxy
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.faultproxy import FaultProxy
+from dispenser_lab.servers import NatsServer
 from tests.integration.segment_support import client, prepare, request, running_worker
 
 ONE_WAY = 0.020

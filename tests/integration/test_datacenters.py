@@ -30,7 +30,7 @@ from nats.aio.msg import Msg
 from dispenser.client import BufferSettings, IdClient
 from dispenser.config import NatsConfig
 from dispenser.messages import RateEvent, Reply
-from dispenser.testing.servers import NatsGateways
+from dispenser_lab.servers import NatsGateways
 from tests.ha.cluster_support import _running as running_group
 
 from .segment_support import WorkerProcess, client, ids_of, prepare, wait_until

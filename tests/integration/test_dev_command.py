@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from dispenser.cli import main
-from dispenser.testing.servers import free_port
-from dispenser.testing.servers.process import port_is_free
+from dispenser_lab.servers import free_port
+from dispenser_lab.servers.process import port_is_free
 from tests.integration.dev_support import wait_for
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres, pytest.mark.slow]

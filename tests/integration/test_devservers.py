@@ -18,7 +18,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from dispenser.testing.servers import (
+from dispenser_lab.servers import (
     DevServerError,
     MariaDBServer,
     NatsServer,
@@ -29,8 +29,8 @@ from dispenser.testing.servers import (
     free_port,
     frozen,
 )
-from dispenser.testing.servers import mariadb as mariadb_module
-from dispenser.testing.servers.process import port_is_free, sigstop
+from dispenser_lab.servers import mariadb as mariadb_module
+from dispenser_lab.servers.process import port_is_free, sigstop
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""The fault proxy of the test kit (dispenser.testing.faultproxy) against a real echo server and a real NATS."""
+"""The fault proxy of the test kit (dispenser_lab.faultproxy) against a real echo server and a real NATS."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from dispenser.testing.faultproxy import FaultProxy, ThreadedFaultProxy
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.faultproxy import FaultProxy, ThreadedFaultProxy
+from dispenser_lab.servers import NatsServer
 
 # How long a test waits to be sure that nothing comes: long against loopback's microseconds.
 QUIET = 0.3

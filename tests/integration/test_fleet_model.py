@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from dispenser.core.errors import TagStartTooLow
-from dispenser.testing.servers import PostgresServer
+from dispenser_lab.servers import PostgresServer
 from tests.integration.fleet_model_support import (
     FleetEnv,
     FleetModel,

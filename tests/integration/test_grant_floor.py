@@ -18,7 +18,7 @@ from dispenser.adapters.local.grants import GrantFile
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import StoreUnavailable
-from dispenser.testing.servers import PostgresServer
+from dispenser_lab.servers import PostgresServer
 from tests.integration.segment_support import rewind, wait_until
 
 pytestmark = [pytest.mark.postgres]

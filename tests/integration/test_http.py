@@ -15,8 +15,8 @@ from dispenser.app import Worker
 from dispenser.config import Config, load_config
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.messages import Reply
-from dispenser.testing.servers import NatsServer
-from dispenser.testing.servers.process import free_port
+from dispenser_lab.servers import NatsServer
+from dispenser_lab.servers.process import free_port
 
 from .segment_support import prepare, running_worker, wait_until
 

@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 
 from dispenser.app import Worker
-from dispenser.testing.servers import NatsServer
-from dispenser.testing.servers.process import free_port
+from dispenser_lab.servers import NatsServer
+from dispenser_lab.servers.process import free_port
 
 from .segment_support import prepare, running_worker
 from .test_http import http_config

@@ -26,7 +26,7 @@ from dispenser.adapters.kafka.enrich import (
 )
 from dispenser.adapters.prometheus import EnricherCollector
 from dispenser.service.enrichment import Placement
-from dispenser.testing.servers.kafka import KafkaBroker
+from dispenser_lab.servers.kafka import KafkaBroker
 
 from .kafka_support import (
     EnricherProcess,

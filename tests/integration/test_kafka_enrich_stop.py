@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dispenser.testing.servers import PostgresServer
-from dispenser.testing.servers.kafka import KafkaBroker
+from dispenser_lab.servers import PostgresServer
+from dispenser_lab.servers.kafka import KafkaBroker
 
 from .kafka_support import (
     EnricherProcess,

@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaProducer
 
 from dispenser.app import Worker
 from dispenser.client import KafkaIdClient
-from dispenser.testing.servers.kafka import KafkaBroker
+from dispenser_lab.servers.kafka import KafkaBroker
 
 from .kafka_support import kafka_config, unique
 

@@ -20,7 +20,7 @@ from dispenser.adapters.kafka.clients import CORRELATION_ID, REPLY_PARTITION, RE
 from dispenser.adapters.prometheus import WorkerCollector
 from dispenser.app import Worker
 from dispenser.client import KafkaIdClient
-from dispenser.testing.servers.kafka import KafkaBroker
+from dispenser_lab.servers.kafka import KafkaBroker
 
 from .kafka_support import kafka_config, unique
 

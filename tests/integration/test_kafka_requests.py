@@ -16,7 +16,7 @@ from dispenser.adapters.kafka.clients import CORRELATION_ID, REPLY_PARTITION, RE
 from dispenser.app import Worker
 from dispenser.client import IdRequestError, KafkaIdClient
 from dispenser.config import Config
-from dispenser.testing.servers.kafka import KafkaBroker
+from dispenser_lab.servers.kafka import KafkaBroker
 
 from .kafka_support import TopicReader, create_topics, kafka_config, produce, unique
 from .segment_support import prepare

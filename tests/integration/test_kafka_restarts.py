@@ -25,8 +25,8 @@ from dispenser.adapters.kafka.offsets import CommittedOffsets, HangingTransactio
 from dispenser.app import Worker
 from dispenser.config import KafkaConfig
 from dispenser.service.enrichment import Placement
-from dispenser.testing.servers.kafka import KafkaBroker
-from dispenser.testing.servers.kafka_wire import write_txn_markers
+from dispenser_lab.servers.kafka import KafkaBroker
+from dispenser_lab.servers.kafka_wire import write_txn_markers
 from tests.conftest import _running
 
 from .kafka_support import (

@@ -23,7 +23,7 @@ from dispenser.adapters.kafka.clients import KafkaAuthenticationFailed, KafkaTls
 from dispenser.cli import main
 from dispenser.client import KafkaIdClient
 from dispenser.config import KafkaConfig, load_config
-from dispenser.testing.servers.kafka import SCRAM_MECHANISMS, KafkaBroker, SecureListener
+from dispenser_lab.servers.kafka import SCRAM_MECHANISMS, KafkaBroker, SecureListener
 from tests.conftest import _running
 from tests.integration.kafka_support import (
     DispenserProcess,

@@ -12,10 +12,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dispenser.adapters.kafka.clients import ensure_topics
 from dispenser.config import KafkaConfig
-from dispenser.testing.servers.kafka import KafkaBroker, default_jar_dir, fetch_kafka_jars, metadata_brokers
-from dispenser.testing.servers.kafka_markers import DroppedMarkers, write_markers
-from dispenser.testing.servers.kafka_wire import metadata
-from dispenser.testing.servers.process import port_is_free
+from dispenser_lab.servers.kafka import KafkaBroker, default_jar_dir, fetch_kafka_jars, metadata_brokers
+from dispenser_lab.servers.kafka_markers import DroppedMarkers, write_markers
+from dispenser_lab.servers.kafka_wire import metadata
+from dispenser_lab.servers.process import port_is_free
 
 from .kafka_support import TopicReader, create_topics, produce, unique
 

@@ -16,7 +16,7 @@ import pytest
 from dispenser.adapters.mysql.leaf import LeafDatabaseError, read_leaf_alloc
 from dispenser.cli import main
 from dispenser.core.leaf_import import LEAF_MAX_STEP
-from dispenser.testing.servers import free_port
+from dispenser_lab.servers import free_port
 from tests.integration.leaf_support import LEAF_SAMPLE_ROW, LeafMySQL
 from tests.secret_values import SECRETS
 

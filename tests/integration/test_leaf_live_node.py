@@ -20,9 +20,9 @@ from dispenser.adapters.zookeeper.registry import ZooKeeperRegistry
 from dispenser.config import Config
 from dispenser.core.errors import CoordinatorUnavailable, WorkerNodeAlive
 from dispenser.registries import LEAF_ROOT
-from dispenser.testing.servers import NatsServer
-from dispenser.testing.servers.process import free_port
-from dispenser.testing.servers.zookeeper import ZooKeeperServer
+from dispenser_lab.servers import NatsServer
+from dispenser_lab.servers.process import free_port
+from dispenser_lab.servers.zookeeper import ZooKeeperServer
 from tests.integration.leaf_zk_support import LeafInitFailed, LeafZkServer, endpoint
 from tests.integration.zk_support import eventually, off_loop, plain_client
 

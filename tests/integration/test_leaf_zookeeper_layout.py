@@ -22,7 +22,7 @@ from dispenser.config import PostgresConfig, SnowflakeConfig
 from dispenser.core.errors import InvalidLayout
 from dispenser.ports import SystemClock, WorkerRegistry
 from dispenser.registries import LEAF_ROOT, layout_of, open_registry
-from dispenser.testing.servers.zookeeper import ZooKeeperServer
+from dispenser_lab.servers.zookeeper import ZooKeeperServer
 from tests.integration.zk_support import off_loop, plain_client
 
 pytestmark = pytest.mark.zookeeper

@@ -23,7 +23,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from dispenser.adapters.nats.peers import collect_peer_clocks
 from dispenser.config import Config, load_config
 from dispenser.messages import RateEvent
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 from tests.secret_values import SECRETS
 
 from .nats_auth_support import auth_config, documented_permissions, make_pki, refused_connection

@@ -14,7 +14,7 @@ from nats.micro.request import Request
 from nats.micro.service import ServiceInfo, ServicePing, ServiceStats
 
 from dispenser.adapters.nats.micro import Endpoint, MicroService
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 from .segment_support import client, no_responders_soon, request, wait_until
 

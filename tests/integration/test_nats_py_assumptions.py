@@ -21,7 +21,7 @@ from nats.micro.request import ERROR_HEADER as NATS_MICRO_ERROR_HEADER
 from nats.nuid import NUID
 
 from dispenser.adapters.nats.micro import ERROR_CODE_HEADER, ERROR_HEADER
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 from .segment_support import client, no_responders_soon, request, wait_until
 

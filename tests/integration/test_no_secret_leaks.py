@@ -17,7 +17,7 @@ from dispenser.adapters.postgres.schema import migrate
 from dispenser.cli import main
 from dispenser.config import load_config
 from dispenser.messages import Reply
-from dispenser.testing.servers import NatsServer, PostgresServer, free_port
+from dispenser_lab.servers import NatsServer, PostgresServer, free_port
 from tests.secret_scan import find_secrets
 from tests.secret_values import SECRETS
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dispenser.core.errors import PeerClockUnverified
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 from .segment_support import running_worker
 from .snowflake_support import refused, snowflake_config

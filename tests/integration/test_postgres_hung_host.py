@@ -19,7 +19,7 @@ import pytest
 from dispenser.adapters.postgres.schema import MIGRATIONS, migrate, schema_version
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import StoreUnavailable
-from dispenser.testing.servers import DevServerError, NatsServer, PostgresServer, frozen
+from dispenser_lab.servers import DevServerError, NatsServer, PostgresServer, frozen
 from tests.integration.segment_support import ask, client, ids_of, prepare, running_worker, worker_config
 
 pytestmark = pytest.mark.postgres

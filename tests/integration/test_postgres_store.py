@@ -17,7 +17,7 @@ from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.config import redact
 from dispenser.core.errors import StoreUnavailable
 from dispenser.core.segment import Segment
-from dispenser.testing.servers import PostgresServer
+from dispenser_lab.servers import PostgresServer
 
 from .segment_support import wait_until
 

@@ -17,7 +17,7 @@ from dispenser.adapters.postgres.workers import PostgresWorkerRegistry
 from dispenser.cli import main
 from dispenser.config import redact
 from dispenser.core.errors import CoordinatorUnavailable, StoreUnavailable
-from dispenser.testing.servers import NatsServer, PostgresServer
+from dispenser_lab.servers import NatsServer, PostgresServer
 from tests.conftest import _running
 from tests.integration.segment_support import ask, client, ids_of, running_worker, wait_until
 from tests.integration.snowflake_support import snowflake_config, worker_id_of

@@ -20,7 +20,7 @@ from dispenser.adapters.postgres.primary import PrimaryWatch
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import StoreUnavailable
-from dispenser.testing.servers import NatsServer, PostgresServer, free_port
+from dispenser_lab.servers import NatsServer, PostgresServer, free_port
 from tests.integration.segment_support import ask, client, prepare, rewind, running_worker, worker_config
 
 pytestmark = [pytest.mark.postgres]

@@ -36,8 +36,8 @@ from dispenser.app import Worker
 from dispenser.config import Config, load_config
 from dispenser.messages import RateEvent, Reply
 from dispenser.testing.clock import ManualClock
-from dispenser.testing.servers import NatsServer, PostgresServer, frozen
 from dispenser.watch import run_watch
+from dispenser_lab.servers import NatsServer, PostgresServer, frozen
 
 from .segment_support import client, prepare, request, running_worker, wait_until
 

@@ -16,7 +16,7 @@ import pytest
 
 from dispenser.config import load_config
 from dispenser.readiness import cannot_issue
-from dispenser.testing.servers import NatsServer, PostgresServer
+from dispenser_lab.servers import NatsServer, PostgresServer
 
 from .segment_support import prepare, running_worker, wait_until
 

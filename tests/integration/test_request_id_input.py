@@ -24,7 +24,7 @@ from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.config import load_config
 from dispenser.core.errors import BadRequest, StoreRefusedValue
 from dispenser.ports import Settled
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 from .segment_support import ask, client, ids_of, prepare, running_worker, worker_config
 

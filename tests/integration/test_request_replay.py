@@ -17,7 +17,7 @@ import pytest
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.app import Worker
 from dispenser.config import Config, load_config
-from dispenser.testing.servers import NatsServer, PostgresServer
+from dispenser_lab.servers import NatsServer, PostgresServer
 
 from .segment_support import ask, client, ids_of, prepare, running_worker, worker_config
 from .snowflake_support import snowflake_env

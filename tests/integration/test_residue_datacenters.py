@@ -18,7 +18,7 @@ from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.residue import Residue
 from dispenser.messages import Reply
-from dispenser.testing.servers import NatsGateways, PostgresServer
+from dispenser_lab.servers import NatsGateways, PostgresServer
 from tests.integration.segment_support import client, request, running_worker, worker_config
 
 pytestmark = [pytest.mark.postgres, pytest.mark.nats]

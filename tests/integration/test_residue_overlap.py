@@ -21,7 +21,7 @@ from dispenser.config import Config
 from dispenser.core.residue import LEAF, Residue
 from dispenser.health import check_all
 from dispenser.messages import Reply, ResidueClaims, TagResidue
-from dispenser.testing.servers import NatsGateways, NatsServer, PostgresServer
+from dispenser_lab.servers import NatsGateways, NatsServer, PostgresServer
 from tests.integration.segment_support import client, request, running_worker, worker_config
 
 pytestmark = [pytest.mark.postgres, pytest.mark.nats]

@@ -10,7 +10,7 @@ import pytest
 
 from dispenser.cli import main
 from dispenser.messages import MSGPACK, Reply
-from dispenser.testing.servers import NatsServer, PostgresServer
+from dispenser_lab.servers import NatsServer, PostgresServer
 
 from .segment_support import ask, client, ids_of, prepare, request, running_worker, wait_until, worker_config
 

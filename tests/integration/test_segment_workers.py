@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 from .segment_support import WorkerProcess, ask, client, ids_of, prepare, wait_serving
 

@@ -1,6 +1,6 @@
 """Issue 22 item 7: a slow PostgreSQL (every query +500 ms, through the fault proxy) costs fetches, not requests.
 
-A worker reaches PostgreSQL through a :class:`~dispenser.testing.faultproxy.FaultProxy` that delays every
+A worker reaches PostgreSQL through a :class:`~dispenser_lab.faultproxy.FaultProxy` that delays every
 chunk 250 ms each way, so each round trip (a query and its answer) takes 500 ms more. Requests for a tag
 whose buffer holds IDs are answered from memory and do not pay it; a tag whose segment is one request
 long makes every request wait for a fetch, which does pay it (and still ends well inside the fetch
@@ -16,8 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 import pytest
 
-from dispenser.testing.faultproxy import FaultProxy
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.faultproxy import FaultProxy
+from dispenser_lab.servers import NatsServer
 from tests.integration.segment_support import ask, client, ids_of, prepare, running_worker, worker_config
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]

@@ -26,7 +26,7 @@ from dispenser.core.peers import Claim
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.health import check_all
 from dispenser.messages import Reply
-from dispenser.testing.servers import NatsGateways, ZooKeeperServer
+from dispenser_lab.servers import NatsGateways, ZooKeeperServer
 from tests.conftest import _running
 from tests.ha.cluster_support import _running as running_group
 

@@ -14,8 +14,8 @@ from dispenser.adapters.postgres.schema import migrate
 from dispenser.config import Config
 from dispenser.ports import SystemClock
 from dispenser.registries import open_registration
-from dispenser.testing.servers import NatsServer
-from dispenser.testing.servers.zookeeper import ZooKeeperServer
+from dispenser_lab.servers import NatsServer
+from dispenser_lab.servers.zookeeper import ZooKeeperServer
 
 from .segment_support import ask, client, running_worker
 from .snowflake_support import ranges_of, snowflake_config, subject

@@ -15,7 +15,7 @@ from dispenser.config import Config
 from dispenser.core.errors import WorkerIdInUse
 from dispenser.core.snowflake import LEAF_EPOCH_MS
 from dispenser.health import check_all
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 from .segment_support import running_worker
 from .snowflake_support import snowflake_config

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dispenser.config import load_config
 from dispenser.messages import RateEvent
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 from .segment_support import ask, client, running_worker, wait_until
 from .snowflake_support import snowflake_env, subject

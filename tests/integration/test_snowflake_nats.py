@@ -10,7 +10,7 @@ import pytest
 
 from dispenser.core.errors import ClockBehindRecorded, ClockDisagreesWithPeers
 from dispenser.messages import DecodeReply, Reply
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 from .segment_support import ask, client, request, running_worker
 from .snowflake_support import (

@@ -13,8 +13,8 @@ import pytest
 
 from dispenser.config import Config
 from dispenser.core.errors import ClockBehindRecorded, CoordinatorUnavailable, WorkerIdsExhausted
-from dispenser.testing.servers import NatsServer, free_port
-from dispenser.testing.servers.zookeeper import ZooKeeperServer
+from dispenser_lab.servers import NatsServer, free_port
+from dispenser_lab.servers.zookeeper import ZooKeeperServer
 
 from .segment_support import WorkerProcess, ask, client, running_worker
 from .snowflake_support import (

@@ -22,9 +22,9 @@ from nats.aio.msg import Msg
 from dispenser.adapters.nats.peers import join_peers
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.service.identity import IdentityGuard
-from dispenser.testing.faultproxy import ThreadedFaultProxy
-from dispenser.testing.servers import NatsCluster, NatsGateways, NatsServer
-from dispenser.testing.servers.process import LOOPBACK, free_port
+from dispenser_lab.faultproxy import ThreadedFaultProxy
+from dispenser_lab.servers import NatsCluster, NatsGateways, NatsServer
+from dispenser_lab.servers.process import LOOPBACK, free_port
 from tests.conftest import _running
 from tests.ha.cluster_support import _running as running_group
 

@@ -11,8 +11,8 @@ import pytest
 from nats.aio.client import Client
 
 from dispenser.config import load_config
-from dispenser.testing.servers import NatsServer
-from dispenser.testing.servers.zookeeper import ZooKeeperServer
+from dispenser_lab.servers import NatsServer
+from dispenser_lab.servers.zookeeper import ZooKeeperServer
 
 from .segment_support import WorkerProcess, client, running_worker, wait_serving
 from .snowflake_support import (

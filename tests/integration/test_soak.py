@@ -8,7 +8,6 @@ apt-get), and fails with the reason otherwise.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,6 @@ pytestmark = [
 ]
 
 SOAK_TIMEOUT_S = 420
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 
 def _soak(tmp_path: Path, profile: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], str]:
@@ -36,17 +34,13 @@ def _soak(tmp_path: Path, profile: str) -> tuple[subprocess.CompletedProcess[str
     tmp_path.chmod(0o755)  # PostgreSQL (and Patroni) run as their own user below it when we are root
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "soak", "--profile", profile, "--seed", "7"),
+            *(sys.executable, "-m", "dispenser_lab.soak", "--profile", profile, "--seed", "7"),
             *("--json", str(report_path), "--workdir", str(tmp_path / "work"), "--quiet"),
         ],
         capture_output=True,
         text=True,
         timeout=SOAK_TIMEOUT_S,
         check=False,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(TOOLS), os.environ.get("PYTHONPATH")])),
-        },
     )
     output = f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-5000:]}"
     assert done.returncode == 0, output

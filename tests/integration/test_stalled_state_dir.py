@@ -22,7 +22,7 @@ from dispenser.adapters.local.statefile import write_atomically
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import StoreUnavailable
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 from tests.integration.segment_support import (
     ask,
     client,

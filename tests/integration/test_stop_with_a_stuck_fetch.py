@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
-from dispenser.testing.faultproxy import FaultProxy
-from dispenser.testing.servers import NatsServer, PostgresServer
+from dispenser_lab.faultproxy import FaultProxy
+from dispenser_lab.servers import NatsServer, PostgresServer
 from tests.integration.segment_support import (
     ask,
     client,

@@ -16,8 +16,8 @@ import pytest
 
 from dispenser.config import load_config
 from dispenser.messages import Reply
-from dispenser.testing.servers import NatsServer, PostgresServer
-from dispenser.testing.servers.process import free_port
+from dispenser_lab.servers import NatsServer, PostgresServer
+from dispenser_lab.servers.process import free_port
 from tests.secret_values import SECRETS
 
 from .segment_support import ask, assert_nowhere, client, ids_of, prepare, request, running_worker, whole

@@ -25,8 +25,8 @@ import pytest
 from dispenser.adapters.nats.connection import connect
 from dispenser.client import BlockingIdClient, BufferSettings, DispenserUnavailable, IdClient, IdRequestError
 from dispenser.config import NatsConfig
-from dispenser.testing.faultproxy import FaultProxy
-from dispenser.testing.servers import NatsServer, free_port
+from dispenser_lab.faultproxy import FaultProxy
+from dispenser_lab.servers import NatsServer, free_port
 from tests.integration.segment_support import ask, ids_of, prepare, running_worker, wait_until, worker_config
 from tests.secret_values import SECRETS
 

@@ -2,6 +2,8 @@
 
 The base install is the client (nats-py, msgspec): no worker driver comes with it, ``dispenser serve`` says
 in one line which extra to install, and the client from that venv takes IDs from a worker running here.
+The product's wheel holds none of the lab; the lab's wheel (``lab/``, leaf-dispenser-lab), installed beside
+it, brings the servers with their poms and the implementations of ``dispenser bench`` and ``dispenser dev``.
 The client's dependencies come from a wheelhouse in ``~/.cache/leaf-dispenser/wheelhouse`` (filled from
 the package index on the first run, offline afterwards), so the test takes seconds, not a resolution.
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 from .segment_support import prepare, running_worker, worker_config
 
@@ -46,14 +48,14 @@ drivers = [name for name in sys.argv[2:] if importlib.util.find_spec(name) is no
 print(json.dumps({"ids": taken, "drivers": drivers}))
 """
 
-# The test kit from the installed wheel: its Java servers find their poms as package data (no checkout, no
-# tools/), and the modules the product imports are public. Java is not started (seconds of JVM).
+# The lab from its installed wheel: its Java servers find their poms as package data (no checkout), and the
+# modules of the product it imports are public. Java is not started (seconds of JVM).
 KIT = """
 import json
 from pathlib import Path
-from dispenser.testing.servers import kafka, zookeeper
-from dispenser.testing.servers.maven import packaged_pom
-from dispenser.testing.servers.process import free_port, port_is_free
+from dispenser_lab.servers import kafka, zookeeper
+from dispenser_lab.servers.maven import packaged_pom
+from dispenser_lab.servers.process import free_port, port_is_free
 poms = {name: str(packaged_pom(name)) for name in ("zookeeper", "kafka")}
 texts = {name: Path(pom).read_text() for name, pom in poms.items()}
 print(json.dumps({
@@ -76,6 +78,16 @@ def _run(
 
 def _pip(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return _run(sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args)
+
+
+def _lab_wheel(where: Path) -> Path:
+    """The lab's wheel (``lab/``), built from a copy of it into ``where/lab-dist``."""
+    source = where / "lab-source"
+    shutil.copytree(ROOT / "lab", source, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    built = _pip("wheel", "--no-deps", "--no-build-isolation", "-w", where / "lab-dist", source)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (where / "lab-dist").glob("leaf_dispenser_lab-*.whl")
+    return wheel
 
 
 def _clean_venv(where: Path) -> Path:
@@ -165,6 +177,27 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
     assert len(later) == 3
     assert min(later) > max(ids)
 
+    # The product alone has no lab: not in the wheel, and its commands say where they come from.
+    assert not [name for name in names if name.startswith(("dispenser_lab", "dispenser/testing/servers"))]
+    assert not [name for name in names if "bench" in name or "devstack" in name or "faultproxy" in name]
+    alone = await asyncio.to_thread(_run, bin_dir / "dispenser", "bench", "snowflake", cwd=tmp_path)
+    assert alone.returncode == 2
+    assert "leaf-dispenser-lab" in alone.stderr
+    assert "Traceback" not in alone.stderr
+
+    # The lab beside it (--no-deps: the drivers it names are not what this test is about).
+    lab_wheel = await asyncio.to_thread(_lab_wheel, tmp_path)
+    with zipfile.ZipFile(lab_wheel) as archive:
+        lab_names = archive.namelist()
+    assert not [name for name in lab_names if name.startswith("dispenser/")]
+    assert {
+        "dispenser_lab/servers/poms/zookeeper/pom.xml",
+        "dispenser_lab/servers/poms/kafka/pom.xml",
+    } <= set(lab_names)
+    beside = await asyncio.to_thread(
+        _pip, "--python", bin_dir / "python", "install", "-q", "--no-deps", lab_wheel
+    )
+    assert beside.returncode == 0, beside.stdout + beside.stderr
     kit = await asyncio.to_thread(
         _run, bin_dir / "python", "-c", KIT, env={**os.environ, "PYTHONPATH": ""}, cwd=tmp_path
     )
@@ -175,7 +208,19 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
         assert Path(pom).is_relative_to(site), pom  # the wheel's, not the checkout's
     assert found["versions"] == [True, True]
     assert found["port"] is True
-    assert {
-        "dispenser/testing/servers/poms/zookeeper/pom.xml",
-        "dispenser/testing/servers/poms/kafka/pom.xml",
-    } <= set(names)
+    # `dispenser bench` now runs the lab's benchmark (the in-process snowflake one needs no server).
+    report = tmp_path / "bench.json"
+    benched = await asyncio.to_thread(
+        _run,
+        bin_dir / "dispenser",
+        "bench",
+        "snowflake",
+        "--duration",
+        "0.1",
+        "--json",
+        str(report),
+        env={**os.environ, "PYTHONPATH": ""},
+        cwd=tmp_path,
+    )
+    assert benched.returncode == 0, benched.stderr
+    assert json.loads(report.read_text())

@@ -10,7 +10,7 @@ import pytest
 from dispenser.adapters.nats.service import NatsIdService
 from dispenser.app import Worker
 from dispenser.core.errors import DispenserError
-from dispenser.testing.servers import NatsServer
+from dispenser_lab.servers import NatsServer
 
 from .segment_support import ask, client, ids_of, prepare, worker_config
 

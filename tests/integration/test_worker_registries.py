@@ -21,7 +21,7 @@ from dispenser.core.errors import (
 )
 from dispenser.ports import SystemClock, WorkerLease
 from dispenser.registries import open_registration
-from dispenser.testing.servers import free_port
+from dispenser_lab.servers import free_port
 
 
 def pg(dsn: str, address: str, max_worker_id: int = 1023) -> PostgresWorkerRegistry:

@@ -18,7 +18,7 @@ from dispenser.adapters.zookeeper.registry import ZooKeeperRegistry
 from dispenser.core.errors import WorkerIdsExhausted
 from dispenser.ports import WorkerRegistry
 from dispenser.testing.fakes import MemoryWorkerRegistry, MemoryWorkerTable
-from dispenser.testing.servers.zookeeper import ZooKeeperServer
+from dispenser_lab.servers.zookeeper import ZooKeeperServer
 
 Factory = Callable[[str, int], WorkerRegistry]
 """``(address, max_worker_id)`` → a registry of one worker, all sharing one record."""

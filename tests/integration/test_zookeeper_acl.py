@@ -18,7 +18,7 @@ from dispenser.config import ConfigError, load_config
 from dispenser.core.errors import CoordinatorUnavailable
 from dispenser.ports import SystemClock
 from dispenser.registries import layout_of, open_registry
-from dispenser.testing.servers.zookeeper import ZooKeeperServer
+from dispenser_lab.servers.zookeeper import ZooKeeperServer
 from tests.integration.zk_support import eventually, off_loop, plain_client
 from tests.secret_values import SECRETS
 

@@ -19,8 +19,8 @@ from dispenser.core.errors import (
     WorkerAddressInUse,
     WorkerIdsExhausted,
 )
-from dispenser.testing.servers import free_port
-from dispenser.testing.servers.zookeeper import ZooKeeperServer
+from dispenser_lab.servers import free_port
+from dispenser_lab.servers.zookeeper import ZooKeeperServer
 from tests.integration.zk_support import PartitionProxy, eventually, expire_session, off_loop, plain_client
 
 pytestmark = pytest.mark.zookeeper

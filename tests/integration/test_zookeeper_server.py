@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dispenser.testing.servers import ServerStartError
-from dispenser.testing.servers.zookeeper import ZooKeeperServer, default_jar_dir, fetch_zookeeper_jars, srvr
+from dispenser_lab.servers import ServerStartError
+from dispenser_lab.servers.zookeeper import ZooKeeperServer, default_jar_dir, fetch_zookeeper_jars, srvr
 from tests.integration.zk_support import off_loop, plain_client
 
 pytestmark = pytest.mark.zookeeper

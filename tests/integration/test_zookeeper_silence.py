@@ -16,8 +16,8 @@ import pytest
 
 from dispenser.adapters.zookeeper.session import ZkSession
 from dispenser.core.errors import CoordinatorUnavailable
-from dispenser.testing.faultproxy import FaultProxy
-from dispenser.testing.servers import ZooKeeperServer
+from dispenser_lab.faultproxy import FaultProxy
+from dispenser_lab.servers import ZooKeeperServer
 from tests.integration.segment_support import wait_until
 
 pytestmark = [pytest.mark.zookeeper]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dispenser.bench.nats_bench import _with_request_ids
-from dispenser.bench.nats_plan import THROUGHPUT_BODIES, parse_options
 from dispenser.messages import decode_request
+from dispenser_lab.bench.nats_bench import _with_request_ids
+from dispenser_lab.bench.nats_plan import THROUGHPUT_BODIES, parse_options
 
 
 def test_every_body_is_a_valid_request_with_a_fresh_request_id() -> None:

@@ -29,10 +29,10 @@ import yaml
 
 from dispenser import cli
 from dispenser.config import Config, load_config
-from dispenser.testing.servers.kafka import KAFKA_VERSION
-from dispenser.testing.servers.nats import find_nats_server
-from dispenser.testing.servers.postgres import find_postgres_installs
-from dispenser.testing.servers.zookeeper import ZOOKEEPER_VERSION
+from dispenser_lab.servers.kafka import KAFKA_VERSION
+from dispenser_lab.servers.nats import find_nats_server
+from dispenser_lab.servers.postgres import find_postgres_installs
+from dispenser_lab.servers.zookeeper import ZOOKEEPER_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "compose"

@@ -27,8 +27,8 @@ import msgspec
 import pytest
 
 from dispenser import cli
-from dispenser.bench import nats_bench
 from dispenser.config import Config
+from dispenser_lab.bench import nats_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

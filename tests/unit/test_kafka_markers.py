@@ -8,7 +8,7 @@ from pathlib import Path
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.util import calc_crc32c
 
-from dispenser.testing.servers.kafka_markers import DroppedMarkers, dropped_markers, lost_markers
+from dispenser_lab.servers.kafka_markers import DroppedMarkers, dropped_markers, lost_markers
 
 # Trimmed from a broker log of a kill -9 and restart (Kafka 4.4.0), where the test then hung.
 _LOG = """\

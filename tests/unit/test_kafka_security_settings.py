@@ -12,7 +12,7 @@ from dispenser.adapters.kafka.clients import KafkaTlsFailed, check_security, cli
 from dispenser.cli_common import uvloop_suits
 from dispenser.config import KafkaConfig, load_config
 from dispenser.runner import run_async
-from dispenser.testing.servers import free_port
+from dispenser_lab.servers import free_port
 from tests.secret_values import SECRETS
 
 PASSWORD = SECRETS["kafka_scram_password"]

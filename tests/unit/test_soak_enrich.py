@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from soak.enrich import EnrichResult, _judge
+from dispenser_lab.soak.enrich import EnrichResult, _judge
 
 
 @dataclass

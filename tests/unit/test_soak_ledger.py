@@ -6,8 +6,9 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from soak.ledger import RangeSet, check_reply, runs_of
-from soak.plan import (
+
+from dispenser_lab.soak.ledger import RangeSet, check_reply, runs_of
+from dispenser_lab.soak.plan import (
     PROFILES,
     ClockStep,
     KillLeader,
@@ -20,7 +21,7 @@ from soak.plan import (
     StopServer,
     scaled,
 )
-from soak.report import clock_step_seen
+from dispenser_lab.soak.report import clock_step_seen
 
 
 def encode(reply: dict[str, object]) -> bytes:
