@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dispenser.core.errors import DispenserError, ResidueOverlap, StoreUnavailable, TagExhausted, UnknownTag
-from dispenser.core.ids import IdBatch
+from dispenser.core.ids import IdBatch, Range
 from dispenser.core.rate import RateMeter
-from dispenser.core.refill import Overlap, Refill
+from dispenser.core.refill import Again, Done, Fetch, Overlap, Refill, Stop
 from dispenser.core.residue import LEAF, Residue
 from dispenser.core.segment import NEED_SEGMENT, BufferStats
 from dispenser.ports import Allocation, Clock, SegmentStore
-from dispenser.service.retry import Backoff
-from dispenser.service.timing import run_within, wait_event
+from dispenser.service.refiller import Refiller, Refused
+from dispenser.service.timing import run_within
 
 __all__ = ["AllocatorSettings", "ResidueCheck", "SegmentAllocator", "Sizer", "TagAllocator"]
 
@@ -77,7 +77,9 @@ class AllocatorSettings:
 class TagAllocator:
     """One tag's refill engine, its single in-flight fetch from the store, and the requests waiting on it.
 
-    The decisions are the engine's (:class:`~dispenser.core.refill.Refill`); this shell fetches and waits.
+    The decisions are the engine's (:class:`~dispenser.core.refill.Refill`), the fetching and waiting the
+    shared shell's (:class:`~dispenser.service.refiller.Refiller`); this class is the store's side of it
+    (:class:`_StoreSource`) and the takes.
     """
 
     def __init__(
@@ -127,13 +129,16 @@ class TagAllocator:
         self.last_error: DispenserError | None = None
         self._store = store
         self._clock = clock
-        self._settings = settings
         self._on_unknown = on_unknown
-        self._fetcher: asyncio.Task[None] | None = None
-        self._changed = asyncio.Event()
         self._closed = False
-        self._failing_since = 0.0  # when the current streak of failed fetches began
-        self._failures = 0
+        self._refiller = Refiller(
+            self.refill,
+            _StoreSource(self),
+            clock,
+            retry_initial=settings.retry_initial,
+            retry_max=settings.retry_max,
+            name=f"fetch-segment-{tag}",
+        )
 
     @property
     def last_step(self) -> int | None:
@@ -174,11 +179,7 @@ class TagAllocator:
                 raise self.last_error or StoreUnavailable("the worker is shutting down")
             refill.need(count)
             self._start_fetch()
-            remaining = deadline - self._clock.monotonic()
-            if remaining <= 0:
-                raise self._timeout_error()
-            changed = self._changed
-            if not await wait_event(self._clock, changed, remaining):
+            if not await self._refiller.wait(deadline):
                 raise self._timeout_error()
             if isinstance(self.last_error, (UnknownTag, TagExhausted)):
                 raise self.last_error
@@ -220,122 +221,25 @@ class TagAllocator:
         )
 
     def _start_fetch(self) -> None:
-        if self._fetcher is None and not self._closed:
-            self.refill.start()
-            self._fetcher = asyncio.create_task(self._fetch(), name=f"fetch-segment-{self.tag}")
+        if not self._closed:
+            self._refiller.kick()
 
-    def _notify(self) -> None:
-        # Wake every waiter at once; each re-checks the buffer. A fresh Event for the next round.
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def _fetch(self) -> None:
-        """Fetch segments until the waiters are served, retrying with backoff while the store fails.
-
-        The one fetch in flight for this tag; it ends for good when the tag is refused, exhausted, unknown,
-        or a segment is refused (:meth:`_ended`, :meth:`_serve`).
-        """
-        settings = self._settings
-        backoff = Backoff(settings.retry_initial, settings.retry_max, clock=self._clock, jitter=0.2)
-        refill = self.refill
-        try:
-            while True:
-                step = self._next_step()
-                refill.attempt(self._clock.monotonic())
-                started = time.perf_counter()
-                try:
-                    allocation = await self._allocate(step)
-                except (ResidueOverlap, TagExhausted, UnknownTag) as exc:
-                    self._ended(exc)
-                    return
-                except Exception as exc:
-                    self._failed(exc, backoff.delay)
-                    self._notify()
-                    await backoff.wait()
-                    refill.start()
-                    continue
-                if not self._serve(allocation, started):
-                    return
-                if refill.satisfied():
-                    return
-                # A waiter needs more than this segment gave (a huge batch): fetch again at once.
-                refill.again()
-                self._notify()
-        finally:
-            self._fetcher = None
-            self._notify()
-
-    async def _allocate(self, step: int | None) -> Allocation:
-        """The next segment from the store, its residue class claimed first if it is new to this tag.
+    async def _segment(self, size: int | None) -> list[Range]:
+        """One attempt: the store's next segment of ``size`` (its class claimed first), as the engine's ranges.
 
         Raises:
-            ResidueOverlap: the class is refused (this segment is burnt).
+            Refused: the tag's class refused, the tag exhausted or gone from the store, the tag refused while
+                this fetch was in flight, or the segment of another class than the IDs held (:meth:`_ended`).
             DispenserError: the store's or the claim's (and anything else: the fetch is retried).
         """
-        allocation = await self._store.next_segment(self.tag, step)
-        if self.check is not None and allocation.residue != self._claimed:
-            # Before any ID of this class is handed out: this segment is burnt if refused.
-            await self.check.claim(self.tag, allocation.residue)
-            self._claimed = allocation.residue
-        return allocation
-
-    def _ended(self, exc: ResidueOverlap | TagExhausted | UnknownTag) -> None:
-        """A fetch that no retry can help: the class refused, the tag exhausted, or gone from the store."""
-        self.refill.give_up()
-        if isinstance(exc, ResidueOverlap):
-            self.refuse(exc)
-            return
-        if isinstance(exc, TagExhausted):
-            # What is buffered is still served, then takes get this error.
-            self.fetch_errors += 1
-            self.last_error = exc
-            self._closed = True
-            log.error("%s", exc.message)
-            return
-        self.last_error = exc
-        self._closed = True
-        if self._on_unknown is not None:
-            self._on_unknown(self.tag)
-
-    def _failed(self, exc: Exception, delay: float) -> None:
-        """Count a failed fetch (retried after ``delay`` seconds) and say so, once per outage.
-
-        One line per outage (a failover retries for seconds): the first failure at WARNING, the retries at
-        DEBUG, then one line when it recovers (:meth:`_recovered`). Called while ``exc`` is being handled.
-        """
-        self.fetch_errors += 1
-        self.refill.failed()
-        level = logging.WARNING if self.last_error is None else logging.DEBUG
-        if self.last_error is None:
-            self._failing_since = self._clock.monotonic()
-            self._failures = 0
-        self._failures += 1
-        if isinstance(exc, DispenserError):
-            self.last_error = exc
-            log.log(level, "segment fetch for %r failed, retrying until the store answers: %s", self.tag, exc)
-        else:  # a bug, not an outage: say so loudly, but keep the tag alive
-            self.last_error = StoreUnavailable(f"unexpected {type(exc).__name__} while fetching")
-            log.exception("segment fetch for %r failed unexpectedly; retrying in %.2fs", self.tag, delay)
-
-    def _recovered(self) -> None:
-        """The line that ends an outage's (see :meth:`_failed`)."""
-        log.info(
-            "segment fetch for %r recovered after %d failed attempt(s) in %.1f s",
-            self.tag,
-            self._failures,
-            self._clock.monotonic() - self._failing_since,
-        )
-
-    def _serve(self, allocation: Allocation, started: float) -> bool:
-        """Hand a fetched segment to the engine; False when the fetch must end and nothing of it is served.
-
-        Refused while in flight, of another residue class than the buffered IDs, or overlapping a segment
-        held: serving it could repeat IDs, so the tag stops instead.
-        """
-        refill = self.refill
+        started = time.perf_counter()
+        try:
+            allocation = await self._allocate(size)
+        except (ResidueOverlap, TagExhausted, UnknownTag) as exc:
+            self._ended(exc)
+            raise Refused(exc) from exc
         if self.refusal is not None:
-            refill.give_up()  # refused while this fetch was in flight: nothing of it is served
-            return False
+            raise Refused(self.refusal)  # refused while this fetch was in flight: nothing of it is served
         self.step = allocation.configured_step
         segment = allocation.segment
         self.steps.append(segment.size)
@@ -355,47 +259,111 @@ class TagAllocator:
             )
             self.last_error = StoreUnavailable(f"the stride of {self.tag!r} changed under this worker")
             self._closed = True
-            return False
+            raise Refused(self.last_error)
         self.residue = allocation.residue
-        try:
-            refill.arrive(((segment.first, segment.last),), self._clock.monotonic(), asked=segment.size)
-        except ValueError:
-            # The store granted a segment overlapping one we hold: two writers share the row
-            # wrongly. Serving it could repeat IDs; stop this tag instead.
-            log.exception("refusing segment %s of tag %r", allocation.segment, self.tag)
-            self.last_error = StoreUnavailable(f"the store granted an overlapping segment for {self.tag!r}")
+        return [(segment.first, segment.last)]
+
+    async def _allocate(self, step: int | None) -> Allocation:
+        """The next segment from the store, its residue class claimed first if it is new to this tag.
+
+        Raises:
+            ResidueOverlap: the class is refused (this segment is burnt).
+            DispenserError: the store's or the claim's (and anything else: the fetch is retried).
+        """
+        allocation = await self._store.next_segment(self.tag, step)
+        if self.check is not None and allocation.residue != self._claimed:
+            # Before any ID of this class is handed out: this segment is burnt if refused.
+            await self.check.claim(self.tag, allocation.residue)
+            self._claimed = allocation.residue
+        return allocation
+
+    def _ended(self, exc: ResidueOverlap | TagExhausted | UnknownTag) -> None:
+        """A fetch that no retry can help: the class refused, the tag exhausted, or gone from the store."""
+        if isinstance(exc, ResidueOverlap):
+            self.refuse(exc)
+            return
+        if isinstance(exc, TagExhausted):
+            # What is buffered is still served, then takes get this error.
+            self.fetch_errors += 1
+            self.last_error = exc
             self._closed = True
-            return False
-        if self.last_error is not None:
-            self._recovered()
-        self.last_error = None
-        return True
+            log.error("%s", exc.message)
+            return
+        self.last_error = exc
+        self._closed = True
+        if self._on_unknown is not None:
+            self._on_unknown(self.tag)
 
     def _next_step(self) -> int | None:
-        """The size of the next segment: the sizer's (or the configured) step, or more when a waiter needs more."""
+        """The step of the next segment: the sizer's (or the configured) step; the engine adds a waiter's need."""
         step = self.step
         if step is not None and self._sizer is not None:
             try:
                 step = max(step, self._sizer(self))
             except Exception:  # sizing is advice: a bug there must not stop the IDs
                 log.exception("sizing the next segment of %r failed; using the configured step", self.tag)
-        return self.refill.size(step)
+        return step
 
     def refuse(self, error: DispenserError) -> None:
         """Hand out no more IDs of this tag, buffered ones included: every take fails with ``error``."""
         self.refusal = self.last_error = error
         self._closed = True
-        self._notify()
+        self._refiller.notify()
 
     async def close(self, reason: DispenserError | None = None) -> None:
         """Stop fetching; later takes that find the buffer short fail with ``reason``."""
         self._closed = True
         if reason is not None:
             self.last_error = reason
-        task = self._fetcher
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._refiller.close()
+
+
+class _StoreSource:
+    """The worker's :class:`~dispenser.service.refiller.RangeSource`: a tag's segments from the store."""
+
+    outages: tuple[type[Exception], ...] = (DispenserError,)
+    peer = "the store"
+
+    def __init__(self, owner: TagAllocator) -> None:
+        self._owner = owner
+        self.log = log
+        self.subject = f"segment fetch for {owner.tag!r}"
+
+    def step(self) -> int | None:
+        """The sizer's (or the configured) step."""
+        return self._owner._next_step()
+
+    def outside(self) -> int:
+        """Nothing is held outside the buffer."""
+        return 0
+
+    async def fetch(self, fetch: Fetch) -> list[Range]:
+        """The next segment (see :meth:`TagAllocator._segment`)."""
+        return await self._owner._segment(fetch.size)
+
+    def unexpected(self, exc: Exception) -> Exception:
+        """What a bug looks like to a waiter: the store unavailable."""
+        return StoreUnavailable(f"unexpected {type(exc).__name__} while fetching")
+
+    def failed(self, error: Exception) -> None:
+        """Count the failure; it is the tag's last error until a segment arrives."""
+        owner = self._owner
+        owner.fetch_errors += 1
+        owner.last_error = error if isinstance(error, DispenserError) else StoreUnavailable(str(error))
+
+    def arrived(self, outcome: Done | Again) -> None:
+        """A segment was installed: the store answers again."""
+        self._owner.last_error = None
+
+    def stopped(self, stop: Stop) -> None:
+        """The store granted a segment overlapping one held: two writers share the row wrongly.
+
+        Serving it could repeat IDs; the tag stops instead.
+        """
+        owner = self._owner
+        log.error("refusing a segment of tag %r: %s", owner.tag, stop.reason)
+        owner.last_error = StoreUnavailable(f"the store granted an overlapping segment for {owner.tag!r}")
+        owner._closed = True
 
 
 class SegmentAllocator:
