@@ -11,6 +11,46 @@ adapters; one handler in the service turns them into replies.
 
 from __future__ import annotations
 
+__all__ = [
+    "BadRequest",
+    "ClockBehindRecorded",
+    "ClockDisagreesWithPeers",
+    "ClockMovedBackwards",
+    "ClockOutOfRange",
+    "CoordinatorUnavailable",
+    "CountTooLarge",
+    "DispenserError",
+    "Forbidden",
+    "InternalError",
+    "InvalidCount",
+    "InvalidId",
+    "InvalidLayout",
+    "InvalidRequest",
+    "InvalidTag",
+    "KindNotServed",
+    "LeaseLost",
+    "MalformedRequest",
+    "MessageTooLarge",
+    "OverBudget",
+    "PeerClockUnverified",
+    "ResidueOverlap",
+    "StateDirUnusable",
+    "StateFileCorrupt",
+    "StoreRefusedValue",
+    "StoreUnavailable",
+    "TagExhausted",
+    "TagExists",
+    "TagStartTooLow",
+    "Unauthorized",
+    "Unavailable",
+    "UnknownTag",
+    "WorkerAddressInUse",
+    "WorkerIdInUse",
+    "WorkerIdOutOfRange",
+    "WorkerIdsExhausted",
+    "WorkerNodeAlive",
+]
+
 
 class DispenserError(Exception):
     """Base of every error that becomes an error reply."""

@@ -6,6 +6,8 @@ import re
 
 from dispenser.core.errors import InvalidTag
 
+__all__ = ["TAG_PATTERN", "validate_tag"]
+
 TAG_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
