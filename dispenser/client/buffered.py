@@ -2,8 +2,9 @@
 
 ``await client.next_id("order")`` hands out the next ID of a range the client already holds; ranges come
 from the workers in the background, sized and installed by the workers' own refill engine
-(:class:`~dispenser.core.refill.Refill`), of which this module is an async shell. How it buffers, retries
-and what it skips: ``docs/client.md``.
+(:class:`~dispenser.core.refill.Refill`) through the workers' own refill shell
+(:class:`~dispenser.service.refiller.Refiller`); this module adds the cursor and the transport's side.
+How it buffers, retries and what it skips: ``docs/client.md``.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ from dispenser.config import KafkaConfig, NatsConfig
 from dispenser.core.errors import InvalidTag
 from dispenser.core.ids import Range
 from dispenser.core.rate import RateMeter
-from dispenser.core.refill import Overlap, Refill
+from dispenser.core.refill import Again, Done, Fetch, Overlap, Refill, Stop
 from dispenser.core.segment import NEED_SEGMENT
 from dispenser.core.step import StepPolicy
 from dispenser.core.tags import validate_tag
 from dispenser.messages import Format, IdRequest, Kind, Reply
 from dispenser.ports import Clock, SystemClock
-from dispenser.service.retry import Backoff
-from dispenser.service.timing import run_within, wait_event
+from dispenser.service.refiller import Refiller, Refused
+from dispenser.service.timing import run_within
 
 __all__ = ["BufferSettings", "ClientStats", "IdClient", "IdTransport", "next_run"]
 
@@ -121,27 +122,24 @@ class ClientStats:
 
 
 class _Tag:
-    """One tag's cursor and refill engine (segment kind)."""
+    """One tag's cursor, refill engine and refill shell (segment kind)."""
 
     __slots__ = (
-        "changed",
         "end",
         "engine",
-        "failure",
-        "fatal",
-        "fatal_round",
         "ids_dropped",
         "ids_received",
         "name",
         "position",
         "refiller",
         "requests",
-        "round",
         "run",
         "run_at",
     )
 
-    def __init__(self, name: str, now: float) -> None:
+    def __init__(self, name: str, client: IdClient) -> None:
+        settings = client.settings
+        now = client.clock.monotonic()
         self.name = name
         self.position = 1  # the cursor: position > end means empty
         self.end = 0
@@ -149,13 +147,17 @@ class _Tag:
             RateMeter(now, window=_RATE_WINDOW, retention=_PEAK_RETENTION),
             prefetch_threshold=0.0,
             overlap=Overlap.SKIP,  # two workers answer from two segments: one may be behind
+            cap=settings.max_request,
+            repeat_on_retry=True,  # a lost reply is asked for again by its request_id: the same range
         )
-        self.changed = asyncio.Event()
-        self.refiller: asyncio.Task[None] | None = None
-        self.round = 0  # refills started
-        self.failure: DispenserUnavailable | None = None  # the outage the refill is retrying through
-        self.fatal: IdRequestError | None = None  # a non-retryable answer that ended refill ``fatal_round``
-        self.fatal_round = 0
+        self.refiller = Refiller(
+            self.engine,
+            _Workers(self, client),
+            client.clock,
+            retry_initial=settings.retry_initial,
+            retry_max=settings.retry_max,
+            name=f"id-client-refill-{name}",
+        )
         self.run = 1  # the next cursor run's length
         self.run_at = now
         self.requests = 0
@@ -168,9 +170,79 @@ class _Tag:
     def held(self) -> int:
         return self.end - self.position + 1 + self.engine.remaining
 
-    def notify(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
+
+class _Workers:
+    """The client's :class:`~dispenser.service.refiller.RangeSource`: one tag's ranges from the workers."""
+
+    outages: tuple[type[Exception], ...] = (IdRequestError,)
+    peer = "a worker"
+
+    def __init__(self, state: _Tag, client: IdClient) -> None:
+        self._state = state
+        self._client = client
+        self._request: IdRequest | None = None
+        self.log = log
+        self.subject = f"refill of {state.name!r}"
+
+    def step(self) -> int:
+        """``buffer_seconds`` of the measured rate, by the workers' own step policy."""
+        client = self._client
+        engine = self._state.engine
+        return engine.step(
+            client._policy, client.settings.min_buffer, engine.own_view(client.clock.monotonic())
+        )
+
+    def outside(self) -> int:
+        """The cursor's IDs."""
+        return self._state.in_cursor()
+
+    async def fetch(self, fetch: Fetch) -> list[tuple[int, int]]:
+        """One request (a retry: the same, with its ``request_id``, so a lost reply costs no range).
+
+        Raises:
+            DispenserUnavailable: no reply, no worker, or a retryable error reply.
+            Refused: a non-retryable error reply (an :class:`IdRequestError`).
+        """
+        state = self._state
+        request = self._request
+        if request is None or not fetch.repeat:
+            assert fetch.size is not None  # the client always gives a step
+            request = self._request = IdRequest(
+                count=fetch.size, request_id=uuid.uuid4().hex, format="ranges"
+            )
+        state.requests += 1
+        name = state.name
+        client = self._client
+        try:
+            reply = await client.transport.request("segment", name, request, client.settings.request_timeout)
+        except TimeoutError as exc:
+            raise DispenserUnavailable("timeout", f"{name!r}: {exc or 'no reply in time'}") from None
+        except OSError as exc:
+            raise DispenserUnavailable("unreachable", f"{name!r}: {exc}") from None
+        error = reply.error
+        if error is None and reply.ranges:
+            return reply.ranges
+        if error is None:
+            raise DispenserUnavailable("unavailable", f"{name!r}: a reply without ranges")
+        if error.retryable:
+            raise DispenserUnavailable(error.code, error.message)
+        raise Refused(IdRequestError(error.code, error.message, False))
+
+    def unexpected(self, exc: Exception) -> Exception:
+        """A bug, not an outage: what the callers see while the refill keeps trying."""
+        return DispenserUnavailable("unavailable", f"{self._state.name!r}: {type(exc).__name__}: {exc}")
+
+    def failed(self, error: Exception) -> None:
+        """Nothing to count: the refiller's ``failure`` is what callers are told."""
+
+    def arrived(self, outcome: Done | Again) -> None:
+        """Count what arrived and what was skipped."""
+        self._state.ids_received += outcome.arrival.received
+        self._state.ids_dropped += outcome.arrival.dropped
+
+    def stopped(self, stop: Stop) -> None:
+        """Never: the client skips an overlap (``Overlap.SKIP``) rather than refusing it."""
+        log.error("refill of %r stopped: %s", self._state.name, stop.reason)
 
 
 def next_run(run: int, lasted: float, fast: float = _RUN_SECONDS_LOW, slow: float = _RUN_SECONDS_HIGH) -> int:
@@ -268,10 +340,7 @@ class IdClient:
     async def close(self) -> None:
         """Stop refilling and disconnect. IDs still held are skipped, never handed out by anyone."""
         self._closed = True
-        tasks = [state.refiller for state in self._tags.values() if state.refiller is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(state.refiller.close() for state in self._tags.values()))
         await self.transport.close()
 
     async def __aenter__(self) -> Self:
@@ -378,7 +447,7 @@ class IdClient:
             if self._closed:
                 raise RuntimeError("the client is closed")
             _check_tag(tag)
-            state = self._tags[tag] = _Tag(tag, self.clock.monotonic())
+            state = self._tags[tag] = _Tag(tag, self)
         return state
 
     async def _next_id_slow(self, tag: str, kind: Kind) -> int:
@@ -444,121 +513,29 @@ class IdClient:
         """
         if self._closed:
             raise RuntimeError("the client is closed")
-        if state.failure is not None:
-            raise state.failure
+        refiller = state.refiller
+        if refiller.failure is not None:
+            raise refiller.failure
         state.engine.need(count)
-        if state.refiller is None:
-            self._start_refill(state)
-        waiting_for = state.round
-        clock = self.clock
-        deadline = clock.monotonic() + self.settings.timeout
+        refiller.kick()
+        waiting_for = refiller.round
+        deadline = self.clock.monotonic() + self.settings.timeout
         while True:
-            if not await wait_event(clock, state.changed, deadline - clock.monotonic()):
+            if not await refiller.wait(deadline):
                 raise DispenserUnavailable(
                     "timeout", f"no IDs of {state.name!r} within {self.settings.timeout:g} s"
                 ) from None
-            if state.fatal is not None and state.fatal_round == waiting_for:
-                raise state.fatal
-            if state.held() >= count or state.refiller is None:
+            if refiller.refused is not None and refiller.round == waiting_for:
+                raise refiller.refused
+            if state.held() >= count or refiller.task is None:
                 return
-            failure = state.failure
-            if failure is not None and failure.code != "timeout":
+            failure = refiller.failure
+            if isinstance(failure, IdRequestError) and failure.code != "timeout":
                 raise failure
 
     def _start_refill(self, state: _Tag) -> None:
-        if state.refiller is not None or self._closed:
-            return
-        state.engine.start()
-        state.round += 1
-        state.fatal = None
-        state.refiller = asyncio.create_task(self._refill(state), name=f"id-client-refill-{state.name}")
-
-    def _range_size(self, state: _Tag, now: float) -> int:
-        """The next range: ``buffer_seconds`` of the measured rate, by the workers' own step policy."""
-        engine = state.engine
-        step = engine.step(self._policy, self.settings.min_buffer, engine.own_view(now))
-        size = engine.size(step, outside=state.in_cursor(), cap=self.settings.max_request)
-        assert size is not None  # a step is given
-        return size
-
-    async def _refill(self, state: _Tag) -> None:
-        settings = self.settings
-        backoff = Backoff(settings.retry_initial, settings.retry_max, clock=self.clock, jitter=0.2)
-        engine = state.engine
-        dropped_in_a_row = 0
-        try:
-            while True:
-                count = self._range_size(state, self.clock.monotonic())  # a source behind: the gap too
-                request = IdRequest(count=count, request_id=uuid.uuid4().hex, format="ranges")
-                reply = await self._attempts(state, request, backoff)
-                if reply is None:  # refused: no retry
-                    return
-                assert reply.ranges is not None
-                arrival = engine.arrive(reply.ranges, self.clock.monotonic(), asked=count)
-                state.ids_received += arrival.received
-                state.ids_dropped += arrival.dropped
-                state.failure = None
-                backoff.reset()
-                if arrival.admitted and engine.satisfied(outside=state.in_cursor()):
-                    return
-                # All of it below what we hold (a worker behind another), or a take needs more: again.
-                if arrival.admitted:
-                    dropped_in_a_row = 0
-                    engine.again()
-                    state.notify()
-                else:
-                    dropped_in_a_row += 1
-                    if dropped_in_a_row > 2:  # not one worker behind: the tag's counter went back (by hand?)
-                        log.warning(
-                            "refill of %r: %d ranges in a row below the IDs held",
-                            state.name,
-                            dropped_in_a_row,
-                        )
-                        await backoff.wait()
-        finally:
-            state.refiller = None
-            state.notify()
-
-    async def _attempts(self, state: _Tag, request: IdRequest, backoff: Backoff) -> Reply | None:
-        """Send ``request`` until it is answered with IDs (same ``request_id``: a lost reply costs no range).
-
-        Returns ``None`` when the workers refused it (``state.fatal`` says why).
-        """
-        engine = state.engine
-        while True:
-            state.requests += 1
-            engine.attempt(self.clock.monotonic())
-            try:
-                reply = await self.transport.request(
-                    "segment", state.name, request, self.settings.request_timeout
-                )
-            except TimeoutError as exc:
-                failure = DispenserUnavailable("timeout", f"{state.name!r}: {exc or 'no reply in time'}")
-            except OSError as exc:
-                failure = DispenserUnavailable("unreachable", f"{state.name!r}: {exc}")
-            except Exception as exc:  # a bug, not an outage: say so loudly, and keep trying
-                log.exception("refill of %r failed unexpectedly", state.name)
-                failure = DispenserUnavailable("unavailable", f"{state.name!r}: {type(exc).__name__}: {exc}")
-            else:
-                error = reply.error
-                if error is None and reply.ranges:
-                    return reply
-                if error is None:
-                    failure = DispenserUnavailable("unavailable", f"{state.name!r}: a reply without ranges")
-                elif error.retryable:
-                    failure = DispenserUnavailable(error.code, error.message)
-                else:
-                    engine.give_up()
-                    state.fatal = IdRequestError(error.code, error.message, False)
-                    state.fatal_round = state.round
-                    return None
-            if state.failure is None:
-                log.warning("refill of %r failed, retrying until a worker answers: %s", state.name, failure)
-            state.failure = failure
-            engine.failed()
-            state.notify()
-            await backoff.wait()
-            engine.start()
+        if not self._closed:
+            state.refiller.kick()
 
     async def _request_direct(self, kind: Kind, tag: str, count: int) -> list[Range]:
         """One request, not buffered (snowflake IDs); a lost reply is asked again with the same ``request_id``."""

@@ -173,7 +173,8 @@ def test_the_client_sizes_from_its_own_meter() -> None:
     refill = Refill(meter, overlap=Overlap.SKIP)
     policy = StepPolicy(segment_seconds=3.0, max_step=1_000_000)
     assert refill.step(policy, 100, refill.own_view(0.0)) == 100
-    refill.attempt(0.0)
+    refill.begin()
+    refill.next(0.0)  # the attempt marks the start of the measurement
     meter.record(0.5, 50_000)
     view = refill.own_view(0.5)
     assert view.recent == pytest.approx(100_000.0)
