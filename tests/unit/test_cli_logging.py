@@ -6,7 +6,7 @@ import datetime
 import json
 import logging
 
-from dispenser.cli import _LOG_HANDLER, _JsonFormatter, _setup_logging
+from dispenser.cli.logs import LOG_HANDLER, JsonFormatter, setup_logging
 from dispenser.config import load_config
 
 
@@ -18,9 +18,9 @@ def test_setup_replaces_its_own_handler_and_keeps_others() -> None:
     before = list(root.handlers)
     try:
         config = load_config(environ={})
-        _setup_logging(config, verbose=False)
-        _setup_logging(config, verbose=True)
-        ours = [h for h in root.handlers if h.get_name() == _LOG_HANDLER]
+        setup_logging(config, verbose=False)
+        setup_logging(config, verbose=True)
+        ours = [h for h in root.handlers if h.get_name() == LOG_HANDLER]
         assert len(ours) == 1
         assert foreign in root.handlers
         assert root.level == logging.DEBUG
@@ -33,7 +33,7 @@ def test_json_lines_carry_an_rfc3339_utc_time() -> None:
     """log.format = "json": one object per line, `time` like 2026-11-25T18:14:03.123Z (the record's moment, UTC)."""
     record = logging.LogRecord("dispenser.app", logging.WARNING, __file__, 1, "served %d IDs", (3,), None)
     record.created = 1764094443.1239  # 2025-11-25 18:14:03.123 UTC
-    entry = json.loads(_JsonFormatter().format(record))
+    entry = json.loads(JsonFormatter().format(record))
     assert entry == {
         "time": "2025-11-25T18:14:03.123Z",
         "level": "WARNING",

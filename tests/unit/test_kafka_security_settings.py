@@ -9,7 +9,7 @@ import pytest
 import uvloop
 
 from dispenser.adapters.kafka.clients import KafkaTlsFailed, check_security, client_options
-from dispenser.cli_common import uvloop_suits
+from dispenser.cli.common import uvloop_suits
 from dispenser.config import KafkaConfig, load_config
 from dispenser.runner import run_async
 from dispenser_lab.servers import free_port

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from dispenser.cli_common import AddParser, lab_command, stacks_on_sigusr1, uvloop_suits
+from dispenser.cli.common import AddParser, lab_command, stacks_on_sigusr1, uvloop_suits
 from dispenser.config import Config
 from dispenser.runner import run_async
 

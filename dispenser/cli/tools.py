@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from dispenser.cli_common import AddParser, lab_command
+from dispenser.cli.common import AddParser, lab_command
 from dispenser.config import Config
 
 __all__ = ["add_bench", "add_schemas", "run_bench", "run_schemas"]

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from dispenser.arguments import non_negative_int, positive_float, positive_int
-from dispenser.cli_common import AddParser
+from dispenser.cli.common import AddParser
 from dispenser.config import Config
 from dispenser.core.errors import BadRequest, TagStartTooLow
 from dispenser.core.residue import Residue

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from dispenser.arguments import positive_float, positive_int
-from dispenser.cli_common import AddParser, uvloop_suits
+from dispenser.cli.common import AddParser, uvloop_suits
 from dispenser.config import Config
 from dispenser.runner import run_async
 

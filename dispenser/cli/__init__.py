@@ -1,11 +1,16 @@
-"""The ``dispenser`` command: serve IDs, run a development stack, administer tags, ask for IDs."""
+"""The ``dispenser`` command: serve IDs, run a development stack, administer tags, ask for IDs.
+
+This module is the top of the command line: the global options, the parser that gathers every command
+group's, and :func:`main`, which loads the configuration and runs the chosen command's handler. Each command
+group keeps its parsers beside its handlers: ``serve`` (serve, enrich, dev), ``ask`` (get, watch, check,
+decode), ``admin`` (migrate, tag, import-leaf), ``tools`` (bench, schemas) and ``settings`` (config);
+``common`` holds what they share, ``logs`` the logging set-up.
+"""
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import json
 import logging
 import os
 import sys
@@ -14,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dispenser import __version__
-from dispenser.cli_admin import (
+from dispenser.cli.admin import (
     add_import_leaf,
     add_migrate,
     add_tag,
@@ -23,7 +28,7 @@ from dispenser.cli_admin import (
     run_migrate,
     run_tag,
 )
-from dispenser.cli_ask import (
+from dispenser.cli.ask import (
     add_check,
     add_decode,
     add_get,
@@ -33,10 +38,12 @@ from dispenser.cli_ask import (
     run_get,
     run_watch,
 )
-from dispenser.cli_common import AddParser, Handler
-from dispenser.cli_serve import add_dev, add_enrich, add_serve, run_dev, run_enrich, run_serve
-from dispenser.cli_tools import add_bench, add_schemas, run_bench, run_schemas
-from dispenser.config import Config, ConfigError, effective, load_config, unknown_variables
+from dispenser.cli.common import Handler
+from dispenser.cli.logs import setup_logging
+from dispenser.cli.serve import add_dev, add_enrich, add_serve, run_dev, run_enrich, run_serve
+from dispenser.cli.settings import add_config, run_config
+from dispenser.cli.tools import add_bench, add_schemas, run_bench, run_schemas
+from dispenser.config import ConfigError, load_config, unknown_variables
 from dispenser.core.errors import DispenserError
 
 __all__ = ["main"]
@@ -58,41 +65,6 @@ examples:
   dispenser watch                                # every tag's rate, peak, step and runway, live
   DISPENSER_POSTGRES_DSN=postgresql://… dispenser serve
 """
-
-
-class _JsonFormatter(logging.Formatter):
-    """One JSON object per line (``log.format = "json"``), its ``time`` in RFC 3339, UTC, to the millisecond."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        moment = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
-        entry = {
-            "time": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-_LOG_HANDLER = "dispenser-cli"
-"""The name of the handler :func:`_setup_logging` installs (and replaces on a second call)."""
-
-
-def _setup_logging(config: Config, verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.set_name(_LOG_HANDLER)
-    if config.log.format == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    # Replace our own handler only: one a host program (or a test harness) put on the root logger stays.
-    for old in [h for h in root.handlers if h.get_name() == _LOG_HANDLER]:
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel("DEBUG" if verbose else config.log.level.upper())
 
 
 DEV_CONFIG = Path(".dispenser") / "dev.toml"
@@ -156,26 +128,13 @@ def _parser() -> argparse.ArgumentParser:
     add_watch(add_parser)
     add_check(add_parser)
     add_migrate(add_parser)
-    _add_config(add_parser)
+    add_config(add_parser)
     add_tag(add_parser, common)
     add_import_leaf(add_parser)
     add_bench(add_parser)
     add_decode(add_parser)
     add_schemas(add_parser)
     return parser
-
-
-def _add_config(add_parser: AddParser) -> None:
-    """``dispenser config``: no options of its own."""
-    add_parser(
-        "config",
-        help="print the effective configuration (file, then DISPENSER_* variables) as TOML, secrets masked",
-        description=(
-            "Print the settings a command would run with: the defaults, overridden by the file (--config or "
-            "DISPENSER_CONFIG), overridden by DISPENSER_* variables. Passwords, tokens and the password in "
-            "a URL or DSN are masked; unset settings are left out."
-        ),
-    )
 
 
 # The drivers the base install (the client) leaves out, and the extra that brings each (pyproject.toml).
@@ -199,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"dispenser: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(config, args.verbose)
+    setup_logging(config, args.verbose)
     if path == str(DEV_CONFIG):
         log.info("using the dev stack's settings from %s (give --config to use others)", DEV_CONFIG)
     for line in unknown_variables():
@@ -221,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "schemas": run_schemas,
         "bench": run_bench,
         "decode": run_decode,
-        "config": _config,
+        "config": run_config,
         "import-leaf": run_import_leaf,
     }
     try:
@@ -263,14 +222,3 @@ def _check_arguments(args: argparse.Namespace) -> None:
             residue_of(args)
         elif args.tag_command == "set":
             check_step(args.step)
-
-
-def _config(_args: argparse.Namespace, config: Config) -> int:
-    import tomli_w  # noqa: PLC0415
-
-    def present(values: dict[str, Any]) -> dict[str, Any]:  # TOML has no null: unset settings are left out
-        return {name: value for name, value in values.items() if value is not None}
-
-    sections = {section: present(values) for section, values in effective(config).items()}
-    sys.stdout.write(tomli_w.dumps(sections))
-    return 0
