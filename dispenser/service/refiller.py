@@ -89,7 +89,7 @@ class Refiller:
         retry_initial: the first back-off (seconds), doubling up to ``retry_max``.
         retry_max: the longest back-off.
         name: the fetch task's name.
-        jitter: each back-off is its delay times a random factor within ``1 ± jitter`` (tests pass 0).
+        jitter: see :attr:`jitter`.
     """
 
     def __init__(
@@ -118,8 +118,10 @@ class Refiller:
         self.closed = False
         self.task: asyncio.Task[None] | None = None
         """The fetch in flight (``None``: none)."""
+        self.jitter = jitter
+        """Each back-off's random factor lies within ``1 ± jitter`` (so that workers failing together do not
+        retry in the same instant; tests set 0 to count attempts exactly)."""
         self._retry = (retry_initial, retry_max)
-        self._jitter = jitter
         self._failing_since = 0.0
         self._changed = asyncio.Event()
 
@@ -158,7 +160,7 @@ class Refiller:
     async def _run(self) -> None:
         """The fetch: attempts until the engine is satisfied, gives up, or stops."""
         engine, source, clock = self.engine, self.source, self.clock
-        backoff = Backoff(*self._retry, clock=clock, jitter=self._jitter)
+        backoff = Backoff(*self._retry, clock=clock, jitter=self.jitter)
         try:
             while (
                 fetch := engine.next(clock.monotonic(), source.step, outside=source.outside())

@@ -114,10 +114,15 @@ async def test_ranges_follow_the_rate_within_bounds() -> None:
 
 
 async def test_an_outage_serves_what_is_held_then_raises_and_recovers() -> None:
-    """No worker: the held IDs are handed out, then DispenserUnavailable (retryable); then it recovers."""
+    """No worker: the held IDs are handed out, then DispenserUnavailable (retryable); then it recovers.
+
+    On virtual time: the call during the outage raises without waiting a moment, and the background refill
+    gets through by itself within its back-off (0.01 s at most, 20 % jitter).
+    """
+    clock = ManualClock()
     transport = MemoryTransport()
     settings = BufferSettings(min_buffer=100, max_buffer=100, retry_initial=0.005, retry_max=0.01)
-    async with IdClient(transport, settings) as client:
+    async with IdClient(transport, settings, clock=clock) as client:
         first = await client.next_id("order")
         await settle()  # the refill set off by the first call has run: the second range is held
         assert ids_held(client) == 199
@@ -127,31 +132,31 @@ async def test_an_outage_serves_what_is_held_then_raises_and_recovers() -> None:
         assert error.retryable
         assert error.code == "unreachable"
         assert len(served) == 200  # both ranges, then the error
-        with pytest.raises(DispenserUnavailable):  # at once while the outage lasts, no waiting
-            await asyncio.wait_for(client.next_id("order"), 0.1)
+        call = asyncio.ensure_future(client.next_id("order"))
+        await settle()
+        assert call.done()  # at once while the outage lasts: no virtual time passed
+        with pytest.raises(DispenserUnavailable):
+            await call
         transport.down = False
-        for _ in range(100):  # the background refill gets through by itself
-            await asyncio.sleep(0.01)
-            stats = client.stats("order")
-            assert stats is not None
-            if stats.ids_held:
-                break
+        await clock.advance(0.012)  # the background refill gets through by itself
+        assert ids_held(client) == 100
         after = await client.next_id("order")
     assert after > served[-1]
 
 
 async def test_a_refusal_is_raised_once_per_call_not_retried() -> None:
-    """An unknown tag: the coded error, one request per call, no retries in the background."""
+    """An unknown tag: the coded error, one request per call, no retries in the background (5 virtual s each)."""
+    clock = ManualClock()
     transport = MemoryTransport()
     transport.refuse = ErrorBody("unknown_tag", "unknown tag 'nope'", retryable=False)
-    async with IdClient(transport, FAST) as client:
+    async with IdClient(transport, FAST, clock=clock) as client:
         for attempt in range(1, 4):
             with pytest.raises(IdRequestError) as caught:
                 await client.next_id("nope")
             assert not isinstance(caught.value, DispenserUnavailable)
             assert caught.value.code == "unknown_tag"
             assert not caught.value.retryable
-            await asyncio.sleep(0.05)
+            await clock.advance(5.0)
             assert len(transport.requests) == attempt
         waiters = await asyncio.gather(*(client.next_id("nope") for _ in range(50)), return_exceptions=True)
         assert all(isinstance(w, IdRequestError) for w in waiters)
