@@ -15,13 +15,12 @@ from prometheus_client import CollectorRegistry
 from dispenser.adapters.http import HttpServer, LeafApi, Operations
 from dispenser.adapters.http.access import HttpAccess
 from dispenser.adapters.http.guard import FD_RESERVE, raise_open_files_limit
-from dispenser.adapters.kafka.clients import KafkaRateSink, check_security
+from dispenser.adapters.kafka.connection import check_security
 from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
-from dispenser.adapters.kafka.rates import KafkaRateListener
+from dispenser.adapters.kafka.rates import KafkaRateListener, KafkaRateSink
 from dispenser.adapters.kafka.requests import KafkaRequestService
 from dispenser.adapters.local.grants import GrantFile
-from dispenser.adapters.nats.client import Connection
-from dispenser.adapters.nats.connection import connect, drain
+from dispenser.adapters.nats.connection import Connection, connect, drain
 from dispenser.adapters.nats.rates import rate_sink, subscribe_rates
 from dispenser.adapters.nats.service import NatsIdService, SpecialHandler
 from dispenser.adapters.postgres.segments import PostgresSegmentStore

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final, get_args
 
-from dispenser.adapters.kafka.clients import CONTENT_TYPE, CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC
+from dispenser.adapters.kafka.connection import CONTENT_TYPE, CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC
 from dispenser.adapters.kafka.enrich import (
     ERROR_CODE_HEADER as DEAD_LETTER_CODE_HEADER,
 )

@@ -277,7 +277,7 @@ async def _check_zookeeper(config: Config) -> CheckResult:
 
 
 async def _check_kafka(config: Config) -> CheckResult:
-    from dispenser.adapters.kafka.clients import (  # noqa: PLC0415 - imports aiokafka
+    from dispenser.adapters.kafka.connection import (  # noqa: PLC0415 - imports aiokafka
         check_security,
         topic_partitions,
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dispenser.adapters.local.grants import GrantFile
 from dispenser.adapters.local.statefile import default_state_dir
-from dispenser.adapters.nats.client import Connection
+from dispenser.adapters.nats.connection import Connection
 from dispenser.adapters.nats.residues import announce, ask_residues, message_of, serve_residues
 from dispenser.adapters.postgres.database import database_of
 from dispenser.adapters.postgres.replay import PostgresReplayStore

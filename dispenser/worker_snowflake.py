@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 
-from dispenser.adapters.nats.client import Connection
+from dispenser.adapters.nats.connection import Connection
 from dispenser.adapters.nats.peers import collect_peer_clocks, join_peers
 from dispenser.adapters.nats.service import NatsIdService
 from dispenser.config import Config

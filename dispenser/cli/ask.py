@@ -97,7 +97,7 @@ def add_decode(add_parser: AddParser) -> None:
 
 def run_get(args: argparse.Namespace, config: Config) -> int:
     """Ask a worker over NATS (or Kafka) and print its IDs, or its error (exit 1)."""
-    from dispenser.adapters.nats.client import request_once  # noqa: PLC0415
+    from dispenser.adapters.nats.client_transport import request_once  # noqa: PLC0415
     from dispenser.messages import Reply, id_subject  # noqa: PLC0415
 
     body: dict[str, Any] = {"count": args.count}

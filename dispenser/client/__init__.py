@@ -1,7 +1,9 @@
 """Python clients of the dispenser: the buffered :class:`IdClient`, its blocking twin, the plain Kafka one.
 
 :class:`IdClient` (NATS or Kafka) buffers ranges per tag in the caller's process; :class:`BlockingIdClient`
-is the same for threads; :class:`KafkaIdClient` sends one request per call. See ``docs/client.md``.
+is the same for threads; :class:`KafkaIdClient` sends one request per call. See ``docs/client.md``. The
+transports, where the drivers are imported, are the adapters' (``dispenser.adapters.nats.client_transport``,
+``dispenser.adapters.kafka.client_transport``): this package imports no driver itself (an import contract).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from aiokafka.client import CoordinationType
 from aiokafka.errors import KafkaError, for_code
 from aiokafka.protocol.commit import OffsetFetchRequest
 
-from dispenser.adapters.kafka.clients import ensure_topics
+from dispenser.adapters.kafka.connection import ensure_topics
 from dispenser.adapters.kafka.offsets import CommittedOffsets
 from dispenser.config import KafkaConfig
 from dispenser_lab.servers.kafka import KafkaBroker

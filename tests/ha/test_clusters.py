@@ -9,7 +9,7 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
-from dispenser.adapters.kafka.clients import ensure_topics
+from dispenser.adapters.kafka.connection import ensure_topics
 from dispenser.config import KafkaConfig
 from dispenser_lab.servers import KafkaCluster, NatsCluster, ZooKeeperEnsemble
 from tests.integration.kafka_support import unique

@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from dispenser.adapters.kafka.clients import ensure_topics
+from dispenser.adapters.kafka.connection import ensure_topics
 from dispenser.adapters.kafka.enrich import SOURCE_HEADER, Enricher, EnrichSettings
 from dispenser.client import KafkaIdClient
 from dispenser.config import Config, KafkaConfig

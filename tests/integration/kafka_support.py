@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from dispenser.adapters.kafka.clients import ensure_topics, topic_partitions
+from dispenser.adapters.kafka.connection import ensure_topics, topic_partitions
 from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
 from dispenser.app import Worker
 from dispenser.config import Config, KafkaConfig, load_config

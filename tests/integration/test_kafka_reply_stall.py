@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from dispenser.adapters.kafka.clients import CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC, encode_partition
+from dispenser.adapters.kafka.connection import CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC, encode_partition
 from dispenser.adapters.prometheus import WorkerCollector
 from dispenser.app import Worker
 from dispenser.client import KafkaIdClient

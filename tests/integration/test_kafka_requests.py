@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from dispenser.adapters.kafka.clients import CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC, encode_partition
+from dispenser.adapters.kafka.connection import CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC, encode_partition
 from dispenser.app import Worker
 from dispenser.client import IdRequestError, KafkaIdClient
 from dispenser.config import Config

@@ -19,7 +19,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from dispenser.adapters.kafka.clients import KafkaAuthenticationFailed, KafkaTlsFailed
+from dispenser.adapters.kafka.connection import KafkaAuthenticationFailed, KafkaTlsFailed
 from dispenser.cli import main
 from dispenser.client import KafkaIdClient
 from dispenser.config import KafkaConfig, load_config

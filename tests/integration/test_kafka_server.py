@@ -10,7 +10,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from dispenser.adapters.kafka.clients import ensure_topics
+from dispenser.adapters.kafka.connection import ensure_topics
 from dispenser.config import KafkaConfig
 from dispenser_lab.servers.kafka import KafkaBroker, default_jar_dir, fetch_kafka_jars, metadata_brokers
 from dispenser_lab.servers.kafka_markers import DroppedMarkers, write_markers

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispenser.adapters.kafka.clients import decode_partition, encode_partition, header
+from dispenser.adapters.kafka.connection import decode_partition, encode_partition, header
 
 
 @given(st.integers(0, 2**31 - 1))

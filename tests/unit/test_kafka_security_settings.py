@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from dispenser.adapters.kafka.clients import KafkaTlsFailed, check_security, client_options
+from dispenser.adapters.kafka.connection import KafkaTlsFailed, check_security, client_options
 from dispenser.cli.common import uvloop_suits
 from dispenser.config import KafkaConfig, load_config
 from dispenser.runner import run_async

@@ -23,7 +23,12 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
-from dispenser.adapters.kafka.clients import check_security, client_options, ensure_topics, topic_partitions
+from dispenser.adapters.kafka.connection import (
+    check_security,
+    client_options,
+    ensure_topics,
+    topic_partitions,
+)
 from dispenser.adapters.kafka.enrich_records import (
     ERROR_CODE_HEADER,
     ERROR_MESSAGE_HEADER,

@@ -19,7 +19,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaConnectionError, KafkaError, ProducerFenced
 
-from dispenser.adapters.kafka.clients import client_options
+from dispenser.adapters.kafka.connection import client_options
 from dispenser.adapters.kafka.enrich_settings import EnrichSettings, EnrichStats
 from dispenser.adapters.kafka.offsets import CommittedOffsets, HangingTransaction
 from dispenser.config import KafkaConfig

@@ -35,7 +35,7 @@ from aiokafka.protocol.types import (
     TaggedFields,
 )
 
-from dispenser.adapters.kafka.clients import client_options
+from dispenser.adapters.kafka.connection import client_options
 from dispenser.config import KafkaConfig
 
 __all__ = ["CommittedOffsets", "HangingTransaction", "UnknownCommittedOffset", "UnstableOffsetCommit"]

@@ -1,10 +1,9 @@
-"""The peers' rate events from the Kafka rate topic: how a Kafka-only worker (NATS off) hears its fleet.
+"""Rate events over the Kafka rate topic: how a Kafka-only worker (NATS off) tells and hears its fleet.
 
-Every worker with Kafka on publishes its rate events to ``rate.kafka_topic`` (:class:`KafkaRateSink
-<dispenser.adapters.kafka.clients.KafkaRateSink>`). :class:`KafkaRateListener` reads every partition of
-that topic, outside any consumer group (each worker must see every event), from its end at start-up:
-an old event would make a peer that has long gone look alive, since a peer counts as live for
-``rate.stale_after`` seconds after its last event *was received*.
+Every worker with Kafka on publishes its rate events to ``rate.kafka_topic`` (:class:`KafkaRateSink`).
+:class:`KafkaRateListener` reads every partition of that topic, outside any consumer group (each worker must
+see every event), from its end at start-up: an old event would make a peer that has long gone look alive,
+since a peer counts as live for ``rate.stale_after`` seconds after its last event *was received*.
 """
 
 from __future__ import annotations
@@ -15,14 +14,14 @@ import logging
 from collections.abc import Callable
 
 import msgspec
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from dispenser.adapters.kafka.clients import client_options, ensure_topics, topic_partitions
+from dispenser.adapters.kafka.connection import client_options, ensure_topics, topic_partitions
 from dispenser.config import KafkaConfig
 from dispenser.messages import RateEvent
 
-__all__ = ["KafkaRateListener"]
+__all__ = ["KafkaRateListener", "KafkaRateSink"]
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +98,41 @@ class KafkaRateListener:
             consumer, self._consumer = self._consumer, None
             with contextlib.suppress(Exception):
                 await consumer.stop()
+
+
+class KafkaRateSink:
+    """Publishes rate events to a Kafka topic, keyed by tag (one partition keeps a tag's events in order)."""
+
+    def __init__(self, config: KafkaConfig, topic: str) -> None:
+        self._config = config
+        self.topic = topic
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Create the topic if configured to, and connect.
+
+        Raises:
+            OSError: Kafka could not be reached.
+        """
+        if self._config.create_topics:
+            await ensure_topics(self._config, {self.topic: self._config.topic_partitions})
+        self._producer = AIOKafkaProducer(**client_options(self._config), acks=1, linger_ms=20)
+        try:
+            await self._producer.start()
+        except KafkaError as exc:
+            await self.close()
+            raise OSError(f"cannot reach Kafka at {self._config.bootstrap_servers}: {exc}") from exc
+
+    async def __call__(self, event: RateEvent) -> None:
+        """Queue one event (delivery is not awaited: a lost rate event is replaced by the next one)."""
+        if self._producer is not None:
+            await self._producer.send(self.topic, msgspec.json.encode(event), key=event.tag.encode())
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Flush and disconnect, giving up after ``timeout`` seconds (a broker that is down never answers)."""
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            try:
+                await asyncio.wait_for(producer.stop(), timeout)
+            except (KafkaError, TimeoutError) as exc:
+                log.debug("closing the rate producer: %s", exc or "timed out")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
-from dispenser.adapters.kafka.clients import (
+from dispenser.adapters.kafka.connection import (
     CONTENT_TYPE,
     CORRELATION_ID,
     REPLY_PARTITION,

@@ -7,13 +7,16 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 from nats.aio.client import Client
 
 from dispenser.config import NatsConfig, redact
 
-__all__ = ["connect", "drain", "server_version"]
+__all__ = ["Connection", "connect", "drain", "server_version"]
+
+Connection: TypeAlias = Client
+"""A NATS connection, as the wiring holds it (so that it need not import the driver)."""
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from dispenser.adapters.kafka.clients import ensure_topics
+from dispenser.adapters.kafka.connection import ensure_topics
 from dispenser.config import KafkaConfig
 from dispenser.ports import IdSource
 from dispenser_lab.bench.kafka_load import BODY, TAG, CopyLoop, Requester, drive, timed_rate, unique

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from dispenser.adapters.kafka.clients import (
+from dispenser.adapters.kafka.connection import (
     CORRELATION_ID,
     REPLY_PARTITION,
     REPLY_TOPIC,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dispenser.adapters.kafka.clients import CORRELATION_ID, REPLY_TOPIC, header
+from dispenser.adapters.kafka.connection import CORRELATION_ID, REPLY_TOPIC, header
 
 __all__ = ["BODY", "TAG", "CopyLoop", "Requester", "drive", "timed_rate", "unique"]
 

@@ -26,7 +26,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from dispenser.adapters.kafka.clients import ensure_topics
+from dispenser.adapters.kafka.connection import ensure_topics
 from dispenser.adapters.kafka.offsets import CommittedOffsets
 from dispenser.config import KafkaConfig
 

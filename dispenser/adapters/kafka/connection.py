@@ -1,9 +1,10 @@
-"""Kafka: clients built from the configuration (servers, SASL, TLS), topics, and the record headers we speak.
+"""Connecting to Kafka: client options from the configuration (servers, SASL, TLS), topics, the headers we speak.
 
 The request/reply headers are those of Spring for Apache Kafka's ``ReplyingKafkaTemplate``
 (``kafka_replyTopic``, ``kafka_replyPartition``, ``kafka_correlationId``), so a Java service asks with no
-custom code. aiokafka's exceptions are converted here and in the two services built on it
-(:mod:`dispenser.adapters.kafka.requests`, :mod:`dispenser.adapters.kafka.enrich`).
+custom code. aiokafka's exceptions are converted here and in the modules built on it (the services
+:mod:`~dispenser.adapters.kafka.requests` and :mod:`~dispenser.adapters.kafka.enrich`, the client's
+:mod:`~dispenser.adapters.kafka.client_transport`, the rate events of :mod:`~dispenser.adapters.kafka.rates`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-import msgspec
-from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.conn import AIOKafkaConnection
 from aiokafka.errors import (
@@ -29,7 +28,6 @@ from aiokafka.errors import (
 )
 
 from dispenser.config import KafkaConfig
-from dispenser.messages import RateEvent
 
 __all__ = [
     "CONTENT_TYPE",
@@ -39,7 +37,6 @@ __all__ = [
     "REPLY_TOPIC",
     "Headers",
     "KafkaAuthenticationFailed",
-    "KafkaRateSink",
     "KafkaSecurityError",
     "KafkaTlsFailed",
     "check_security",
@@ -428,41 +425,3 @@ async def topic_partitions(config: KafkaConfig, topic: str) -> int:
         if loop.time() >= deadline:
             raise OSError(f"Kafka topic {topic!r} does not exist on {config.bootstrap_servers}")
         await asyncio.sleep(0.2)
-
-
-class KafkaRateSink:
-    """Publishes rate events to a Kafka topic, keyed by tag (one partition keeps a tag's events in order)."""
-
-    def __init__(self, config: KafkaConfig, topic: str) -> None:
-        self._config = config
-        self.topic = topic
-        self._producer: AIOKafkaProducer | None = None
-
-    async def start(self) -> None:
-        """Create the topic if configured to, and connect.
-
-        Raises:
-            OSError: Kafka could not be reached.
-        """
-        if self._config.create_topics:
-            await ensure_topics(self._config, {self.topic: self._config.topic_partitions})
-        self._producer = AIOKafkaProducer(**client_options(self._config), acks=1, linger_ms=20)
-        try:
-            await self._producer.start()
-        except KafkaError as exc:
-            await self.close()
-            raise OSError(f"cannot reach Kafka at {self._config.bootstrap_servers}: {exc}") from exc
-
-    async def __call__(self, event: RateEvent) -> None:
-        """Queue one event (delivery is not awaited: a lost rate event is replaced by the next one)."""
-        if self._producer is not None:
-            await self._producer.send(self.topic, msgspec.json.encode(event), key=event.tag.encode())
-
-    async def close(self, timeout: float = 5.0) -> None:
-        """Flush and disconnect, giving up after ``timeout`` seconds (a broker that is down never answers)."""
-        if self._producer is not None:
-            producer, self._producer = self._producer, None
-            try:
-                await asyncio.wait_for(producer.stop(), timeout)
-            except (KafkaError, TimeoutError) as exc:
-                log.debug("closing the rate producer: %s", exc or "timed out")
