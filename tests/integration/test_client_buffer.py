@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dispenser.adapters.nats.client import NatsIdTransport
+from dispenser.adapters.nats.client_transport import NatsIdTransport
 from dispenser.client import BlockingIdClient, BufferSettings, DispenserUnavailable, IdClient, IdRequestError
 from dispenser.config import NatsConfig
 from dispenser.messages import IdRequest, Kind, Reply
