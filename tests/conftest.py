@@ -258,6 +258,9 @@ LONG_TESTS = (
     # run in CI's second stage (.ci/run: `scripts/test -m long`), with the clustered suite (tests/ha), so
     # that `scripts/test`, the suite developers wait on, stays under 4 minutes.
     "tests/integration/test_kafka_restarts.py",
+    # Leaf's 39 captured requests (three unknown tags, each waiting for the store's refresh) and a JVM of
+    # Java callers: ~9 s.
+    "tests/integration/test_leaf_answers.py",
     "tests/integration/test_kafka_enrich_stop.py",
     "tests/integration/test_datacenters.py",
     "tests/integration/test_wheel.py",
