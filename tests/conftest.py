@@ -12,6 +12,8 @@ Fixtures:
     postgres_server: one PostgreSQL server for the whole session; don't stop it.
     pg_dsn: DSN of a fresh, empty database on ``postgres_server``, dropped after the test.
     private_nats / private_postgres: a server of the test's own, to stop, kill and restart at will.
+    zookeeper_server: one ZooKeeper for the whole session; don't stop it. Tests keep apart by using
+        their own registry namespace (``zk_namespace``: a registry name no other test uses).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from hypothesis import settings
 
 from dispenser_lab.servers import DevServerError, NatsServer, PostgresServer
 from dispenser_lab.servers.server import ServerProcess
+from dispenser_lab.servers.zookeeper import ZooKeeperServer
 from tests.secret_scan import Leak, SecretScanHandler, scan_log_files
 from tests.secret_values import SECRETS
 
@@ -115,6 +118,22 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
 def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
     """A PostgreSQL server shared by the session; tests get their own database through ``pg_dsn``."""
     yield from _running(PostgresServer(tmp_path_factory.mktemp("postgres") / "data"))
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """A ZooKeeper shared by the session, on a free port of 127.0.0.1 (tickTime 500 ms, sessions ≥ 1 s)."""
+    yield from _running(ZooKeeperServer(tmp_path_factory.mktemp("zookeeper")))
+
+
+_namespaces = itertools.count(1)
+
+
+@pytest.fixture
+def zk_namespace(request: pytest.FixtureRequest) -> str:
+    """A registry name of this test's own, e.g. ``n7-test_reuse_after_restart``."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)[:80]
+    return f"n{next(_namespaces)}-{slug}"
 
 
 _database_numbers = itertools.count(1)

@@ -7,10 +7,9 @@ Fixtures:
     kafka_broker: one single-node KRaft Kafka for the whole session; don't stop it. Tests keep apart by
         using topics and groups of their own (``kafka_support.unique``).
     private_kafka: a Kafka of the test's own, to stop, kill and restart (same ports and data).
-    zookeeper_server: one ZooKeeper for the whole session; don't stop it. Tests keep apart by using
-        their own registry namespace (``zk_namespace``).
     private_zookeeper: a ZooKeeper of the test's own, to stop, kill and restart (same port and data).
-    zk_namespace: a registry name no other test uses.
+    (``zookeeper_server`` and ``zk_namespace`` are suite-wide, in ``tests/conftest.py``: the contract suites
+    use them too.)
     mariadb_server: one MariaDB (Leaf's MySQL) for the whole session; don't stop it. Tests keep apart
         by using a database of their own (``leaf_mysql``).
     private_mariadb: a MariaDB of the test's own, to stop, kill and restart (same port and data).
@@ -34,26 +33,10 @@ from tests.conftest import _running, _started
 from tests.integration.leaf_support import LEAF_DDL, LeafMySQL
 
 
-@pytest.fixture(scope="session")
-def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
-    """A ZooKeeper shared by the session, on a free port of 127.0.0.1 (tickTime 500 ms, sessions ≥ 1 s)."""
-    yield from _running(ZooKeeperServer(tmp_path_factory.mktemp("zookeeper")))
-
-
 @pytest.fixture
 def private_zookeeper(tmp_path: Path) -> Iterator[ZooKeeperServer]:
     """A ZooKeeper for this test alone: stop, kill or restart it (same port and data) as the test needs."""
     yield from _running(ZooKeeperServer(tmp_path / "zookeeper"))
-
-
-_namespaces = itertools.count(1)
-
-
-@pytest.fixture
-def zk_namespace(request: pytest.FixtureRequest) -> str:
-    """A registry name of this test's own, e.g. ``n7-test_reuse_after_restart``."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)[:80]
-    return f"n{next(_namespaces)}-{slug}"
 
 
 @pytest.fixture(scope="session")
