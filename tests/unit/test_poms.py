@@ -37,8 +37,8 @@ def _resolves(dotted: str) -> bool:
 
 
 def test_there_are_poms() -> None:
-    """The lab ships the ZooKeeper and Kafka poms (so the checks below check something)."""
-    assert [pom.parent.name for pom in POMS] == ["kafka", "zookeeper"]
+    """The lab ships the ZooKeeper, Kafka and Java callers' poms (so the checks below check something)."""
+    assert [pom.parent.name for pom in POMS] == ["java-callers", "kafka", "zookeeper"]
 
 
 @pytest.mark.parametrize("pom", POMS, ids=lambda pom: pom.parent.name)
