@@ -89,6 +89,10 @@ class Fetch:
 
     size: int | None
     """IDs to ask for (``None``: the source grants its own default)."""
+    keep: int | None = None
+    """The most IDs of the reply installed, the lowest admissible first (the rest is skipped: gaps, never
+    repeats); ``None``: all. Below ``size`` when the size carries the gap to a source behind
+    (:attr:`Refill.behind`): whichever source answers, no more than the fetch's own size is held."""
     repeat: bool = False
     """A retry that must ask exactly what the failed attempt asked (the same ``request_id``: the source
     may have granted it already and answers it again); see ``repeat_on_retry``."""
@@ -101,7 +105,9 @@ class Arrival:
     received: int
     """IDs in the ranges."""
     dropped: int
-    """IDs skipped: at or below those installed before."""
+    """IDs skipped: at or below those installed before, or above what the fetch keeps (:attr:`trimmed`)."""
+    trimmed: int = 0
+    """Of :attr:`dropped`, IDs above the fetch's :attr:`~Fetch.keep`."""
 
     @property
     def admitted(self) -> int:
@@ -221,7 +227,8 @@ class Refill:
         self.behind = 0
         """With :attr:`Overlap.SKIP`: how far below the IDs held the last reply lay when all of it was skipped
         (0 otherwise). The next fetch asks for that much more, so that a source far behind is passed in one
-        fetch, not a fetch per step (its skipped IDs are gaps, never repeats)."""
+        fetch, not a fetch per step (its skipped IDs are gaps, never repeats). Only the part a fetch would
+        ask for without the gap is kept (:attr:`Fetch.keep`): the source ahead may answer it."""
         self.last_size: int | None = None
         """The size of the last range that arrived (``None`` before the first)."""
         self._fetch: Fetch | None = None  # the attempt out, or the one that failed last
@@ -302,6 +309,17 @@ class Refill:
             size = min(size, cap)
         return size or None
 
+    def _sized(self, step: int | None, outside: int) -> Fetch:
+        """A fresh attempt's size and, with several sources, what of its reply is kept (without the gap)."""
+        size = self.size(step, outside=outside, cap=self.cap)
+        if self.overlap is Overlap.REFUSE or size is None:
+            return Fetch(size)
+        # The gap (behind) is asked for so that a source far behind is passed in one request; if the source
+        # ahead answers, all of it lies above the IDs held. Holding it would be holding the gap: seconds or
+        # minutes of IDs instead of buffer_seconds (issue 30). Only the size without the gap is kept.
+        kept = self._kept(step, outside)
+        return Fetch(size, min(size, kept) if kept else None)
+
     def _kept(self, step: int | None, outside: int) -> int:
         shortfall = self.shortfall(outside)
         return shortfall if step is None else max(step, shortfall)
@@ -346,7 +364,7 @@ class Refill:
         if phase is Phase.BACKING_OFF and self.repeat_on_retry and failed is not None:
             fetch = failed if failed.repeat else replace(failed, repeat=True)
         else:
-            fetch = Fetch(self.size(step(), outside=outside, cap=self.cap))
+            fetch = self._sized(step(), outside)
         self._fetch = fetch
         self._mark_at = now
         self._mark_issued = self.meter.ids_issued
@@ -377,7 +395,7 @@ class Refill:
         fetch = self._fetch
         assert fetch is not None  # sent
         try:
-            arrival = self._install(ranges, now)
+            arrival = self._install(ranges, now, fetch.keep)
         except ValueError as exc:
             self.wanted = 0
             self.phase = Phase.IDLE
@@ -388,7 +406,8 @@ class Refill:
             self.phase = Phase.DUE
             return Again(arrival, self._skipped)
         self._skipped = 0
-        self.last_size = fetch.size if fetch.size is not None else arrival.received
+        # The policy's hysteresis compares the next step with this: the size meant, not the gap asked on top.
+        self.last_size = fetch.keep or fetch.size or arrival.received
         if self.buffer.remaining + outside >= self.wanted:
             self.wanted = 0
             self.phase = Phase.IDLE
@@ -426,10 +445,11 @@ class Refill:
             self.buffer.fetch_failed()
         self.phase = Phase.IDLE
 
-    def _install(self, ranges: Iterable[tuple[int, int]], now: float) -> Arrival:
-        """Install what is admissible of ``ranges`` (raises ``ValueError`` for an overlap with REFUSE)."""
-        received = dropped = 0
+    def _install(self, ranges: Iterable[tuple[int, int]], now: float, keep: int | None) -> Arrival:
+        """Install what is admissible of ``ranges``, at most ``keep`` IDs (raises ``ValueError``, REFUSE overlap)."""
+        received = dropped = trimmed = 0
         highest_skipped = None
+        room = keep
         for first, last in ranges:
             segment = Segment(first, last)
             received += segment.size
@@ -441,7 +461,14 @@ class Refill:
                     continue
                 dropped += part.first - first
                 segment = part
+            if room is not None:
+                if segment.size > room:  # above what the fetch keeps: skipped, a gap like a source behind
+                    trimmed += segment.size - room
+                    if room == 0:
+                        continue
+                    segment = Segment(segment.first, segment.first + room - 1)
+                room -= segment.size
             self.buffer.install(segment, now)  # ends the fetch; raises on overlap (REFUSE)
         all_skipped = received > 0 and dropped == received
         self.behind = self.buffer.high - highest_skipped if all_skipped and highest_skipped is not None else 0
-        return Arrival(received, dropped)
+        return Arrival(received, dropped + trimmed, trimmed)

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from dispenser.adapters.nats.client_transport import NatsIdTransport
@@ -18,7 +19,16 @@ from dispenser.messages import IdRequest, Kind, Reply
 from dispenser_lab.servers import KafkaBroker, NatsServer
 
 from .kafka_support import unique
-from .segment_support import WorkerProcess, ask, client, prepare, running_worker, wait_until, worker_config
+from .segment_support import (
+    WorkerProcess,
+    ask,
+    client,
+    prepare,
+    running_worker,
+    wait_serving,
+    wait_until,
+    worker_config,
+)
 from .test_segment_workers import requests_per_worker
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
@@ -191,6 +201,45 @@ async def test_an_outage_serves_the_buffer_raises_then_recovers(nats_server: Nat
                     await asyncio.sleep(0.02)
     seen = [*before, *held, after]
     assert all(a < b for a, b in itertools.pairwise(seen))
+
+
+async def test_two_workers_whose_segments_interleave_leave_the_client_its_buffer_only(
+    nats_server: NatsServer, pg_dsn: str
+) -> None:
+    """Issue 30: ranges from two workers interleave; the client holds about its settings' two ranges, no more.
+
+    The workers draw segments of 10,000 from one row, so one is 10,000 ahead of the other; the client's ranges
+    are 100. A reply from the one behind lies below the IDs held and is skipped, and the next request asks for
+    the gap on top, to pass it in one request; answered by the one ahead, the whole of it used to be held
+    (about 10,000 IDs, a hundred of this client's ranges). Once the workers stop, the client hands out what
+    it holds and raises: about its buffer, whichever worker answered what.
+    """
+    await prepare(pg_dsn, [("demo", 10_000)])
+    config = worker_config(nats_server.url, pg_dsn)
+    config = msgspec.structs.replace(config, rate=msgspec.structs.replace(config.rate, adaptive_step=False))
+    settings = BufferSettings(min_buffer=100, max_buffer=100, retry_initial=0.01, retry_max=0.1)
+    bound = 3 * settings.max_buffer  # the range in use, the next one, and the one arriving
+    most = 0
+    async with IdClient.over_nats(nats_server.url, settings) as ids:
+        async with running_worker(config), running_worker(config), client(nats_server.url) as nc:
+            await wait_serving(nc, 2)
+            await ask(
+                nc, SUBJECT, b'{"count": 1}'
+            )  # past nats-server's first "no responders" (see test above)
+            seen = []
+            for _ in range(5_000):  # 50 ranges
+                seen.append(await ids.next_id("demo"))
+                most = max(most, held_ids(ids))
+            stats = ids.stats("demo")
+        held: list[int] = []
+        with pytest.raises(DispenserUnavailable):  # noqa: PT012 - the loop is the point
+            while True:
+                held.append(await ids.next_id("demo"))
+    assert stats is not None
+    assert stats.ids_dropped > 0  # the workers' ranges did interleave
+    assert most <= bound, f"held {most:,} IDs, ranges of {settings.max_buffer}"
+    assert len(held) <= bound
+    assert all(a < b for a, b in itertools.pairwise([*seen, *held]))
 
 
 async def test_unknown_tag_and_bad_request_raise_the_coded_error_once(

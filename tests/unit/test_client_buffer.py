@@ -328,3 +328,32 @@ async def test_on_virtual_time_ranges_hold_buffer_seconds_of_the_rate() -> None:
     assert counts[0] == 100
     assert 30_000 <= counts[-1] <= 30_000 * 1.25  # never under the target, within the hysteresis band
     assert len(counts) < 20
+
+
+async def test_on_virtual_time_interleaving_workers_hold_no_more_than_buffer_seconds() -> None:
+    """Issue 30: two workers whose segments interleave; the client holds about its buffer, not the gap.
+
+    A reply below the IDs held used to make the next request ask for the whole gap on top of the range; the
+    worker ahead answered it and the client held the gap (a million IDs here, 50 s at 20,000 IDs/s). Now
+    at most two ranges of ``buffer_seconds`` x the rate (with the policy's 25 % hysteresis) and a cursor run.
+    """
+    clock = ManualClock()
+    transport = MemoryTransport(sources=2, step=1_000_000)  # the workers' segments: 1.., 1,000,001..
+    settings = BufferSettings(
+        min_buffer=100, max_buffer=1_000_000, buffer_seconds=1.0, retry_initial=0.005, retry_max=0.01
+    )
+    rate = 20_000
+    bound = 2 * 1.25 * settings.buffer_seconds * rate + 4096
+    async with IdClient(transport, settings, clock=clock) as client:
+        for _ in range(300):  # 3 virtual seconds at 20,000 IDs/s
+            for _ in range(rate // 100):
+                await client.next_id("order")
+            await clock.advance(0.01)
+            assert ids_held(client) <= bound
+        stats = client.stats("order")
+        assert stats is not None
+        assert stats.ids_dropped > 0  # the workers did interleave
+        transport.down = True  # the workers stop: what the client hands out is what it held
+        held, error = await drain(client, "order")
+    assert error.code == "unreachable"
+    assert len(held) <= bound

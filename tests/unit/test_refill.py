@@ -195,6 +195,19 @@ def operations(draw: st.DrawFn) -> list[tuple[str, int]]:
     return draw(st.lists(ops, min_size=1, max_size=120))
 
 
+def hand_out(refill: Refill, op: str, count: int, now: float) -> list[int]:
+    """A take (``op == "take"``) or a cursor run of ``count``: the IDs; a short one waits (``need``)."""
+    if op == "take":
+        batch = refill.take(count, now)
+        ranges = () if batch is NEED_SEGMENT else batch.ranges
+    else:
+        run = refill.take_run(count, now)
+        ranges = () if run is NEED_SEGMENT else (run,)
+    if not ranges:
+        refill.need(count if op == "take" else 1)
+    return [i for first, last in ranges for i in range(first, last + 1)]
+
+
 @given(
     ops=operations(),
     sources=st.integers(1, 3),
@@ -205,7 +218,10 @@ def operations(draw: st.DrawFn) -> list[tuple[str, int]]:
 def test_never_an_id_twice_never_below_one_handed_out_and_sizes_within_bounds(
     ops: list[tuple[str, int]], sources: int, floor: int, cap: int, min_gap: float
 ) -> None:
-    """Any mix of takes, runs, time, replies from several sources (each behind or ahead) and failures."""
+    """Any mix of takes, runs, time, replies from several sources (each behind or ahead) and failures.
+
+    And no reply installs more than its fetch keeps: the gap asked for to pass a source behind is never held.
+    """
     now = 0.0
     refill = Refill(RateMeter(now, window=1, retention=60.0), min_gap=min_gap, overlap=Overlap.SKIP, cap=cap)
     policy = StepPolicy(segment_seconds=3.0, max_step=cap)
@@ -214,6 +230,7 @@ def test_never_an_id_twice_never_below_one_handed_out_and_sizes_within_bounds(
     turn = itertools.cycle(range(sources))
     handed: list[int] = []
     in_flight: int | None = None
+    keep: int | None = None  # what of the reply in flight may be held (without the gap to a source behind)
     steps: list[int] = []  # the policy's answers, as the engine asked for them
 
     def policy_step() -> int:
@@ -222,44 +239,37 @@ def test_never_an_id_twice_never_below_one_handed_out_and_sizes_within_bounds(
         steps.append(step)
         return step
 
+    def send() -> tuple[int, int | None]:
+        fetch = refill.next(now, policy_step)
+        assert isinstance(fetch, Fetch)
+        assert fetch.size is not None
+        return fetch.size, fetch.keep
+
     for op, arg in ops:
         if op == "wait":
             now += arg / 1000
         elif op in ("take", "run"):
-            if op == "take":
-                batch = refill.take(arg, now)
-                ranges = () if batch is NEED_SEGMENT else batch.ranges
-            else:
-                run = refill.take_run(arg, now)
-                ranges = () if run is NEED_SEGMENT else (run,)
-            if not ranges:
-                refill.need(arg if op == "take" else 1)
-            handed += [i for first, last in ranges for i in range(first, last + 1)]
+            handed += hand_out(refill, op, arg, now)
         if in_flight is None and (refill.wants_fetch or refill.wanted):
             shortfall = refill.shortfall()
             refill.begin()
-            fetch = refill.next(now, policy_step)
-            assert isinstance(fetch, Fetch)
-            assert fetch.size is not None
-            assert min(max(steps[-1], shortfall), cap) == fetch.size
-            in_flight = fetch.size
+            in_flight, keep = send()
+            assert min(max(steps[-1], shortfall), cap) == in_flight == keep
         elif in_flight is not None and op == "fail":
             assert refill.on_failure() is RETRY
-            fetch = refill.next(now, policy_step)
-            assert isinstance(fetch, Fetch)
-            in_flight = fetch.size
+            in_flight, keep = send()
         elif in_flight is not None and op == "reply":
             source = arg % sources if arg < sources else next(turn)
             first = counters[source]
             counters[source] += in_flight
+            held = refill.remaining
             outcome = refill.on_reply([(first, first + in_flight - 1)], now)
             assert not isinstance(outcome, Stop)
             assert outcome.arrival.received == in_flight
+            assert refill.remaining - held == outcome.arrival.admitted <= (keep or in_flight)
             in_flight = None
             if isinstance(outcome, Again):
-                fetch = refill.next(now, policy_step)
-                assert isinstance(fetch, Fetch)
-                in_flight = fetch.size
+                in_flight, keep = send()
         assert refill.recent_rate(now) <= refill.meter.ids_issued / min_gap
     assert len(handed) == len(set(handed))  # never an ID twice
     assert all(a < b for a, b in itertools.pairwise(handed))  # never one below an ID handed out
@@ -280,7 +290,44 @@ def test_a_source_far_behind_is_asked_for_the_whole_gap_and_forgotten_once_passe
     assert refill.behind == 2000 - 110
     assert refill.size(100) == 100 + 1890
     assert refill.size(100, cap=500) == 500
-    assert refill.next(clock.monotonic(), fixed(100)) == Fetch(1990)
+    assert refill.next(clock.monotonic(), fixed(100)) == Fetch(1990, keep=100)
     refill.on_reply([(1901, 3990)], clock.monotonic())
     assert refill.behind == 0
     assert refill.size(100) == 100
+
+
+@pytest.mark.parametrize("answers", ["ahead", "behind"])
+def test_the_gap_to_a_source_behind_is_asked_for_but_never_held(answers: str) -> None:
+    """Issue 30: two sources whose segments interleave; what is held stays a range's worth, whoever answers.
+
+    A reply wholly below the IDs held makes the next request ask for the gap on top of the step (to pass a
+    source far behind in one request). Answered by the source ahead, the whole of it lay above the IDs held
+    and was installed: a million IDs held for a step of 100. Now the engine keeps the step's worth of it.
+    """
+    clock = ManualClock()
+    refill = engine(clock, overlap=Overlap.SKIP)
+    counters = {"behind": 1, "ahead": 1_000_001}  # two workers' segments
+
+    def reply(source: str, size: int) -> list[tuple[int, int]]:
+        first = counters[source]
+        counters[source] += size
+        return [(first, first + size - 1)]
+
+    for source in ("behind", "ahead"):  # one range from each: both admitted
+        fetch = sent(refill, clock.monotonic(), 100)
+        assert fetch.size is not None
+        assert isinstance(refill.on_reply(reply(source, fetch.size), clock.monotonic()), Done)
+    fetch = sent(refill, clock.monotonic(), 100)
+    assert fetch.size is not None
+    skipped = refill.on_reply(reply("behind", fetch.size), clock.monotonic())  # wholly below: skipped
+    assert isinstance(skipped, Again)
+    assert skipped.arrival.admitted == 0
+    gap = refill.next(clock.monotonic(), fixed(100))
+    assert isinstance(gap, Fetch)
+    assert gap.size == 100 + refill.behind  # asks for the gap, to pass the source behind in one request
+    outcome = refill.on_reply(reply(answers, gap.size), clock.monotonic())
+    assert isinstance(outcome, Done)
+    assert refill.remaining <= 3 * 100  # three ranges of the step, whoever answered
+    assert outcome.arrival.admitted == 100
+    assert outcome.arrival.trimmed == (gap.size - 100 if answers == "ahead" else 0)  # a gap, never a repeat
+    assert refill.behind == 0
