@@ -109,7 +109,8 @@ class ClientStats:
     ids_received: int
     """IDs in the ranges received (those dropped included)."""
     ids_dropped: int
-    """IDs received below those already held (a worker behind another), skipped."""
+    """IDs received and skipped: below those already held (a worker behind another), or above the range
+    asked for when a request carried the gap to a worker behind (the worker ahead answered it)."""
     ids_held: int
     """IDs in hand now (cursor and buffer): skipped if the client exits."""
     last_range: int | None
