@@ -89,6 +89,18 @@ class Fleet:
         for name in names:
             self.workers[name].signal(sig)
 
+    def bring_back(self, names: list[str], loss: str) -> None:
+        """Workers lost to ``loss``: killed ones started again once gone; frozen ones woken, to reconnect.
+
+        (The server dropped the frozen ones' connections.)
+        """
+        if loss == "killed":
+            for name in names:
+                self.workers[name].wait()
+                self.start(name)
+        else:
+            self.signal(names, signal.SIGCONT)
+
     def stop(self) -> None:
         """Stop every worker (a frozen one is woken first, so that SIGTERM can end it)."""
         for worker in self.workers.values():
@@ -156,6 +168,21 @@ async def requests(nc: Client, subject: str, n: int) -> list[int]:
         )
         ids += [i for m in batch for i in ids_of(msgspec.json.decode(m.data, type=Reply))]
     return ids
+
+
+async def answered_at_home(nc: Client, fleet: Fleet, subject: str) -> list[int]:
+    """200 requests from dc-a, answered at home: none crosses to dc-b. Their IDs.
+
+    Counted from a first reading taken now: a refill the client sent before dc-a's workers were back has
+    reached dc-b by then.
+    """
+    before = await fleet.stats(nc, 3)
+    issued = await requests(nc, subject, 200)
+    after = await fleet.stats(nc, 3)
+    counted = answered_by(before, after)
+    assert counted["dc-a"] >= 200
+    assert counted["dc-b"] == 0  # home again: none of dc-a's requests crosses
+    return issued
 
 
 async def first_answer_after(nc: Client, subject: str, timeout: float = 20.0) -> tuple[float, int]:
@@ -250,22 +277,11 @@ async def test_callers_are_served_at_home_then_across_then_at_home_again(
                 else:
                     assert took < DROPPED_WITHIN + 2.0
 
-                if loss == "killed":
-                    for name in ("a1", "a2"):
-                        fleet.workers[name].wait()
-                        fleet.start(name)
-                else:
-                    fleet.signal(["a1", "a2"], signal.SIGCONT)  # they reconnect (the server dropped them)
+                fleet.bring_back(["a1", "a2"], loss)
                 back = time.monotonic()
                 await fleet.stats(a, 3)
                 home = time.monotonic() - back
-                # Read again: a refill the client sent before dc-a's workers were back has reached dc-b by now.
-                before = await fleet.stats(a, 3)
-                issued += await requests(a, subject, 200)
-                after = await fleet.stats(a, 3)
-                counted = answered_by(before, after)
-                assert counted["dc-a"] >= 200
-                assert counted["dc-b"] == 0  # home again: none of dc-a's requests crosses
+                issued += await answered_at_home(a, fleet, subject)
                 print(f"{loss}: dc-a's workers serving again {home:.2f} s after their restart/SIGCONT")
                 drawn_now = len(drawn)
                 await wait_until(lambda: len(drawn) >= drawn_now + 1000, what="the client drawing on")

@@ -461,6 +461,43 @@ def _source(record: Record) -> tuple[str, int, int]:
     return topic, int(partition), int(offset)
 
 
+async def _restart_together(child: EnricherProcess, broker: KafkaBroker) -> float:
+    """SIGKILL the enricher ``child``, restart the broker cleanly, start the child again; when the broker started."""
+    child.kill()
+    await asyncio.to_thread(broker.stop)
+    await asyncio.to_thread(broker.start)
+    restarted = time.monotonic()
+    child.start()
+    return restarted
+
+
+async def _enriched_once_done(
+    kafka: KafkaConfig, group: str, topic_in: str, topic_out: str
+) -> tuple[set[tuple[str, int, int]], Counter[tuple[str, int, int]]]:
+    """Once ``group`` has committed every input record: the inputs, and how often each is in the outputs.
+
+    The outputs are ``topic_out`` and its dead-letter topic, read with read_committed.
+    """
+    bootstrap, dlq = kafka.bootstrap_servers, f"{topic_in}.dlq"
+    async with TopicReader(bootstrap, topic_in, committed=False) as source:
+        await source.wait_caught_up(60)
+        inputs = {(topic_in, r.partition, r.offset) for r in source.records}
+    offsets = CommittedOffsets(kafka, group)
+    try:
+        ends = {p: max((o for _t, q, o in inputs if q == p), default=-1) + 1 for p in range(PARTITIONS)}
+        deadline = time.monotonic() + 90
+        for p in range(PARTITIONS):
+            while (await strict_committed(offsets, TopicPartition(topic_in, p)))[0] != (ends[p] or None):
+                assert time.monotonic() < deadline, f"partition {p} not enriched to its end {ends[p]}"
+                await asyncio.sleep(0.1)
+    finally:
+        await offsets.close()
+    async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, dlq) as dead:
+        await out.wait_caught_up(60)
+        await dead.wait_caught_up(60)
+        return inputs, Counter(_source(r) for r in [*out.records, *dead.records])
+
+
 @pytest.mark.postgres
 async def test_exactly_once_while_broker_and_enricher_restart_together(
     private_kafka: KafkaBroker, pg_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -530,33 +567,9 @@ async def test_exactly_once_while_broker_and_enricher_restart_together(
                     print(
                         f"cycle at {time.monotonic() - began:.1f} s (a commit here {committed:.1f} s after the start)"
                     )
-                    child.kill()
-                    await asyncio.to_thread(broker.stop)
-                    await asyncio.to_thread(broker.start)
-                    restarted = time.monotonic()
-                    child.start()
+                    restarted = await _restart_together(child, broker)
             # The feeder stopped: let the enrichers finish, then check every input record against the outputs.
-            async with TopicReader(bootstrap, topic_in, committed=False) as source:
-                await source.wait_caught_up(60)
-                inputs = {(topic_in, r.partition, r.offset) for r in source.records}
-            offsets = CommittedOffsets(config.kafka, group)
-            try:
-                ends = {
-                    p: max((o for _t, q, o in inputs if q == p), default=-1) + 1 for p in range(PARTITIONS)
-                }
-                deadline = time.monotonic() + 90
-                for p in range(PARTITIONS):
-                    while (await strict_committed(offsets, TopicPartition(topic_in, p)))[0] != (
-                        ends[p] or None
-                    ):
-                        assert time.monotonic() < deadline, f"partition {p} not enriched to its end {ends[p]}"
-                        await asyncio.sleep(0.1)
-            finally:
-                await offsets.close()
-            async with TopicReader(bootstrap, topic_out) as out, TopicReader(bootstrap, dlq) as dead:
-                await out.wait_caught_up(60)
-                await dead.wait_caught_up(60)
-                seen = Counter(_source(r) for r in [*out.records, *dead.records])
+            inputs, seen = await _enriched_once_done(config.kafka, group, topic_in, topic_out)
     finally:
         stop.set()
         if running is not None:

@@ -186,6 +186,11 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
     assert "Traceback" not in alone.stderr
 
     # The lab beside it (--no-deps: the drivers it names are not what this test is about).
+    await _check_the_lab_beside(tmp_path, bin_dir, site)
+
+
+async def _check_the_lab_beside(tmp_path: Path, bin_dir: Path, site: Path) -> None:
+    """The lab's wheel beside the product's: its own files only, the wheel's poms found, `dispenser bench` runs."""
     lab_wheel = await asyncio.to_thread(_lab_wheel, tmp_path)
     with zipfile.ZipFile(lab_wheel) as archive:
         lab_names = archive.namelist()

@@ -315,12 +315,7 @@ class SoakCluster:
         notes: dict[str, Any] = {}
         match fault:
             case KillWorker(worker=worker, down_s=down_s):
-                child = self.workers[worker]
-                if child.proc is not None:
-                    await asyncio.to_thread(kill_process, child.proc)
-                await asyncio.sleep(down_s)
-                child.start()
-                self.restarts[worker] += 1
+                await self._kill_worker(worker, down_s)
                 notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
             case StopServer(server=name, kill=kill):
                 server = self.server(name)
@@ -333,33 +328,14 @@ class SoakCluster:
                 await asyncio.sleep(down_s)
                 await asyncio.to_thread(server.start)
                 notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
-            case LoseDatacenter(freeze=freeze):
-                for lost in self._lost_workers():
-                    child = self.workers[lost]
-                    if child.proc is None:
-                        continue
-                    if freeze:
-                        sigstop(child.proc.pid)
-                    else:
-                        await asyncio.to_thread(kill_process, child.proc)
-                self.lost = fault
+            case LoseDatacenter():
+                await self._lose_datacenter(fault)
                 notes["served_again_s"] = await _served_again(nc, began)
             case RestoreDatacenter():
-                for lost in self._lost_workers():
-                    child = self.workers[lost]
-                    if self.lost is not None and self.lost.freeze and child.proc is not None:
-                        child.proc.send_signal(signal.SIGCONT)
-                    else:
-                        child.start()
-                        self.restarts[lost] += 1
-                self.lost = None
+                self._restore_datacenter()
                 notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
             case KillEnricher(down_s=down_s):
-                if self.enricher is not None and self.enricher.proc is not None:
-                    await asyncio.to_thread(kill_process, self.enricher.proc)
-                await asyncio.sleep(down_s)
-                self.start_enricher()
-                self.enricher_restarts += 1
+                await self._kill_enricher(down_s)
             case KillLeader(server=name):
                 notes |= await self._kill_leader(name, nc, began)
             case FreezeLeader(server=name, hold_s=hold_s):
@@ -372,6 +348,46 @@ class SoakCluster:
                 notes["clock_seen_ms"] = await self._await_step(nc, self.clock.offset_ms)
         notes["action_s"] = round(time.monotonic() - began, 3)
         return notes
+
+    async def _kill_worker(self, worker: WorkerName, down_s: float) -> None:
+        """SIGKILL ``worker``, leave it down ``down_s`` s, start it again."""
+        child = self.workers[worker]
+        if child.proc is not None:
+            await asyncio.to_thread(kill_process, child.proc)
+        await asyncio.sleep(down_s)
+        child.start()
+        self.restarts[worker] += 1
+
+    async def _lose_datacenter(self, fault: LoseDatacenter) -> None:
+        """Freeze (SIGSTOP) or kill the lost datacenter's workers."""
+        for lost in self._lost_workers():
+            child = self.workers[lost]
+            if child.proc is None:
+                continue
+            if fault.freeze:
+                sigstop(child.proc.pid)
+            else:
+                await asyncio.to_thread(kill_process, child.proc)
+        self.lost = fault
+
+    def _restore_datacenter(self) -> None:
+        """Thaw the lost datacenter's workers (SIGCONT), or start them again if they were killed."""
+        for lost in self._lost_workers():
+            child = self.workers[lost]
+            if self.lost is not None and self.lost.freeze and child.proc is not None:
+                child.proc.send_signal(signal.SIGCONT)
+            else:
+                child.start()
+                self.restarts[lost] += 1
+        self.lost = None
+
+    async def _kill_enricher(self, down_s: float) -> None:
+        """SIGKILL the enricher, leave it down ``down_s`` s, start it again."""
+        if self.enricher is not None and self.enricher.proc is not None:
+            await asyncio.to_thread(kill_process, self.enricher.proc)
+        await asyncio.sleep(down_s)
+        self.start_enricher()
+        self.enricher_restarts += 1
 
     def _lost_workers(self) -> list[WorkerName]:
         if not self.dc:
@@ -433,69 +449,21 @@ class SoakCluster:
         cluster is whole again (PostgreSQL: the woken zombie demoted and every node streaming; NATS: every
         worker answering ``$SRV.PING``).
         """
-        notes: dict[str, Any] = {}
-        deadline = began + hold_s
         if name == "postgres" and isinstance(self.postgres, PatroniCluster):
-            patroni = self.postgres
-            node = await asyncio.to_thread(patroni.leader)
-            postmaster = node.postmaster() if node is not None else None
-            if node is None or node.pid is None or postmaster is None:
-                raise SoakError("no PostgreSQL leader to freeze")
-            notes["frozen"] = node.name
-            with frozen(node.pid, postmaster[0]):
-                new = await asyncio.to_thread(_writable_leader_other_than, patroni, node, hold_s)
-                if new is not None:
-                    notes["failover_s"] = round(time.monotonic() - began, 2)
-                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-            thawed = time.monotonic()
-            await asyncio.to_thread(patroni.wait_healthy, 120.0)
-            notes["thawed_s"] = round(time.monotonic() - thawed, 2)
-        elif name == "zookeeper" and isinstance(self.zookeeper, ZooKeeperEnsemble):
-            ensemble = self.zookeeper
-            member = await asyncio.to_thread(ensemble.leader)
-            notes["frozen"] = member.hosts
-            member.freeze()
-            try:
-                await asyncio.to_thread(_zk_leader_other_than, ensemble, member, hold_s)
-                notes["failover_s"] = round(time.monotonic() - began, 2)
-                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-            finally:
-                member.thaw()
-            thawed = time.monotonic()
-            await asyncio.to_thread(_zk_settled, ensemble, 60.0)
-            notes["thawed_s"] = round(time.monotonic() - thawed, 2)
-        elif name == "nats" and isinstance(self.nats, NatsCluster):
+            return await _freeze_patroni_leader(self.postgres, hold_s, began)
+        if name == "zookeeper" and isinstance(self.zookeeper, ZooKeeperEnsemble):
+            return await _freeze_zookeeper_leader(self.zookeeper, hold_s, began)
+        if name == "kafka" and self.kafka is not None:
+            return await _freeze_kafka_leader(self.kafka, hold_s, began)
+        if name == "nats" and isinstance(self.nats, NatsCluster):
             nats_member = await asyncio.to_thread(_busiest, self.nats)
-            notes["frozen"] = nats_member.url
             nats_member.freeze()
             try:
                 await asyncio.sleep(hold_s)
             finally:
                 nats_member.thaw()
-            notes["recovery"] = asyncio.create_task(self._recovered(nc, began))
-        elif name == "kafka" and self.kafka is not None:
-            kafka = self.kafka
-            victim: KafkaBroker = await asyncio.to_thread(kafka.leader_of, KAFKA_REQUEST_TOPIC, 0)
-            notes["frozen"] = victim.bootstrap
-            victim.freeze()
-            try:
-                while time.monotonic() < deadline:
-                    leading = await asyncio.to_thread(_leader_or_none, kafka, KAFKA_REQUEST_TOPIC)
-                    if leading is not None and leading is not victim:
-                        notes["failover_s"] = round(time.monotonic() - began, 2)
-                        break
-                    await asyncio.sleep(0.1)
-                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-            finally:
-                victim.thaw()
-            thawed = time.monotonic()
-            await asyncio.to_thread(
-                kafka.wait_in_sync, [KAFKA_REQUEST_TOPIC, KAFKA_REPLY_TOPIC], timeout=60.0
-            )
-            notes["thawed_s"] = round(time.monotonic() - thawed, 2)
-        else:
-            raise SoakError(f"freezing the {name} leader needs the ha topology")
-        return notes
+            return {"frozen": nats_member.url, "recovery": asyncio.create_task(self._recovered(nc, began))}
+        raise SoakError(f"freezing the {name} leader needs the ha topology")
 
     def _rejoin(self, name: ServerName) -> float:
         """Start the killed members of the ``name`` cluster again; seconds until it is whole."""
@@ -575,6 +543,68 @@ def _busiest(cluster: NatsCluster) -> NatsServer:
 
     counts = [connections(port) for port in cluster.monitor_ports]
     return cluster.member(counts.index(max(counts)) + 1)
+
+
+async def _freeze_patroni_leader(patroni: PatroniCluster, hold_s: float, began: float) -> dict[str, Any]:
+    """:meth:`SoakCluster._freeze_leader` of PostgreSQL: the leader and its postmaster, frozen together."""
+    notes: dict[str, Any] = {}
+    node = await asyncio.to_thread(patroni.leader)
+    postmaster = node.postmaster() if node is not None else None
+    if node is None or node.pid is None or postmaster is None:
+        raise SoakError("no PostgreSQL leader to freeze")
+    notes["frozen"] = node.name
+    with frozen(node.pid, postmaster[0]):
+        new = await asyncio.to_thread(_writable_leader_other_than, patroni, node, hold_s)
+        if new is not None:
+            notes["failover_s"] = round(time.monotonic() - began, 2)
+        await asyncio.sleep(max(0.0, began + hold_s - time.monotonic()))
+    thawed = time.monotonic()
+    await asyncio.to_thread(patroni.wait_healthy, 120.0)
+    notes["thawed_s"] = round(time.monotonic() - thawed, 2)
+    return notes
+
+
+async def _freeze_zookeeper_leader(
+    ensemble: ZooKeeperEnsemble, hold_s: float, began: float
+) -> dict[str, Any]:
+    """:meth:`SoakCluster._freeze_leader` of ZooKeeper."""
+    notes: dict[str, Any] = {}
+    member = await asyncio.to_thread(ensemble.leader)
+    notes["frozen"] = member.hosts
+    member.freeze()
+    try:
+        await asyncio.to_thread(_zk_leader_other_than, ensemble, member, hold_s)
+        notes["failover_s"] = round(time.monotonic() - began, 2)
+        await asyncio.sleep(max(0.0, began + hold_s - time.monotonic()))
+    finally:
+        member.thaw()
+    thawed = time.monotonic()
+    await asyncio.to_thread(_zk_settled, ensemble, 60.0)
+    notes["thawed_s"] = round(time.monotonic() - thawed, 2)
+    return notes
+
+
+async def _freeze_kafka_leader(kafka: KafkaCluster, hold_s: float, began: float) -> dict[str, Any]:
+    """:meth:`SoakCluster._freeze_leader` of Kafka: the request partition's leader."""
+    notes: dict[str, Any] = {}
+    deadline = began + hold_s
+    victim: KafkaBroker = await asyncio.to_thread(kafka.leader_of, KAFKA_REQUEST_TOPIC, 0)
+    notes["frozen"] = victim.bootstrap
+    victim.freeze()
+    try:
+        while time.monotonic() < deadline:
+            leading = await asyncio.to_thread(_leader_or_none, kafka, KAFKA_REQUEST_TOPIC)
+            if leading is not None and leading is not victim:
+                notes["failover_s"] = round(time.monotonic() - began, 2)
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+    finally:
+        victim.thaw()
+    thawed = time.monotonic()
+    await asyncio.to_thread(kafka.wait_in_sync, [KAFKA_REQUEST_TOPIC, KAFKA_REPLY_TOPIC], timeout=60.0)
+    notes["thawed_s"] = round(time.monotonic() - thawed, 2)
+    return notes
 
 
 def _writable_leader_other_than(

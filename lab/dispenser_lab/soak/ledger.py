@@ -15,7 +15,7 @@ from typing import Literal
 
 import msgspec
 
-from dispenser.messages import Reply
+from dispenser.messages import ErrorBody, Reply
 
 __all__ = ["Checked", "Overlaps", "RangeSet", "check_reply", "runs_of"]
 
@@ -110,16 +110,11 @@ def check_reply(
         return Checked("malformed", reason=f"tag {reply.tag!r} in a reply for {tag!r}")
     status = (headers or {}).get("Nats-Service-Error-Code")
     if reply.error is not None:
-        if reply.ids is not None or reply.ranges is not None:
-            return Checked("malformed", reason="an error reply that also carries IDs")
-        error = reply.error
-        problems = []
-        if not error.code:
-            problems.append("no error code")
-        if status is None and nats:  # Kafka replies carry the error in the body only
-            problems.append("no Nats-Service-Error-Code header")
-        return Checked(
-            "error", code=error.code, retryable=error.retryable, status=status, reason="; ".join(problems)
+        return _check_error_reply(
+            reply.error,
+            carries_ids=reply.ids is not None or reply.ranges is not None,
+            status=status,
+            nats=nats,
         )
     if status is not None:
         return Checked("malformed", reason=f"IDs with an error header {status}")
@@ -138,6 +133,20 @@ def check_reply(
     if problem:
         return Checked("malformed", reason=problem)
     return Checked("ids", runs=tuple(runs))
+
+
+def _check_error_reply(error: ErrorBody, *, carries_ids: bool, status: str | None, nats: bool) -> Checked:
+    """:func:`check_reply` of an error reply: a code, no IDs, and (over NATS) the service error header."""
+    if carries_ids:
+        return Checked("malformed", reason="an error reply that also carries IDs")
+    problems = []
+    if not error.code:
+        problems.append("no error code")
+    if status is None and nats:  # Kafka replies carry the error in the body only
+        problems.append("no Nats-Service-Error-Code header")
+    return Checked(
+        "error", code=error.code, retryable=error.retryable, status=status, reason="; ".join(problems)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,6 +143,22 @@ def judge(report: SoakReport) -> None:
         found = report.overlaps[name] = ranges.overlaps()
         if found.ids:
             failures.append(f"{found.ids:,} duplicate IDs in {name} (e.g. {list(found.examples[:2])})")
+    failures.extend(_total_failures(report))
+    for phase in report.phases:
+        failures.extend(_phase_failures(phase))
+    for name, worker in report.workers.items():
+        if not worker.get("alive_at_end"):
+            failures.append(f"worker {name} was not running at the end (see its log)")
+    if report.meta.get("workers_answering_at_end", 0) < len(report.workers):
+        failures.append(
+            f"only {report.meta.get('workers_answering_at_end')} of {len(report.workers)} workers answered "
+            "$SRV.PING at the end"
+        )
+
+
+def _total_failures(report: SoakReport) -> list[str]:
+    """What the whole run got wrong: malformed or bad error replies, too few IDs, a kind of ID missing."""
+    failures = []
     totals = report.totals()
     if totals["malformed"]:
         failures.append(f"{totals['malformed']} malformed replies")
@@ -155,38 +171,36 @@ def judge(report: SoakReport) -> None:
     for kind in ("segment", "snowflake"):
         if not totals["ids"].get(kind):
             failures.append(f"no {kind} IDs at all")
-    for phase in report.phases:
-        if phase.phase.must_be_clean:
-            if phase.failed_requests:
-                failures.append(
-                    f"phase {phase.phase.name!r} must be clean but had {phase.failed_requests} failed requests "
-                    f"(errors {dict(phase.errors)}, timeouts {phase.timeouts}, no responders "
-                    f"{phase.no_responders}, transport {dict(phase.transport)})"
-                )
-            for kind in ("segment", "snowflake"):
-                if not phase.ids.get(kind):
-                    failures.append(f"phase {phase.phase.name!r} received no {kind} IDs")
-        offset = phase.notes.get("clock_offset_ms")
-        seen = phase.notes.get("clock_seen_ms")
-        if offset is not None and not clock_step_seen(offset, list((seen or {}).values())):
+    return failures
+
+
+def _phase_failures(phase: PhaseStats) -> list[str]:
+    """What one phase got wrong: failures where it must be clean, a clock step unseen, no recovery."""
+    failures = []
+    if phase.phase.must_be_clean:
+        if phase.failed_requests:
             failures.append(
-                f"phase {phase.phase.name!r}: the clock step did not take effect (offset {offset} ms written, "
-                f"workers' clocks off by {seen} ms)"
+                f"phase {phase.phase.name!r} must be clean but had {phase.failed_requests} failed requests "
+                f"(errors {dict(phase.errors)}, timeouts {phase.timeouts}, no responders "
+                f"{phase.no_responders}, transport {dict(phase.transport)})"
             )
-        recovery = phase.notes.get("recovery")
-        if isinstance(recovery, str):
-            failures.append(f"phase {phase.phase.name!r}: {recovery}")
-        served = phase.notes.get("served_again_s")
-        if isinstance(served, str):
-            failures.append(f"phase {phase.phase.name!r}: the lost datacenter's callers were {served}")
-    for name, worker in report.workers.items():
-        if not worker.get("alive_at_end"):
-            failures.append(f"worker {name} was not running at the end (see its log)")
-    if report.meta.get("workers_answering_at_end", 0) < len(report.workers):
+        for kind in ("segment", "snowflake"):
+            if not phase.ids.get(kind):
+                failures.append(f"phase {phase.phase.name!r} received no {kind} IDs")
+    offset = phase.notes.get("clock_offset_ms")
+    seen = phase.notes.get("clock_seen_ms")
+    if offset is not None and not clock_step_seen(offset, list((seen or {}).values())):
         failures.append(
-            f"only {report.meta.get('workers_answering_at_end')} of {len(report.workers)} workers answered "
-            "$SRV.PING at the end"
+            f"phase {phase.phase.name!r}: the clock step did not take effect (offset {offset} ms written, "
+            f"workers' clocks off by {seen} ms)"
         )
+    recovery = phase.notes.get("recovery")
+    if isinstance(recovery, str):
+        failures.append(f"phase {phase.phase.name!r}: {recovery}")
+    served = phase.notes.get("served_again_s")
+    if isinstance(served, str):
+        failures.append(f"phase {phase.phase.name!r}: the lost datacenter's callers were {served}")
+    return failures
 
 
 def clock_step_seen(offset_ms: int, seen_ms: list[int]) -> bool:
