@@ -2,13 +2,14 @@
 
 Subjects, settings, header names and payload schemas all come from the code (:mod:`dispenser.messages`,
 :class:`~dispenser.config.Config`, the adapters), one small piece per channel (those pieces are
-:mod:`dispenser.asyncapi_channels`); :func:`to_yaml` writes it with PyYAML. ``dispenser schemas --check``
-fails when it drifts. See ``docs/protocol.md``.
+:mod:`dispenser.asyncapi_channels`); :func:`to_yaml` writes it, with no YAML library. ``dispenser schemas
+--check`` fails when it drifts. See ``docs/protocol.md``.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import re
 from typing import Any, Final
 
 import msgspec
@@ -127,36 +128,157 @@ def _host(url: str) -> str:
 def to_yaml(document: dict[str, Any] | list[Any]) -> str:
     """``document`` (JSON-like: dicts with string keys, lists, strings, numbers, booleans, None) as block YAML.
 
-    Written by PyYAML's pure-Python safe dumper (its output does not depend on whether libyaml is
-    installed), keys in the document's order, lines folded near 100 characters, so that
-    ``yaml.safe_load(to_yaml(d)) == d``. PyYAML is needed only by ``dispenser schemas``, a developer's
-    command, so it is imported here rather than made a dependency of the product.
+    Written here, with no YAML library (``dispenser schemas`` works from the base install): keys in the
+    document's order, a string plain where no YAML 1.1 reader could take it for anything else (a number, a
+    boolean, null, a date, an indicator, a comment), else double-quoted with escapes and folded at single
+    spaces near :data:`_WIDTH` columns, so that any YAML reader (PyYAML's included) reads back exactly
+    ``document``. Deterministic: the same document gives the same text on every machine.
     """
-    import yaml  # noqa: PLC0415 - a developer's dependency (the [test] extra), not the product's
-
-    class Dumper(yaml.SafeDumper):
-        pass
-
-    def represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
-        # PyYAML writes NEL, LS and PS raw inside single quotes when allow_unicode is set, and its reader
-        # then folds them like line breaks ({'\x85': None} came back as {' ': None}): double quotes
-        # escape them.
-        style = '"' if _UNICODE_BREAKS.intersection(text) else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
-
-    Dumper.add_representer(str, represent_str)
-    # No anchors and aliases (&id001, *id001) where a value appears twice: a reader sees each in place.
-    Dumper.ignore_aliases = lambda self, data: True  # type: ignore[method-assign]
-    return yaml.dump(
-        document, Dumper=Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100
-    )
+    return "\n".join(_block(document, 0)) + "\n"
 
 
 def is_current(text: str) -> bool:
-    """Whether the YAML ``text`` is the document :func:`asyncapi_document` builds (as data, not as text)."""
-    import yaml  # noqa: PLC0415 - see to_yaml
-
-    return bool(yaml.safe_load(text) == json.loads(json.dumps(asyncapi_document())))
+    """Whether the YAML ``text`` is what :func:`to_yaml` writes for :func:`asyncapi_document` (byte for byte)."""
+    return text == to_yaml(asyncapi_document())
 
 
-_UNICODE_BREAKS: Final = frozenset("\x85\u2028\u2029")
+_WIDTH: Final = 100
+"""Columns a double-quoted string is folded near (a longer word is not broken)."""
+_SIMPLE_KEY: Final = 1000
+"""A longer key is written as an explicit one (``? key`` then ``: value``)."""
+
+
+def _block(value: Any, indent: int) -> list[str]:
+    """The lines of ``value`` at ``indent`` spaces: a block mapping, a block sequence, or a scalar."""
+    pad = " " * indent
+    if isinstance(value, dict) and value:
+        lines: list[str] = []
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"a key of the document is not a string: {key!r}")
+            name = key if _is_plain(key) else _quoted(key)
+            if len(name) > _SIMPLE_KEY:  # PyYAML reads a simple key of 1024 characters at most
+                lines.append(f"{pad}? {name}")
+                name = ""
+            if _is_leaf(item):
+                lines += _folded(f"{pad}{name}: ", item, indent + 2)
+            else:
+                lines.append(f"{pad}{name}:")
+                lines += _block(item, indent + 2)
+        return lines
+    if isinstance(value, list) and value:
+        lines = []
+        for item in value:
+            if _is_leaf(item):
+                lines += _folded(f"{pad}- ", item, indent + 2)
+            else:
+                nested = _block(item, indent + 2)  # "- " takes the place of the first line's indentation
+                lines += [f"{pad}- {nested[0][indent + 2 :]}", *nested[1:]]
+        return lines
+    return [pad + _scalar(value)]
+
+
+def _is_leaf(value: Any) -> bool:
+    """Whether ``value`` is written on its key's (or dash's) line: a scalar, ``{}`` or ``[]``."""
+    return not isinstance(value, dict | list) or not value
+
+
+def _folded(prefix: str, value: Any, indent: int) -> list[str]:
+    """``prefix`` and the scalar ``value``; a long double-quoted string folded onto lines at ``indent``."""
+    text = _scalar(value)
+    if len(prefix) + len(text) <= _WIDTH or not isinstance(value, str):
+        return [prefix + text]
+    text = _quoted(value)  # a long plain string too: only a quoted one can be folded without a doubt
+    # A line break inside double quotes reads back as one space, the blanks around it dropped: so a break
+    # goes only where one space stands between two non-blanks, and the string reads back exactly.
+    first, *words = _single_spaced_words(text)
+    lines, line = [], prefix + first
+    for word in words:
+        if len(line) + 1 + len(word) > _WIDTH:
+            lines.append(line)
+            line = " " * indent + word
+        else:
+            line += " " + word
+    return [*lines, line]
+
+
+def _single_spaced_words(text: str) -> list[str]:
+    """``text`` cut at each space that has a non-blank on both sides (the others stay inside a piece)."""
+    pieces, start = [], 0
+    for at in range(1, len(text) - 1):
+        if text[at] == " " and text[at - 1] not in " \t" and text[at + 1] not in " \t":
+            pieces.append(text[start:at])
+            start = at + 1
+    return [*pieces, text[start:]]
+
+
+def _scalar(value: Any) -> str:
+    """A scalar as YAML reads it back: null, true/false, an int, a float with a dot, or a string."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _float(value)
+    if isinstance(value, str):
+        return value if _is_plain(value) else _quoted(value)
+    if isinstance(value, dict | list) and not value:
+        return "{}" if isinstance(value, dict) else "[]"
+    raise TypeError(f"not a JSON-like value: {value!r}")
+
+
+def _float(value: float) -> str:
+    """A float as YAML 1.1 resolves it: a dot in the mantissa and a signed exponent (``1.0e+20``, not ``1e+20``)."""
+    if math.isnan(value):
+        return ".nan"
+    if math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    mantissa, e, exponent = repr(value).partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    return f"{mantissa}{e}{exponent}"
+
+
+_PLAIN_FIRST = re.compile(r"[A-Za-z_/$(]")
+"""What a plain string may start with: a letter, ``_``, ``/``, ``$`` or ``(``; no indicator, digit, sign or dot."""
+_SPECIAL_WORDS: Final = frozenset({"y", "n", "yes", "no", "true", "false", "on", "off", "null"})
+"""Plain words a YAML 1.1 reader takes for a boolean or null, in any case."""
+
+
+def _is_plain(text: str) -> bool:
+    """Whether ``text`` reads back as this very string when written without quotes."""
+    return (
+        _PLAIN_FIRST.match(text) is not None
+        and text.isprintable()
+        and text == text.rstrip()
+        and ": " not in text
+        and " #" not in text
+        and not text.endswith(":")
+        and text.lower() not in _SPECIAL_WORDS
+    )
+
+
+def _quoted(text: str) -> str:
+    """``text`` double-quoted, with escapes where a YAML reader would fold or drop a character.
+
+    ``"`` and the backslash are escaped, and so is every character that is not printable: line breaks,
+    NEL, LS, PS, controls, a byte-order mark.
+    """
+    out = []
+    for char in text:
+        if char in _ESCAPES:
+            out.append(_ESCAPES[char])
+        elif char.isprintable():
+            out.append(char)
+        elif (code := ord(char)) <= 0xFF:
+            out.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
+
+
+_ESCAPES: Final = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\0": "\\0"}

@@ -10,6 +10,7 @@ import copy
 import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,8 @@ def test_vendored_schema_is_the_one_noted() -> None:
 def test_document_is_what_the_code_generates() -> None:
     """docs/asyncapi.yaml says what the code generates (run `dispenser schemas` after changing a message or a name).
 
-    Compared as data, not as text: another PyYAML release may lay the same document out differently.
+    Compared as data, as a YAML reader (PyYAML) reads the file; `dispenser schemas --check` compares the text
+    (written by to_yaml, the same on every machine).
     """
     assert _document() == json.loads(json.dumps(asyncapi_document()))
     assert "&id0" not in DOCUMENT.read_text(encoding="utf-8"), "a value repeated is written out, not aliased"
@@ -106,6 +108,15 @@ def test_schemas_check_reports_a_stale_asyncapi_document(tmp_path: Path) -> None
     assert main(["schemas", *target, "--check"]) == 1
     assert main(["schemas", *target]) == 0
     assert main(["schemas", *target, "--check"]) == 0
+
+
+def test_schemas_needs_no_yaml_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dispenser schemas` writes and checks the AsyncAPI YAML from the base install: no PyYAML imported."""
+    monkeypatch.setitem(sys.modules, "yaml", None)  # `import yaml` now raises ImportError
+    target = ["--dir", str(tmp_path / "schemas"), "--asyncapi", str(tmp_path / "asyncapi.yaml")]
+    assert main(["schemas", *target]) == 0
+    assert main(["schemas", *target, "--check"]) == 0
+    assert (tmp_path / "asyncapi.yaml").read_text(encoding="utf-8") == DOCUMENT.read_text(encoding="utf-8")
 
 
 def test_document_is_valid_asyncapi_3() -> None:
@@ -252,7 +263,7 @@ def test_the_docs_point_to_the_document(doc: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the writer (PyYAML, with NEL, LS and PS double-quoted)
+# the writer (to_yaml, no YAML library: what it writes, PyYAML reads back exactly)
 
 _scalars = (
     st.none()
@@ -270,10 +281,17 @@ _json = st.recursive(
 
 
 # Found by Hypothesis: a key with a line break (the hand-written emitter before PyYAML), NEL, LS and PS
-# (PyYAML writes them raw in single quotes and reads them back as spaces).
+# (PyYAML writes them raw in single quotes and reads them back as spaces). Then the writer's own edges:
+# a key too long for a simple key, long strings folded (at single spaces only; double spaces, trailing
+# spaces, a backslash before a space), floats without a dot, YAML 1.1's booleans, a byte-order mark.
 @example({"A\n": None})
 @example({"\x85": None})
 @example({"a": "x\u2028y", "b": ["\u2029"]})
+@example({"k" * 1500: {"nested": ["x" * 1200]}, "q" * 1200: 1, "short": "y" * 2000})
+@example({"d": "word " * 40 + " two  spaces " * 10 + "end ", "e": ["\\ " * 60, [" lead " * 30]]})
+@example([1e20, -1e-05, 2.5, 0.0, -0.0, 1e300, 12345678901234567890])
+@example({"yes": "No", "on": "OFF", "y": "n", "null": "~", "3.0.0": "0.1.0", "1:20": "2026-11-25"})
+@example({"\ufeffbom": "\ufeff", "tab\t": "a\tb", "nul\0": "\x7f\x9f\ue000\U0010ffff"})
 @given(st.dictionaries(st.text(), _json, max_size=5) | st.lists(_json, max_size=5))
 def test_yaml_round_trips(value: dict[str, Any] | list[Any]) -> None:
     """to_yaml writes any JSON-like value so that a YAML reader gets exactly it back."""
