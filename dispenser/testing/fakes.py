@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dispenser.core.errors import (
+    CoordinatorUnavailable,
     LeaseLost,
     StoreUnavailable,
     TagExists,
@@ -268,6 +269,8 @@ class MemoryWorkerRegistry:
         await asyncio.sleep(0)
         if self.fail_with is not None:
             raise self.fail_with
+        if self._worker_id < 0:  # no lease yet: nothing to write, as the real registries answer
+            raise CoordinatorUnavailable(f"{self._address} has not registered yet")
         row = self._table.rows.get(self._address)
         if row is None:
             self._registered = False

@@ -26,7 +26,7 @@ from dispenser.adapters.local.static_registry import StaticRegistry
 from dispenser.adapters.postgres.workers import PostgresWorkerRegistry
 from dispenser.adapters.zookeeper.lease import ZooKeeperLeaseRegistry
 from dispenser.adapters.zookeeper.registry import ZooKeeperRegistry
-from dispenser.core.errors import WorkerIdsExhausted
+from dispenser.core.errors import CoordinatorUnavailable, WorkerIdsExhausted
 from dispenser.ports import WorkerRegistry
 from dispenser.testing.fakes import MemoryWorkerRegistry, MemoryWorkerTable
 from dispenser_lab.servers.zookeeper import ZooKeeperServer
@@ -134,6 +134,16 @@ async def test_a_lease_is_within_the_layout_and_issues_only_while_registered(reg
     assert registry.can_issue()
     await registry.close()
     assert not registry.can_issue()
+
+
+async def test_a_report_before_register_is_refused_as_an_outage(assigning: Factory) -> None:
+    """report() with no lease yet writes nothing and raises CoordinatorUnavailable (keep calling), never issuing."""
+    registry = assigning(2, 1023)
+    with pytest.raises(CoordinatorUnavailable):
+        await registry.report(MARK)
+    assert not registry.can_issue()
+    lease = await registry.register()
+    assert lease.high_water_ms == 0
 
 
 async def test_the_recorded_mark_never_goes_down(registries: Factory) -> None:
