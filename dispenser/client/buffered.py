@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, Self, overload
 
-from dispenser.adapters.nats.client import NatsIdTransport
+from dispenser.adapters.nats.client_transport import NatsIdTransport
 from dispenser.client.errors import DispenserUnavailable, IdRequestError
 from dispenser.config import KafkaConfig, NatsConfig
 from dispenser.core.errors import InvalidTag
@@ -52,7 +52,8 @@ _START_BACKSTOP = 1.0
 class IdTransport(Protocol):
     """How the client reaches the dispensers.
 
-    NATS: :class:`dispenser.adapters.nats.client.NatsIdTransport`; Kafka: :class:`dispenser.client.kafka.KafkaIdTransport`.
+    NATS: :class:`dispenser.adapters.nats.client_transport.NatsIdTransport`; Kafka:
+    :class:`dispenser.adapters.kafka.client_transport.KafkaIdTransport`.
     """
 
     async def start(self) -> None:
@@ -318,7 +319,7 @@ class IdClient:
             reply_topic: where replies should come (default: ``config.reply_topic``).
         """
         # Imported here: aiokafka is the [kafka] extra, and a NATS-only client needs none of it.
-        from dispenser.client.kafka import KafkaIdTransport  # noqa: PLC0415
+        from dispenser.adapters.kafka.client_transport import KafkaIdTransport  # noqa: PLC0415
 
         return cls(KafkaIdTransport(config, reply_topic=reply_topic), settings)
 

@@ -11,7 +11,7 @@ from dispenser.adapters.kafka.client_transport import KafkaIdRequester, KafkaIdT
 from dispenser.client.errors import IdRequestError
 from dispenser.messages import Reply
 
-# KafkaIdTransport: the buffered client's over_kafka imports it from here.
+# KafkaIdTransport: public as dispenser.client.KafkaIdTransport (its home is the Kafka adapter).
 __all__ = ["KafkaIdClient", "KafkaIdTransport"]
 
 
