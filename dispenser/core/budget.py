@@ -45,7 +45,7 @@ class IdBudget:
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def take(self, caller: str, count: int, now: float) -> float:
+    def charge(self, caller: str, count: int, now: float) -> float:
         """Take ``count`` IDs from ``caller``'s budget at ``now`` (seconds, any monotonic origin).
 
         Returns:

@@ -1,7 +1,7 @@
 """Snowflake IDs: the bit layout as data, and one worker's generator state, deciding without reading a clock.
 
 An ID is ``0 | timestamp | datacenter | worker | sequence`` (``docs/snowflake.md``, "The layout").
-:meth:`SnowflakeState.take` is Leaf's ``SnowflakeIDGenImpl.get`` turned inside out: given the wall-clock
+:meth:`SnowflakeState.issue` is Leaf's ``SnowflakeIDGenImpl.get`` turned inside out: given the wall-clock
 reading, it returns :class:`Issued` ranges or a :class:`WaitUntil`; the shell's loop
 (:meth:`dispenser.service.snowflake.SnowflakeGenerator.take`) reads the clock, sleeps, and runs one take at
 a time per worker (a ``take`` after ``WaitUntil(reason="clock_back")`` is the promised re-check).
@@ -197,7 +197,7 @@ class Decoded:
 
 @dataclass(frozen=True, slots=True)
 class Issued:
-    """IDs issued by one :meth:`SnowflakeState.take`, as inclusive ``(first, last)`` ranges.
+    """IDs issued by one :meth:`SnowflakeState.issue`, as inclusive ``(first, last)`` ranges.
 
     A batch comes from one millisecond, so it holds one range; ``ranges`` is a list so that the shell can
     concatenate batches into one reply. ``remaining`` is how many of the requested IDs are still owed: the
@@ -364,7 +364,7 @@ class SnowflakeState:
             return max(0, self._max_sequence + 1 - self._next_sequence)
         return 0
 
-    def take(self, now_ms: int, count: int) -> Issued | WaitUntil:
+    def issue(self, now_ms: int, count: int) -> Issued | WaitUntil:
         """Issue up to ``count`` IDs stamped ``now_ms`` (unix ms, read by the caller), or say when to retry.
 
         Contract:

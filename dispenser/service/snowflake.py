@@ -247,7 +247,7 @@ class SnowflakeGenerator:
 
     def _core_take(self, now: int, count: int) -> Issued | WaitUntil:
         try:
-            decision = self._state.take(now, count)
+            decision = self._state.issue(now, count)
         except ClockMovedBackwards:
             self.rollbacks_refused += 1
             raise

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
 CASES = [
     "(timer floor: an empty call)",
-    "embedded snowflake: SnowflakeState.take(now, 1)",
+    "embedded snowflake: SnowflakeState.issue(now, 1)",
     "UUIDv7: uuid_utils.uuid7()",
     "ULID: ulid.ULID()",
     "dispenser: IdClient.next_id",

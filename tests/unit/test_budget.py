@@ -14,29 +14,29 @@ from dispenser.core.budget import IdBudget
 def test_a_caller_takes_its_burst_then_its_rate() -> None:
     """5,000 at once, then nothing more until the rate has refilled it; the wait says when."""
     budget = IdBudget(rate=1000, burst=5000)
-    assert budget.take("a", 5000, now=0.0) == 0.0
-    assert budget.take("a", 1, now=0.0) == pytest.approx(0.001)
-    assert budget.take("a", 2000, now=1.0) == pytest.approx(1.0)  # 1,000 refilled, 2,000 asked
-    assert budget.take("a", 2000, now=2.0) == 0.0
-    assert budget.take("b", 5000, now=2.0) == 0.0  # another caller: a budget of its own
+    assert budget.charge("a", 5000, now=0.0) == 0.0
+    assert budget.charge("a", 1, now=0.0) == pytest.approx(0.001)
+    assert budget.charge("a", 2000, now=1.0) == pytest.approx(1.0)  # 1,000 refilled, 2,000 asked
+    assert budget.charge("a", 2000, now=2.0) == 0.0
+    assert budget.charge("b", 5000, now=2.0) == 0.0  # another caller: a budget of its own
 
 
 def test_a_request_over_the_burst_is_never_granted() -> None:
     """More than the bucket holds: an infinite wait, and nothing taken."""
     budget = IdBudget(rate=10, burst=100)
-    assert budget.take("a", 101, now=0.0) == math.inf
-    assert budget.take("a", 100, now=0.0) == 0.0
+    assert budget.charge("a", 101, now=0.0) == math.inf
+    assert budget.charge("a", 100, now=0.0) == 0.0
 
 
 def test_callers_are_bounded_and_full_buckets_go_first() -> None:
     """Past max_callers, a caller whose bucket has refilled is forgotten before one still paying."""
     budget = IdBudget(rate=1, burst=10, max_callers=2)
-    budget.take("paying", 10, now=0.0)
-    budget.take("idle", 1, now=0.0)
-    budget.take("new", 1, now=5.0)  # "idle" is full again at 5 s, "paying" is not
+    budget.charge("paying", 10, now=0.0)
+    budget.charge("idle", 1, now=0.0)
+    budget.charge("new", 1, now=5.0)  # "idle" is full again at 5 s, "paying" is not
     assert len(budget) == 2
-    assert budget.take("paying", 10, now=5.0) > 0  # still remembered: still paying
-    budget.take("newer", 1, now=5.0)  # nobody full: the oldest goes
+    assert budget.charge("paying", 10, now=5.0) > 0  # still remembered: still paying
+    budget.charge("newer", 1, now=5.0)  # nobody full: the oldest goes
     assert len(budget) == 2
 
 
@@ -53,7 +53,7 @@ def test_no_caller_gets_more_than_its_burst_plus_its_rate_over_time(
     now, granted = 0.0, 0
     for gap, count in asks:
         now += gap
-        if budget.take("a", count, now) == 0.0:
+        if budget.charge("a", count, now) == 0.0:
             granted += count
         assert granted <= burst + rate * now + 1e-6 * (burst + rate * now)
 
@@ -64,9 +64,9 @@ def test_a_refusal_says_how_long_until_the_same_request_is_granted(
 ) -> None:
     """Retrying after the wait it was told succeeds (when the request fits the burst at all)."""
     budget = IdBudget(rate, burst)
-    budget.take("a", burst, 0.0)
-    wait = budget.take("a", count, 0.0)
+    budget.charge("a", burst, 0.0)
+    wait = budget.charge("a", count, 0.0)
     if count > burst:
         assert wait == math.inf
     else:
-        assert budget.take("a", count, wait * (1 + 1e-9) + 1e-9) == 0.0
+        assert budget.charge("a", count, wait * (1 + 1e-9) + 1e-9) == 0.0

@@ -176,36 +176,36 @@ def test_narrow_layout_refuses_ids_wider_than_its_bits() -> None:
 def test_each_millisecond_starts_at_a_random_sequence_below_100() -> None:
     """The first sequence of each new millisecond is drawn from [0, 100), and not always the same."""
     gen = state(seed=1)
-    starts = [first_sequence(LEAF, gen.take(NOW + i, 1)) for i in range(500)]
+    starts = [first_sequence(LEAF, gen.issue(NOW + i, 1)) for i in range(500)]
     assert all(0 <= s < 100 for s in starts)
     assert len(set(starts)) > 50
 
 
 def test_random_start_comes_from_the_injected_rng() -> None:
     """Two states with equally seeded generators issue the same IDs; a different seed differs."""
-    runs = [[batch(state(seed=seed).take(NOW + i, 3)).ranges[0] for i in range(20)] for seed in (5, 5, 6)]
+    runs = [[batch(state(seed=seed).issue(NOW + i, 3)).ranges[0] for i in range(20)] for seed in (5, 5, 6)]
     assert runs[0] == runs[1] != runs[2]
 
 
 def test_random_start_zero_starts_every_millisecond_at_zero() -> None:
     """With random_start=0 (disabled), every new millisecond starts its sequence at 0."""
     gen = state(random_start=0)
-    assert [first_sequence(LEAF, gen.take(NOW + i, 2)) for i in range(50)] == [0] * 50
+    assert [first_sequence(LEAF, gen.issue(NOW + i, 2)) for i in range(50)] == [0] * 50
 
 
 def test_random_start_is_capped_at_the_sequence_space() -> None:
     """A 3-bit sequence with random_start=100 still issues: starts fall in [0, 8)."""
     layout = SnowflakeLayout(timestamp_bits=41, worker_bits=10, sequence_bits=3)
     gen = state(layout)
-    starts = {first_sequence(layout, gen.take(NOW + i, 1)) for i in range(200)}
+    starts = {first_sequence(layout, gen.issue(NOW + i, 1)) for i in range(200)}
     assert starts == set(range(8))
 
 
 def test_same_millisecond_continues_the_sequence() -> None:
     """Takes within one millisecond continue where the previous one stopped, without gaps."""
     gen = state()
-    one = batch(gen.take(NOW, 3))
-    two = batch(gen.take(NOW, 2))
+    one = batch(gen.issue(NOW, 3))
+    two = batch(gen.issue(NOW, 2))
     assert two.ranges == [(one.ranges[0][1] + 1, one.ranges[0][1] + 2)]
     assert gen.last_ms == NOW
 
@@ -213,7 +213,7 @@ def test_same_millisecond_continues_the_sequence() -> None:
 def test_a_batch_of_4096_is_one_range() -> None:
     """With sequence start 0, one take fills the whole millisecond as a single arithmetic range."""
     gen = state(random_start=0)
-    full = batch(gen.take(NOW, 4096))
+    full = batch(gen.issue(NOW, 4096))
     first = LEAF.compose(NOW, 7, 0)
     assert full.ranges == [(first, first + 4095)]
     assert full.complete
@@ -223,10 +223,10 @@ def test_a_batch_of_4096_is_one_range() -> None:
 def test_sequence_overflow_returns_a_partial_batch_then_waits_for_the_next_millisecond() -> None:
     """A request over the millisecond's space gets what is left, then WaitUntil(next ms), then the rest."""
     gen = state(random_start=0)
-    part = batch(gen.take(NOW, 5000))
+    part = batch(gen.issue(NOW, 5000))
     assert (part.count, part.remaining, part.complete) == (4096, 904, False)
-    assert gen.take(NOW, part.remaining) == WaitUntil(NOW + 1, "sequence_exhausted")
-    rest = batch(gen.take(NOW + 1, part.remaining))
+    assert gen.issue(NOW, part.remaining) == WaitUntil(NOW + 1, "sequence_exhausted")
+    rest = batch(gen.issue(NOW + 1, part.remaining))
     assert rest.complete
     assert rest.ranges == [(LEAF.compose(NOW + 1, 7, 0), LEAF.compose(NOW + 1, 7, 903))]
 
@@ -234,7 +234,7 @@ def test_sequence_overflow_returns_a_partial_batch_then_waits_for_the_next_milli
 def test_random_start_leaves_less_room_in_the_millisecond() -> None:
     """With a random start s, a millisecond holds 4096 - s IDs (Leaf never wraps to the low sequences)."""
     gen = state(seed=3)
-    part = batch(gen.take(NOW, 4096))
+    part = batch(gen.issue(NOW, 4096))
     start = LEAF.decompose(part.ranges[0][0]).sequence
     assert start > 0  # seed 3 draws a non-zero start; otherwise this test shows nothing
     assert (part.count, part.remaining) == (4096 - start, start)
@@ -246,7 +246,7 @@ def test_count_below_one_is_refused(count: int) -> None:
     """A take refuses a count of zero or less, and issues nothing."""
     gen = state()
     with pytest.raises(InvalidCount):
-        gen.take(NOW, count)
+        gen.issue(NOW, count)
     assert gen.last_ms == 0
 
 
@@ -273,19 +273,19 @@ def test_negative_knobs_are_refused(knob: str) -> None:
 def test_clock_past_the_layout_end_is_refused() -> None:
     """The last millisecond of the layout still issues; the one after raises ClockOutOfRange."""
     gen = state(random_start=0)
-    last = batch(gen.take(LEAF.max_timestamp_ms, 1)).ranges[0][0]
+    last = batch(gen.issue(LEAF.max_timestamp_ms, 1)).ranges[0][0]
     assert LEAF.decompose(last).timestamp_ms == LEAF.max_timestamp_ms
     assert last >= 0
     with pytest.raises(ClockOutOfRange, match="past the layout's last millisecond"):
-        gen.take(LEAF.max_timestamp_ms + 1, 1)
+        gen.issue(LEAF.max_timestamp_ms + 1, 1)
     assert gen.last_ms == LEAF.max_timestamp_ms
 
 
 def test_clock_before_the_epoch_is_refused() -> None:
     """A clock reading before the epoch raises ClockOutOfRange instead of a negative timestamp."""
     with pytest.raises(ClockOutOfRange, match="before the layout's epoch"):
-        state().take(LEAF_EPOCH_MS - 1, 1)
-    assert batch(state().take(LEAF_EPOCH_MS, 1)).ranges[0][0] >= 0
+        state().issue(LEAF_EPOCH_MS - 1, 1)
+    assert batch(state().issue(LEAF_EPOCH_MS, 1)).ranges[0][0] >= 0
 
 
 # --- generator: clock rollback ----------------------------------------------------------------------------
@@ -294,9 +294,9 @@ def test_clock_before_the_epoch_is_refused() -> None:
 def test_small_rollback_waits_twice_the_offset_then_issues_if_caught_up() -> None:
     """Clock 3 ms behind: WaitUntil(now + 6); at that reading the state issues again, above the old IDs."""
     gen = state()
-    before = batch(gen.take(NOW, 1)).ranges[0][1]
-    assert gen.take(NOW - 3, 1) == WaitUntil(NOW - 3 + 6, "clock_back")
-    after = batch(gen.take(NOW + 3, 1))
+    before = batch(gen.issue(NOW, 1)).ranges[0][1]
+    assert gen.issue(NOW - 3, 1) == WaitUntil(NOW - 3 + 6, "clock_back")
+    after = batch(gen.issue(NOW + 3, 1))
     assert after.ranges[0][0] > before
     assert gen.last_ms == NOW + 3
 
@@ -304,18 +304,18 @@ def test_small_rollback_waits_twice_the_offset_then_issues_if_caught_up() -> Non
 def test_small_rollback_then_clock_exactly_caught_up_continues_the_millisecond() -> None:
     """Coming back at exactly the last issued millisecond is not behind: it continues that ms's sequence."""
     gen = state()
-    before = batch(gen.take(NOW, 1)).ranges[0][1]
-    assert isinstance(gen.take(NOW - 1, 1), WaitUntil)
-    assert batch(gen.take(NOW, 1)).ranges[0][0] == before + 1
+    before = batch(gen.issue(NOW, 1)).ranges[0][1]
+    assert isinstance(gen.issue(NOW - 1, 1), WaitUntil)
+    assert batch(gen.issue(NOW, 1)).ranges[0][0] == before + 1
 
 
 def test_small_rollback_still_behind_after_the_wait_is_an_error() -> None:
     """If the clock is still behind the last issued ms when the caller comes back, ClockMovedBackwards."""
     gen = state()
-    gen.take(NOW, 1)
-    assert gen.take(NOW - 5, 1) == WaitUntil(NOW + 5, "clock_back")
+    gen.issue(NOW, 1)
+    assert gen.issue(NOW - 5, 1) == WaitUntil(NOW + 5, "clock_back")
     with pytest.raises(ClockMovedBackwards) as caught:
-        gen.take(NOW - 1, 1)
+        gen.issue(NOW - 1, 1)
     assert (caught.value.last_ms, caught.value.now_ms) == (NOW, NOW - 1)
     assert caught.value.retryable
     assert gen.last_ms == NOW
@@ -324,41 +324,41 @@ def test_small_rollback_still_behind_after_the_wait_is_an_error() -> None:
 def test_after_a_rollback_error_the_next_request_gets_its_own_wait() -> None:
     """The one-wait allowance is per request: after an error, a new small rollback is waited out again."""
     gen = state()
-    gen.take(NOW, 1)
-    gen.take(NOW - 2, 1)
+    gen.issue(NOW, 1)
+    gen.issue(NOW - 2, 1)
     with pytest.raises(ClockMovedBackwards):
-        gen.take(NOW - 2, 1)
-    assert gen.take(NOW - 2, 1) == WaitUntil(NOW + 2, "clock_back")
+        gen.issue(NOW - 2, 1)
+    assert gen.issue(NOW - 2, 1) == WaitUntil(NOW + 2, "clock_back")
 
 
 def test_each_rollback_after_the_clock_caught_up_gets_its_own_wait() -> None:
     """Once the clock has caught up and IDs were issued, a later small rollback is waited out again."""
     for caught_up in (NOW + 2, NOW):  # into a new millisecond, or back to the last one
         gen = state()
-        gen.take(NOW, 1)
-        assert gen.take(NOW - 2, 1) == WaitUntil(NOW + 2, "clock_back")
-        assert isinstance(gen.take(caught_up, 1), Issued)
-        assert gen.take(caught_up - 1, 1) == WaitUntil(caught_up + 1, "clock_back")
+        gen.issue(NOW, 1)
+        assert gen.issue(NOW - 2, 1) == WaitUntil(NOW + 2, "clock_back")
+        assert isinstance(gen.issue(caught_up, 1), Issued)
+        assert gen.issue(caught_up - 1, 1) == WaitUntil(caught_up + 1, "clock_back")
 
 
 def test_large_rollback_is_an_error_at_once() -> None:
     """A rollback of more than max_backward_ms raises immediately, with no wait and no ID."""
     gen = state()
-    gen.take(NOW, 1)
+    gen.issue(NOW, 1)
     with pytest.raises(ClockMovedBackwards, match="by 6 ms"):
-        gen.take(NOW - 6, 1)
+        gen.issue(NOW - 6, 1)
     assert gen.last_ms == NOW
 
 
 def test_rollback_tolerance_is_configurable() -> None:
     """max_backward_ms=0 makes any rollback an error; a larger tolerance waits out a larger rollback."""
     strict = state(max_backward_ms=0)
-    strict.take(NOW, 1)
+    strict.issue(NOW, 1)
     with pytest.raises(ClockMovedBackwards):
-        strict.take(NOW - 1, 1)
+        strict.issue(NOW - 1, 1)
     lenient = state(max_backward_ms=50)
-    lenient.take(NOW, 1)
-    assert lenient.take(NOW - 50, 1) == WaitUntil(NOW + 50, "clock_back")
+    lenient.issue(NOW, 1)
+    assert lenient.issue(NOW - 50, 1) == WaitUntil(NOW + 50, "clock_back")
 
 
 # --- generator: high-water mark and start-up --------------------------------------------------------------
@@ -369,10 +369,10 @@ def test_no_id_at_or_below_the_high_water_mark() -> None:
     mark = NOW + 1000
     gen = state(high_water_ms=mark)
     assert gen.last_ms == mark
-    assert gen.take(mark, 1) == WaitUntil(mark + 1, "high_water")
-    assert gen.take(NOW, 1) == WaitUntil(mark + 1, "high_water")
-    assert gen.take(mark - 4999, 1) == WaitUntil(mark + 1, "high_water")
-    first = batch(gen.take(mark + 1, 1)).ranges[0][0]
+    assert gen.issue(mark, 1) == WaitUntil(mark + 1, "high_water")
+    assert gen.issue(NOW, 1) == WaitUntil(mark + 1, "high_water")
+    assert gen.issue(mark - 4999, 1) == WaitUntil(mark + 1, "high_water")
+    first = batch(gen.issue(mark + 1, 1)).ranges[0][0]
     assert LEAF.decompose(first).timestamp_ms == mark + 1
 
 
@@ -380,9 +380,9 @@ def test_clock_too_far_behind_the_high_water_mark_is_an_error() -> None:
     """A wait longer than max_startup_wait_ms for the high-water mark is ClockBehindRecorded, not a hang."""
     mark = NOW + 1000
     gen = state(high_water_ms=mark, max_startup_wait_ms=100)
-    assert gen.take(mark - 99, 1) == WaitUntil(mark + 1, "high_water")
+    assert gen.issue(mark - 99, 1) == WaitUntil(mark + 1, "high_water")
     with pytest.raises(ClockBehindRecorded) as caught:
-        gen.take(mark - 100, 1)
+        gen.issue(mark - 100, 1)
     assert (caught.value.recorded_ms, caught.value.now_ms) == (mark, mark - 100)
 
 
@@ -390,18 +390,18 @@ def test_high_water_wait_is_not_limited_to_one_check() -> None:
     """Coming back a little early for the high-water mark (slewed clock) waits again instead of failing."""
     mark = NOW + 10
     gen = state(high_water_ms=mark)
-    assert gen.take(NOW, 1) == WaitUntil(mark + 1, "high_water")
-    assert gen.take(mark, 1) == WaitUntil(mark + 1, "high_water")
-    assert isinstance(gen.take(mark + 1, 1), Issued)
+    assert gen.issue(NOW, 1) == WaitUntil(mark + 1, "high_water")
+    assert gen.issue(mark, 1) == WaitUntil(mark + 1, "high_water")
+    assert isinstance(gen.issue(mark + 1, 1), Issued)
 
 
 def test_restart_with_the_last_ms_as_high_water_never_reissues() -> None:
     """A new state given the old one's last_ms issues only larger IDs, even in the same clock millisecond."""
     old = state(random_start=0)
-    old_last = batch(old.take(NOW, 10)).ranges[0][1]
+    old_last = batch(old.issue(NOW, 10)).ranges[0][1]
     new = state(random_start=0, high_water_ms=old.last_ms)
-    assert new.take(NOW, 1) == WaitUntil(NOW + 1, "high_water")
-    assert batch(new.take(NOW + 1, 1)).ranges[0][0] > old_last
+    assert new.issue(NOW, 1) == WaitUntil(NOW + 1, "high_water")
+    assert batch(new.issue(NOW + 1, 1)).ranges[0][0] > old_last
 
 
 def test_startup_check_waits_out_a_short_lag_and_refuses_a_long_one() -> None:
@@ -443,7 +443,7 @@ def run_shell(gen: SnowflakeState, start_ms: int, steps: list[tuple[int | None, 
         else:
             clock += move
         try:
-            decision = gen.take(clock, left)
+            decision = gen.issue(clock, left)
         except (ClockMovedBackwards, ClockBehindRecorded, ClockOutOfRange) as error:
             run.errors.append(error)
             left, pending = 0, None  # the request fails with an error reply
@@ -530,7 +530,7 @@ def test_every_issued_id_is_counted(steps: list[tuple[int | None, int]]) -> None
         left = left or count
         clock += move or 0
         try:
-            decision = gen.take(clock, left)
+            decision = gen.issue(clock, left)
         except ClockMovedBackwards:
             left = 0
             continue
@@ -585,7 +585,7 @@ class SnowflakeMachine(RuleBasedStateMachine):
     def take(self, count: int) -> None:
         last_ms_before = self.gen.last_ms
         try:
-            decision = self.gen.take(self.clock, count)
+            decision = self.gen.issue(self.clock, count)
         except (ClockMovedBackwards, ClockBehindRecorded):
             assert self.clock <= last_ms_before
             assert self.gen.last_ms == last_ms_before
@@ -630,10 +630,10 @@ def test_room_tells_how_many_ids_fit_without_waiting() -> None:
     state = SnowflakeState(layout, 1, random_start=5, rng=random.Random(7))
     now = layout.epoch_ms + 1000
     assert state.room(now) == 16 - 4
-    batch = state.take(now, 3)
+    batch = state.issue(now, 3)
     assert isinstance(batch, Issued)
     first_sequence = layout.decompose(batch.ranges[0][0]).sequence
     assert state.room(now) == 16 - (first_sequence + 3)
     assert state.room(now - 1) == 0
-    rest = state.take(now, state.room(now))
+    rest = state.issue(now, state.room(now))
     assert rest == Issued([(batch.ranges[0][1] + 1, layout.compose(now, 1, 15))], 0)

@@ -40,7 +40,7 @@ def test_without_datacenter_bits_ids_are_leafs_bit_for_bit(
 
 def test_the_generator_without_datacenter_bits_issues_what_it_did() -> None:
     """Same seed, same clock: the default layout's state issues the IDs Leaf's formula gives."""
-    issued = SnowflakeState(SnowflakeLayout(), 7, rng=random.Random(3)).take(NOW, 5)
+    issued = SnowflakeState(SnowflakeLayout(), 7, rng=random.Random(3)).issue(NOW, 5)
     assert isinstance(issued, Issued)
     first = issued.ranges[0][0]
     start = random.Random(3).randrange(100)
@@ -88,8 +88,8 @@ def test_two_generators_of_distinct_pairs_issue_disjoint_ranges(
     one: tuple[int, int], other: tuple[int, int], now_ms: int, n1: int, n2: int
 ) -> None:
     """Two workers in the same millisecond, Twitter's layout: their ranges never overlap unless same pair."""
-    a = SnowflakeState(TWITTER, one[1], datacenter_id=one[0], rng=random.Random(1)).take(now_ms, n1)
-    b = SnowflakeState(TWITTER, other[1], datacenter_id=other[0], rng=random.Random(1)).take(now_ms, n2)
+    a = SnowflakeState(TWITTER, one[1], datacenter_id=one[0], rng=random.Random(1)).issue(now_ms, n1)
+    b = SnowflakeState(TWITTER, other[1], datacenter_id=other[0], rng=random.Random(1)).issue(now_ms, n2)
     assert isinstance(a, Issued)
     assert isinstance(b, Issued)
     (a_first, a_last), (b_first, b_last) = a.ranges[0], b.ranges[0]

@@ -128,7 +128,7 @@ class HttpAccess:
             budget, name = self.anonymous_budget, request.remote or "?"
         else:
             budget, name = caller.budget, caller.name
-        wait = budget.take(name, count, self._clock())
+        wait = budget.charge(name, count, self._clock())
         if wait == 0.0:
             return None
         return OverBudget(name, count, budget.rate, budget.burst, wait)

@@ -224,7 +224,7 @@ def _in_process_cases(duration: float, warmup: float) -> list[AltCase]:
 
     def snowflake() -> int:
         # A WaitUntil (4,096 IDs already issued this millisecond) counts as a call that made no ID.
-        decision = state.take(wall_ns() // 1_000_000, 1)
+        decision = state.issue(wall_ns() // 1_000_000, 1)
         return 1 if type(decision) is Issued else 0
 
     def uuid7() -> int:
@@ -237,7 +237,7 @@ def _in_process_cases(duration: float, warmup: float) -> list[AltCase]:
 
     cases = [
         ("(timer floor: an empty call)", "timer", 0, nothing),
-        ("embedded snowflake: SnowflakeState.take(now, 1)", "in-process", 64, snowflake),
+        ("embedded snowflake: SnowflakeState.issue(now, 1)", "in-process", 64, snowflake),
         ("UUIDv7: uuid_utils.uuid7()", "in-process", 128, uuid7),
         ("ULID: ulid.ULID()", "in-process", 128, ulid_),
     ]

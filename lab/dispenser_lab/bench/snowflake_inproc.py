@@ -2,7 +2,7 @@
 
 The ceiling of one worker is ``2**sequence_bits`` IDs per millisecond (4,096 by default: 4,096,000/s),
 less the random start of each millisecond's sequence (on average ``random_start / 2`` IDs). This measures
-the pure core (``SnowflakeState.take`` with the real clock) and the async shell (``SnowflakeGenerator``,
+the pure core (``SnowflakeState.issue`` with the real clock) and the async shell (``SnowflakeGenerator``,
 which adds the lease check and the reserved high-water mark), at batches of 1, 100 and 4,096.
 """
 
@@ -48,7 +48,7 @@ def _core_case(
     end = start + duration
     while time.perf_counter() < end:
         for _ in range(1000):
-            decision = state.take(clock() // 1_000_000, batch)
+            decision = state.issue(clock() // 1_000_000, batch)
             calls += 1
             if type(decision) is Issued:
                 ids += batch - decision.remaining

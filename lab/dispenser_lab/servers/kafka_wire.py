@@ -49,13 +49,13 @@ class _Reader:
         self.data = data
         self.pos = 0
 
-    def take(self, fmt: str) -> int:
+    def unpack(self, fmt: str) -> int:
         (value,) = struct.unpack_from(fmt, self.data, self.pos)
         self.pos += struct.calcsize(fmt)
         return int(value)
 
     def string(self) -> str | None:
-        size = self.take(">h")
+        size = self.unpack(">h")
         if size < 0:
             return None
         text = self.data[self.pos : self.pos + size].decode()
@@ -63,7 +63,7 @@ class _Reader:
         return text
 
     def ints(self) -> tuple[int, ...]:
-        return tuple(self.take(">i") for _ in range(self.take(">i")))
+        return tuple(self.unpack(">i") for _ in range(self.unpack(">i")))
 
     def uvarint(self) -> int:
         value = shift = 0
@@ -132,7 +132,7 @@ def _call(
     except OSError:
         return None
     reader = _Reader(data[4:])
-    if reader.take(">i") != 7:
+    if reader.unpack(">i") != 7:
         return None
     if flexible:
         reader.skip_tags()
@@ -150,24 +150,24 @@ def metadata(port: int, topics: Sequence[str] = (), timeout: float = 1.0) -> Met
         return None
     try:
         brokers = {}
-        for _ in range(reader.take(">i")):
-            node = reader.take(">i")
+        for _ in range(reader.unpack(">i")):
+            node = reader.unpack(">i")
             reader.string()  # host
-            brokers[node] = reader.take(">i")
+            brokers[node] = reader.unpack(">i")
             reader.string()  # rack
-        controller = reader.take(">i")
+        controller = reader.unpack(">i")
         partitions: dict[tuple[str, int], PartitionState] = {}
         errors: dict[str, int] = {}
-        for _ in range(reader.take(">i")):
-            error = reader.take(">h")
+        for _ in range(reader.unpack(">i")):
+            error = reader.unpack(">h")
             name = reader.string() or ""
-            reader.take(">b")  # is_internal
+            reader.unpack(">b")  # is_internal
             if error:
                 errors[name] = error
-            for _ in range(reader.take(">i")):
-                p_error = reader.take(">h")
-                index = reader.take(">i")
-                leader = reader.take(">i")
+            for _ in range(reader.unpack(">i")):
+                p_error = reader.unpack(">h")
+                index = reader.unpack(">i")
+                leader = reader.unpack(">i")
                 partitions[(name, index)] = PartitionState(leader, reader.ints(), reader.ints(), p_error)
     except struct.error:
         return None
@@ -183,10 +183,10 @@ def find_coordinator(port: int, key: str, key_type: int, timeout: float = 1.0) -
     if reader is None:
         return None
     try:
-        reader.take(">i")  # throttle time
-        error = reader.take(">h")
+        reader.unpack(">i")  # throttle time
+        error = reader.unpack(">h")
         reader.string()  # error message
-        node = reader.take(">i")
+        node = reader.unpack(">i")
     except struct.error:
         return None
     return node if error == 0 else None
@@ -223,12 +223,12 @@ def write_txn_markers(
     errors: dict[tuple[str, int], int] = {}
     try:
         for _ in range(reader.uvarint() - 1):
-            reader.take(">q")  # producer ID
+            reader.unpack(">q")  # producer ID
             for _ in range(reader.uvarint() - 1):
                 name = reader.compact_string() or ""
                 for _ in range(reader.uvarint() - 1):
-                    index = reader.take(">i")
-                    errors[(name, index)] = reader.take(">h")
+                    index = reader.unpack(">i")
+                    errors[(name, index)] = reader.unpack(">h")
                     reader.skip_tags()
                 reader.skip_tags()
             reader.skip_tags()
