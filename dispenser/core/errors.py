@@ -19,6 +19,7 @@ __all__ = [
     "ClockOutOfRange",
     "CoordinatorUnavailable",
     "CountTooLarge",
+    "DayExhausted",
     "DispenserError",
     "Forbidden",
     "InternalError",
@@ -210,6 +211,21 @@ class TagExhausted(DispenserError):
     def __init__(self, tag: str, detail: str) -> None:
         super().__init__(detail)
         self.tag = tag
+
+
+class DayExhausted(DispenserError):
+    """A daily tag's counter for today has no digits left (docs/daily.md); it starts again at midnight."""
+
+    code = "day_exhausted"
+    status = 507
+
+    def __init__(self, tag: str, day: int, capacity: int, zone: str) -> None:
+        super().__init__(
+            f"tag {tag!r} has handed out its {capacity} IDs of {day} (the counter's width): the next come "
+            f"after midnight in {zone}; a wider counter needs a new tag"
+        )
+        self.tag = tag
+        self.day = day
 
 
 class ClockMovedBackwards(DispenserError):
