@@ -15,7 +15,7 @@ from typing import Any, Final
 import msgspec
 
 from dispenser import __version__
-from dispenser.adapters.kafka.connection import CORRELATION_ID
+from dispenser.adapters.kafka.headers import CORRELATION_ID
 from dispenser.asyncapi_channels import JSON, channel_parts
 from dispenser.config import Config
 from dispenser.messages import WIRE_TYPES

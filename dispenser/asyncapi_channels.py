@@ -9,19 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final, get_args
 
-from dispenser.adapters.kafka.connection import CONTENT_TYPE, CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC
-from dispenser.adapters.kafka.enrich import (
-    ERROR_CODE_HEADER as DEAD_LETTER_CODE_HEADER,
-)
-from dispenser.adapters.kafka.enrich import (
+from dispenser.adapters.kafka.enrich_settings import EnrichSettings
+from dispenser.adapters.kafka.headers import (
+    CONTENT_TYPE,
+    CORRELATION_ID,
     ERROR_MESSAGE_HEADER,
+    REPLY_PARTITION,
+    REPLY_TOPIC,
     SOURCE_HEADER,
     SOURCE_OFFSET_HEADER,
     SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
-    EnrichSettings,
 )
-from dispenser.adapters.kafka.requests import ERROR_CODE_HEADER as KAFKA_ERROR_CODE_HEADER
+from dispenser.adapters.kafka.headers import ERROR_CODE_HEADER as DEAD_LETTER_CODE_HEADER
+from dispenser.adapters.kafka.headers import ERROR_CODE_HEADER as KAFKA_ERROR_CODE_HEADER
 from dispenser.adapters.nats.micro import ERROR_CODE_HEADER, ERROR_HEADER
 from dispenser.adapters.nats.service import CONTENT_TYPE as NATS_CONTENT_TYPE
 from dispenser.config import Config, KafkaConfig, NatsConfig

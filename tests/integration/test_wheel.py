@@ -124,7 +124,7 @@ def _clean_venv(where: Path) -> Path:
 async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
     tmp_path: Path, nats_server: NatsServer, pg_dsn: str
 ) -> None:
-    """Typed, licensed, no driver; serve names the extra, schemas refuses; the client takes IDs from a worker.
+    """Typed, licensed, no driver; serve names the extra, schemas refuses outside a checkout and writes where told; the client takes IDs.
 
     `dispenser serve` fails in one line naming the extra; IdClient, BlockingIdClient and `dispenser get` run
     from the venv against a worker in this process. One test, so that the wheel is built and installed once (a fixture would be built again by each xdist
@@ -150,6 +150,15 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
     schemas = await asyncio.to_thread(_run, bin_dir / "dispenser", "schemas")
     assert schemas.returncode == 2
     assert "Traceback" not in schemas.stderr
+    # Given where to write, it writes them with the base install alone (no PyYAML, no Kafka driver).
+    written = await asyncio.to_thread(
+        _run,
+        *(bin_dir / "dispenser", "schemas", "--dir", tmp_path / "schemas"),
+        *("--asyncapi", tmp_path / "asyncapi.yaml"),
+        cwd=tmp_path,
+    )
+    assert written.returncode == 0, written.stderr
+    assert (tmp_path / "asyncapi.yaml").read_text() == (ROOT / "docs" / "asyncapi.yaml").read_text()
 
     await prepare(pg_dsn, [("demo", 1000)])
     async with running_worker(worker_config(nats_server.url, pg_dsn)):

@@ -27,6 +27,7 @@ from aiokafka.errors import (
     UnsupportedSaslMechanismError,
 )
 
+from dispenser.adapters.kafka.headers import CONTENT_TYPE, CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC
 from dispenser.config import KafkaConfig
 
 __all__ = [
@@ -50,14 +51,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-REPLY_TOPIC: Final = "kafka_replyTopic"
-"""Spring's header naming the topic the reply goes to."""
-REPLY_PARTITION: Final = "kafka_replyPartition"
-"""Spring's header naming the reply partition: a 4-byte big-endian int (ASCII digits accepted too)."""
-CORRELATION_ID: Final = "kafka_correlationId"
-"""Spring's header the requester matches replies by; copied back byte for byte."""
-CONTENT_TYPE: Final = "content-type"
-"""``application/msgpack`` selects msgpack for the request and its reply (JSON otherwise)."""
 
 Headers = Sequence[tuple[str, bytes]]
 """Record headers as aiokafka gives and takes them."""

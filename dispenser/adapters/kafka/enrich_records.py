@@ -10,6 +10,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 
+from dispenser.adapters.kafka.headers import (
+    ERROR_CODE_HEADER,
+    ERROR_MESSAGE_HEADER,
+    SOURCE_HEADER,
+    SOURCE_OFFSET_HEADER,
+    SOURCE_PARTITION_HEADER,
+    SOURCE_TOPIC_HEADER,
+)
 from dispenser.service.enrichment import Rejection
 
 __all__ = [
@@ -22,14 +30,6 @@ __all__ = [
     "Batches",
     "dead_headers",
 ]
-
-SOURCE_HEADER = "leaf-source"
-"""Added to every output and dead letter: ``<topic>/<partition>/<offset>`` of the input record."""
-ERROR_CODE_HEADER = "leaf-error-code"
-ERROR_MESSAGE_HEADER = "leaf-error-message"
-SOURCE_TOPIC_HEADER = "leaf-source-topic"
-SOURCE_PARTITION_HEADER = "leaf-source-partition"
-SOURCE_OFFSET_HEADER = "leaf-source-offset"
 
 
 class Batches:

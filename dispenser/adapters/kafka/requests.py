@@ -28,6 +28,7 @@ from dispenser.adapters.kafka.connection import (
     ensure_topics,
     header,
 )
+from dispenser.adapters.kafka.headers import ERROR_CODE_HEADER
 from dispenser.config import KafkaConfig
 from dispenser.core.errors import DispenserError, KindNotServed, MessageTooLarge
 from dispenser.messages import MSGPACK, decode_kafka_request
@@ -39,8 +40,6 @@ __all__ = ["KafkaRequestService", "RequestStats"]
 log = logging.getLogger(__name__)
 
 _MSGPACK = MSGPACK.encode()
-ERROR_CODE_HEADER = "leaf-error-code"
-"""Set on error replies (the body says the same), so a consumer can route them without decoding."""
 
 
 @dataclass
