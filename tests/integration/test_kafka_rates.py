@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from dispenser.app import Worker
+from dispenser.app import Off, Worker
 from dispenser.client import KafkaIdClient
 from dispenser_lab.servers.kafka import KafkaBroker
 
@@ -38,12 +38,8 @@ async def kafka_only_worker(
         snowflake_worker_id=worker_id,
         snowflake_state_dir=state,
     )
-    worker = Worker(config)
-    await worker.start()
-    try:
+    async with Worker(config) as worker:
         yield worker
-    finally:
-        await worker.stop()
 
 
 async def test_kafka_only_workers_hear_each_others_rate_events(
@@ -59,8 +55,7 @@ async def test_kafka_only_workers_hear_each_others_rate_events(
         kafka_only_worker(bootstrap, rate_topic, 1, tmp_path / "a") as first,
         kafka_only_worker(bootstrap, rate_topic, 2, tmp_path / "b") as second,
     ):
-        assert first.nc is None
-        assert second.nc is None
+        assert first.parts.nats == second.parts.nats == Off("nats.enabled")
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
         await producer.start()
         try:
@@ -85,7 +80,6 @@ async def test_kafka_only_workers_hear_each_others_rate_events(
             assert time.monotonic() < deadline, f"peers heard after 30 s: {heard}"
             await asyncio.sleep(0.05)
         for worker in (first, second):
-            assert worker.rate_listener is not None
             assert worker.rate_listener.received >= 1
         for worker in (first, second):  # each sizes from a fleet of two
             assert worker.rates.view("snowflake", "t").workers == 2

@@ -17,7 +17,6 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from dispenser.adapters.kafka.connection import CORRELATION_ID, REPLY_PARTITION, REPLY_TOPIC, encode_partition
-from dispenser.adapters.prometheus import WorkerCollector
 from dispenser.app import Worker
 from dispenser.client import KafkaIdClient
 from dispenser_lab.servers.kafka import KafkaBroker
@@ -46,12 +45,8 @@ async def worker(kafka_broker: KafkaBroker, tmp_path: Path) -> AsyncIterator[Wor
         snowflake_enabled=True,
         snowflake_state_dir=tmp_path,
     )
-    running = Worker(config)
-    await running.start()
-    try:
+    async with Worker(config) as running:
         yield running
-    finally:
-        await running.stop()
 
 
 async def _load(client: KafkaIdClient, latencies: list[float], stop: asyncio.Event) -> None:
@@ -71,7 +66,6 @@ async def test_undeliverable_replies_do_not_hold_up_the_other_clients(
     Every good reply still comes back fast; the bad ones are counted, and logged once.
     """
     kafka = worker.config.kafka
-    assert worker.kafka is not None
     if bad == "missing_topic":
         target = unique("no-such-replies")
         headers = [(REPLY_TOPIC, target.encode())]
@@ -118,7 +112,7 @@ async def test_undeliverable_replies_do_not_hold_up_the_other_clients(
     warnings = [r for r in caplog.records if "cannot deliver a reply" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]  # logged once, the others counted
     assert target in warnings[0].getMessage()
-    (metric,) = [m for m in WorkerCollector(worker).collect() if m.name == "leaf_kafka_replies_undeliverable"]
+    (metric,) = [m for m in worker.registry.collect() if m.name == "leaf_kafka_replies_undeliverable"]
     assert metric.samples[0].value == BAD_REQUESTS
 
 

@@ -105,12 +105,7 @@ async def paced(
     body = msgspec.json.encode({"count": per_request, "format": "ranges"})
 
     def fetching() -> bool:
-        return any(
-            tag.buffer.fetching
-            for worker in workers
-            if worker.allocator is not None
-            for tag in worker.allocator.tags.values()
-        )
+        return any(tag.buffer.fetching for worker in workers for tag in worker.allocator.tags.values())
 
     for _ in range(round(seconds / interval)):
         ids += _ids_of((await request(nc, "leaf.segment.order", body)).data)
@@ -144,7 +139,6 @@ def scrape(port: int) -> str:
 
 
 def order(worker: Worker) -> object:
-    assert worker.allocator is not None
     return worker.allocator.tags["order"]
 
 
@@ -156,7 +150,7 @@ async def test_steady_load_sizes_segments_to_s_times_r(nats_server: NatsServer, 
     async with running_worker(config) as worker, client(nats_server.url) as nc, events(nc) as seen:
         started = time.monotonic()
         ids = await load(nc, rate, 5.0)  # warm-up: the first segments are the floor's size
-        tag = worker.allocator.tags["order"]  # type: ignore[union-attr]
+        tag = worker.allocator.tags["order"]
         fetches_before = tag.fetches
         ids += await load(nc, rate, 6.0)
         during = list(seen)  # events published under load (after it, the 1 s windows empty out)
@@ -165,7 +159,6 @@ async def test_steady_load_sizes_segments_to_s_times_r(nats_server: NatsServer, 
         await run_watch(config, once=True, out=out)
         # The worker is younger than a minute: its fetches per minute are all of them over its age.
         fetches_per_min = tag.fetches * 60 / (time.monotonic() - started)
-        assert worker.metrics is not None
         # The server runs in this loop: fetch from a thread, or the blocking read would wait for ever.
         metrics = await asyncio.to_thread(scrape, worker.metrics.port)
     steps = list(tag.steps)[-3:]
@@ -205,7 +198,7 @@ async def test_a_tenfold_rise_is_followed_within_two_segments(nats_server: NatsS
     config = rate_config(nats_server.url, pg_dsn)
     async with running_worker(config, clock) as worker, client(nats_server.url) as nc:
         await paced(nc, clock, [worker], rate, 5.0)
-        tag = worker.allocator.tags["order"]  # type: ignore[union-attr]
+        tag = worker.allocator.tags["order"]
         dispatcher = worker.dispatchers["segment"]
         before, waited_before, inline_before = tag.fetches, sum(dispatcher.waited), dispatcher.inline
         await paced(nc, clock, [worker], 10 * rate, 3.0)
@@ -271,7 +264,7 @@ async def test_the_database_gone_at_the_worst_moment_leaves_s_seconds_of_ids(
     config = rate_config(nats_server.url, dsn, segment_fetch_deadline=0.2, postgres_command_timeout=0.5)
     async with running_worker(config) as worker, client(nats_server.url) as nc:
         await load(nc, rate, 4.0)
-        tag = worker.allocator.tags["order"]  # type: ignore[union-attr]
+        tag = worker.allocator.tags["order"]
         steady = asyncio.create_task(load(nc, rate, 60.0))
         try:
             # At every moment (sampled every 5 ms for 2 S) but a fetch's round trip, a whole segment is in

@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 
 from dispenser.adapters.postgres.schema import migrate
-from dispenser.app import Worker
+from dispenser.app import Off, Worker
 from dispenser.config import Config, load_config
 from dispenser_lab.servers import NatsServer, PostgresServer
 
@@ -104,7 +104,7 @@ async def test_a_retry_after_the_answering_worker_stopped_gets_the_same_ids(
     await prepare(pg_dsn, [("order", 1000)])
     config = segment_config(private_nats.url, pg_dsn)
     async with running_worker(config) as second, client(private_nats.url) as nc:
-        assert second.replay_store is not None
+        assert not isinstance(second.parts.replay_store, Off)  # the fleet-wide one, in PostgreSQL
         async with running_worker(config) as first:
             # The queue group picks the worker: send fresh request_ids until the first one has answered one.
             for n in range(64):
@@ -133,7 +133,7 @@ async def test_local_dedup_store_keeps_nothing_in_postgres(private_nats: NatsSer
         }
     )
     async with running_worker(config) as worker, client(private_nats.url) as nc:
-        assert worker.replay_store is None
+        assert worker.parts.replay_store == Off("limits.dedup_store")
         first = await ask(nc, "leaf.segment.order", b'{"count": 2, "request_id": "r"}')
         again = await ask(nc, "leaf.segment.order", b'{"count": 2, "request_id": "r"}')
         assert ids_of(first) == ids_of(again)

@@ -128,7 +128,7 @@ async def test_four_workers_in_two_datacenters_never_issue_one_id_twice(
         client(datacenters.url_of("dc-b")) as b,
     ):
         # Each datacenter numbers its workers on its own (its own ZooKeeper, or its own namespace in one).
-        assert [(w.config.snowflake.datacenter_id, w.snowflake and w.snowflake.worker_id) for w in fleet] in (
+        assert [(w.config.snowflake.datacenter_id, w.snowflake.worker_id) for w in fleet] in (
             [(0, 0), (0, 1), (1, 0), (1, 1)],
             [(0, 1), (0, 0), (1, 0), (1, 1)],
             [(0, 0), (0, 1), (1, 1), (1, 0)],
@@ -152,7 +152,7 @@ async def test_four_workers_in_two_datacenters_never_issue_one_id_twice(
         assert len(heard.readings) == 4
         assert all(abs(r.offset_ms) < 1000 for r in heard.readings)
         assert {(c.node, c.state) for c in heard.claims} == {(p, "serving") for p in pairs}
-        assert all(w.identity_guard is not None and w.identity_guard.refusal is None for w in fleet)
+        assert all(w.identity_guard.refusal is None for w in fleet)
         results = {r.name: r for r in await check_all(fleet[0].config)}
         assert results["snowflake peers"].ok, results["snowflake peers"].detail
     assert took < 10
@@ -185,33 +185,29 @@ async def test_leaf_187_a_zookeeper_each_and_no_datacenter_field_is_refused_not_
         client(datacenters.url_of("dc-a")) as a,
         client(datacenters.url_of("dc-b")) as b,
     ):
-        ids = sorted(w.snowflake.worker_id for w in (*fleet_a, *fleet_b) if w.snowflake is not None)
+        ids = sorted(w.snowflake.worker_id for w in (*fleet_a, *fleet_b))
         assert ids == [0, 0, 1, 1]  # the misconfiguration: the same worker IDs in both datacenters
         for worker in fleet_b:
-            assert worker.identity_guard is not None
             assert worker.identity_guard.state == "refused"
         for worker in fleet_a:
-            assert worker.identity_guard is not None
             assert worker.identity_guard.state == "serving"
             assert len(worker.identity_guard.turned_away) == 1
 
         for worker in fleet_b:  # never joined the snowflake queue group
-            assert worker.service is not None
             assert worker.service.left == {"snowflake"}
             assert [e.name for e in worker.service.service.endpoints] == []
-            assert worker.snowflake is not None
             assert isinstance(worker.snowflake.refusal, WorkerIdInUse)
-        before = sum(w.service.service.endpoints[0].num_requests for w in fleet_a if w.service)
+        before = sum(w.service.service.endpoints[0].num_requests for w in fleet_a)
         across = await draw(b, prefix, 20)  # dc-b's callers: answered by dc-a across the gateway
         assert all(r.error is None for r in across), [r.error for r in across if r.error]
-        after = sum(w.service.service.endpoints[0].num_requests for w in fleet_a if w.service)
+        after = sum(w.service.service.endpoints[0].num_requests for w in fleet_a)
         assert after - before == 20
         served = await draw(a, prefix, 50)
         ranges = [r for reply in (*across, *served) for r in ranges_of(reply)]
         assert assert_unique(ranges) == 70 * 100
         layout = SnowflakeLayout()
         assert {layout.decompose(first).worker_id for first, _ in ranges} <= {
-            w.snowflake.worker_id for w in fleet_a if w.snowflake is not None
+            w.snowflake.worker_id for w in fleet_a
         }
 
         lines = [r.getMessage() for r in caplog.records if r.name == "dispenser.service.identity"]
@@ -240,12 +236,11 @@ async def test_two_workers_starting_at_once_on_one_id_never_both_serve(
         config(datacenters.url_of("dc-a"), zookeeper_server.hosts, tmp_path / "a", zk_namespace, prefix),
         config(datacenters.url_of("dc-b"), zookeeper_b.hosts, tmp_path / "b", zk_namespace, prefix),
     ) as fleet:
-        assert [w.snowflake and w.snowflake.worker_id for w in fleet] == [0, 0]
-        states = [w.identity_guard and w.identity_guard.state for w in fleet]
+        assert [w.snowflake.worker_id for w in fleet] == [0, 0]
+        states = [w.identity_guard.state for w in fleet]
         assert states.count("serving") <= 1, states
         assert "refused" in states
         for worker, state in zip(fleet, states, strict=True):  # a refused worker takes no requests
-            assert worker.service is not None
             assert ("snowflake" in worker.service.left) == (state == "refused")
 
 
@@ -267,17 +262,14 @@ async def test_a_worker_refused_while_serving_leaves_and_its_callers_cross(
                 datacenters.url_of("dc-a"), zookeeper_server.hosts, tmp_path / "a", zk_namespace, prefix, 0
             ),
             config(datacenters.url_of("dc-b"), zookeeper_b.hosts, tmp_path / "b", zk_namespace, prefix, 1),
-        ) as (a_worker, b_worker),
+        ) as (a_worker, _),
         client(datacenters.url_of("dc-a")) as a,
     ):
-        assert a_worker.service is not None
-        assert b_worker.service is not None
         at_home = await draw(a, prefix, 10)
         layout = SnowflakeLayout(**TWITTER)
         assert {layout.decompose(r[0]).datacenter_id for reply in at_home for r in ranges_of(reply)} == {0}
 
         guard = a_worker.identity_guard
-        assert guard is not None
         own = guard.claim()
         guard.hear(Claim(own.datacenter_id, own.worker_id, "rival", "serving", "10.0.0.9:1"))
         assert a_worker.service.left == {"snowflake"}
