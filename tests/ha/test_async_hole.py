@@ -70,8 +70,6 @@ async def take(nc: object, subject: str, count: int) -> list[int]:
 
 def grants_server(worker: Worker, database: str) -> str | None:
     """The primary ``worker`` last used for ``database`` (its grants are kept per cluster: system/database)."""
-    assert worker.grants is not None
-    assert worker.postgres is not None
     assert worker.postgres.watch is not None
     cluster = worker.postgres.watch.cluster
     assert cluster is not None

@@ -144,7 +144,6 @@ async def test_datacenter_a_lost_b_promotes_and_serves(tmp_path: Path) -> None:
                     "dry served by B's new primary",
                 )
                 allocator = b_worker.allocator
-                assert allocator is not None
                 await until(lambda: allocator.tags["dry"].last_error is None, 30, "dry recovered in B")
                 stall_a, stall_b = _stall(seen, 0, killed_at), _stall(seen, 2, killed_at)
         finally:

@@ -352,11 +352,9 @@ class FaultRun:
         stop = asyncio.Event()
         with restored(cluster):
             async with (
-                running_worker(config) as server,
+                running_worker(config),
                 running_worker(kafka_config(bootstrap, pg_dsn)) as host,
             ):
-                assert server.kafka is not None
-                assert host.allocator is not None
                 enricher = Enricher(config.kafka, settings, host.allocator)
                 await enricher.start()
                 enriching = asyncio.create_task(enricher.run(stop))

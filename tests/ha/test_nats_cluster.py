@@ -49,7 +49,6 @@ def worker_config(urls: str, dsn: str, worker_id: int) -> Config:
 
 def node_of(cluster: NatsCluster, worker: Worker) -> int:
     """The number of the member the worker is connected to."""
-    assert worker.nc is not None
     assert worker.nc.connected_url is not None
     assert worker.nc.connected_url.port is not None
     return cluster.members.index(cluster.member_at(worker.nc.connected_url.port)) + 1

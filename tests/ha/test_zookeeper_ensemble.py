@@ -38,7 +38,6 @@ SESSION_TIMEOUT = 6.0
 
 def registry_of(worker: Worker) -> ZkRegistryBase:
     """The worker's ZooKeeper registry."""
-    assert worker.registration is not None
     registry = worker.registration.registry
     assert isinstance(registry, ZkRegistryBase)
     return registry

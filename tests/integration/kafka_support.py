@@ -173,7 +173,6 @@ async def enriching(
     stop = asyncio.Event()
     running: asyncio.Task[None] | None = None
     try:
-        assert worker.allocator is not None
         enricher = Enricher(config.kafka, settings, worker.allocator)
         await enricher.start()
         running = asyncio.create_task(enricher.run(stop))

@@ -49,12 +49,8 @@ async def running_worker(config: Config, clock: Clock | None = None) -> AsyncIte
 
     A start that fails has released what it opened (see :meth:`Worker.start`) and raises here.
     """
-    worker = Worker(config, clock)
-    await worker.start()
-    try:
+    async with Worker(config, clock) as worker:
         yield worker
-    finally:
-        await worker.stop()
 
 
 @contextlib.asynccontextmanager

@@ -114,7 +114,6 @@ async def refused(config: Config, clock: ShiftableClock | None = None) -> Dispen
 
 def worker_id_of(worker: Worker) -> int:
     """The worker ID a running snowflake worker issues under."""
-    assert worker.snowflake is not None
     return worker.snowflake.worker_id
 
 

@@ -85,7 +85,6 @@ async def test_a_mark_zookeeper_refuses_is_answered_without_its_whereabouts(
             assert_nowhere(whole(refused), "the NATS reply", whereabouts)
             messages.append(error.message)
         assert any("worker-id coordinator unavailable" in m for m in messages), messages
-        assert worker.http is not None
         async with aiohttp.ClientSession(worker.http.url) as session:
             for path in ("/api/snowflake/get/order", "/api/snowflake/get/order?count=1"):
                 async with session.get(path) as response:

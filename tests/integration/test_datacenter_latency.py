@@ -76,7 +76,6 @@ async def test_a_fetch_across_datacenters_costs_a_round_trip_and_requests_do_not
             }
         )
         async with running_worker(config) as worker, client(nats_server.url) as nc:
-            assert worker.allocator is not None
             latencies: list[float] = []
             during_fetch: list[float] = []
             body = b'{"count": 1}'

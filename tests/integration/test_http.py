@@ -42,10 +42,8 @@ def http_config(nats_url: str, dsn: str, state_dir: Path, **extra: str) -> Confi
 @contextlib.asynccontextmanager
 async def serving(config: Config) -> AsyncIterator[tuple[Worker, aiohttp.ClientSession]]:
     """A running worker and an HTTP client session aimed at its Leaf API."""
-    async with running_worker(config) as worker:
-        assert worker.http is not None
-        async with aiohttp.ClientSession(worker.http.url) as session:
-            yield worker, session
+    async with running_worker(config) as worker, aiohttp.ClientSession(worker.http.url) as session:
+        yield worker, session
 
 
 async def get_text(session: aiohttp.ClientSession, path: str) -> tuple[int, str]:
@@ -70,19 +68,20 @@ async def test_leaf_paths_answer_ids_as_plain_text_over_one_kept_alive_connectio
         created.append(object())
 
     trace.on_connection_create_end.append(on_create)
-    async with running_worker(http_config(nats_server.url, pg_dsn, tmp_path)) as worker:
-        assert worker.http is not None
-        async with aiohttp.ClientSession(worker.http.url, trace_configs=[trace]) as session:
-            answers = []
-            for _ in range(3):
-                async with session.get("/api/segment/get/demo") as response:
-                    assert response.status == 200
-                    assert response.content_type == "text/plain"
-                    answers.append(await response.text())
-            assert answers == ["1", "2", "3"]
-            async with session.post("/api/segment/get/demo") as response:  # any method, as Leaf's mapping
-                assert (response.status, await response.text()) == (200, "4")
-            snowflakes = [int((await get_text(session, "/api/snowflake/get/order"))[1]) for _ in range(50)]
+    async with (
+        running_worker(http_config(nats_server.url, pg_dsn, tmp_path)) as worker,
+        aiohttp.ClientSession(worker.http.url, trace_configs=[trace]) as session,
+    ):
+        answers = []
+        for _ in range(3):
+            async with session.get("/api/segment/get/demo") as response:
+                assert response.status == 200
+                assert response.content_type == "text/plain"
+                answers.append(await response.text())
+        assert answers == ["1", "2", "3"]
+        async with session.post("/api/segment/get/demo") as response:  # any method, as Leaf's mapping
+            assert (response.status, await response.text()) == (200, "4")
+        snowflakes = [int((await get_text(session, "/api/snowflake/get/order"))[1]) for _ in range(50)]
     assert snowflakes == sorted(set(snowflakes))
     assert {LEAF_LAYOUT.decompose(i).worker_id for i in snowflakes} == {7}
     assert len(created) == 1  # keep-alive: 54 requests, one connection
@@ -222,7 +221,6 @@ async def test_probes_and_metrics_beside_the_api_on_one_port(
         assert (status, body) == (200, {"status": "ready"})
         private_nats.stop()
         nc = worker.nc
-        assert nc is not None
         await wait_until(lambda: not nc.is_connected, what="the worker sees NATS gone")
         status, body, _ = await get_json(session, "/readyz")
         assert status == 503

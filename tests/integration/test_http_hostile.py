@@ -76,7 +76,6 @@ async def test_parse_errors_answer_coded_json_and_log_one_info_line(
     """
     caplog.set_level(logging.INFO)
     async with api(nats_server.url, pg_dsn, tmp_path) as worker:
-        assert worker.http is not None
         port = worker.http.port
         bad = [
             b"GET /api/segment/get/demo HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
@@ -114,7 +113,6 @@ async def test_good_pipelined_requests_before_a_bad_one_are_answered(
     """
     good = b"GET /api/segment/get/demo HTTP/1.1\r\nHost: x\r\n\r\n"
     async with api(nats_server.url, pg_dsn, tmp_path) as worker:
-        assert worker.http is not None
         answer = await exchange(worker.http.port, good + good + b"GET / HTTP/1.1\r\nBad Header\r\n\r\n")
     statuses = [int(status) for status in re.findall(rb"HTTP/1\.[01] (\d{3}) ", answer)]
     assert statuses == [200, 200, 400]
@@ -129,7 +127,6 @@ async def test_idle_and_slow_heads_are_cut_off(nats_server: NatsServer, pg_dsn: 
     """
     extra = {"DISPENSER_HTTP_KEEPALIVE_TIMEOUT": "1", "DISPENSER_HTTP_HEAD_TIMEOUT": "0.5"}
     async with api(nats_server.url, pg_dsn, tmp_path, **extra) as worker:
-        assert worker.http is not None
         port = worker.http.port
         idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
         slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", port)
@@ -172,7 +169,6 @@ async def test_a_compressed_body_is_never_inflated(
     piece = block.compress(b"\0" * (1 << 20)) + block.flush(zlib.Z_FULL_FLUSH)
     bomb = piece * 1024 + zlib.compressobj(9, zlib.DEFLATED, -15).flush()  # 1 GiB of zeros inflated
     async with api(nats_server.url, pg_dsn, tmp_path) as worker:
-        assert worker.http is not None
         head = (
             "POST /api/segment/get/demo HTTP/1.1\r\nHost: x\r\nContent-Encoding: deflate\r\nConnection: close\r\n"
             f"Content-Type: application/octet-stream\r\nContent-Length: {len(bomb)}\r\n\r\n"
@@ -195,20 +191,21 @@ async def test_queries_are_as_strict_as_a_nats_body(
     Before: the floats were taken as counts, and `count=1&count=100000` kept the first (a proxy reading the
     last saw another request).
     """
-    async with api(nats_server.url, pg_dsn, tmp_path) as worker:
-        assert worker.http is not None
-        async with aiohttp.ClientSession(worker.http.url) as session:
-            for query in ("count=1e3", "count=1.0", "count=0.5e1", "count=%2B5", "count=1&count=100000"):
-                async with session.get(f"/api/segment/get/demo?{query}") as answer:
-                    body = await answer.json()
-                    assert answer.status == 400, query
-                    assert body["error"]["code"] == "invalid", query
-                    assert answer.headers["Dispenser-Error-Code"] == "invalid"
-            async with session.get("/api/segment/get/demo?request_id=a&request_id=b") as answer:
-                assert answer.status == 500  # Leaf's form: Leaf's error body, with our code
-                assert (await answer.json())["code"] == "invalid"
-            async with session.get("/api/segment/get/demo?count=2") as answer:
-                assert (await answer.json())["ids"] == [1, 2]
+    async with (
+        api(nats_server.url, pg_dsn, tmp_path) as worker,
+        aiohttp.ClientSession(worker.http.url) as session,
+    ):
+        for query in ("count=1e3", "count=1.0", "count=0.5e1", "count=%2B5", "count=1&count=100000"):
+            async with session.get(f"/api/segment/get/demo?{query}") as answer:
+                body = await answer.json()
+                assert answer.status == 400, query
+                assert body["error"]["code"] == "invalid", query
+                assert answer.headers["Dispenser-Error-Code"] == "invalid"
+        async with session.get("/api/segment/get/demo?request_id=a&request_id=b") as answer:
+            assert answer.status == 500  # Leaf's form: Leaf's error body, with our code
+            assert (await answer.json())["code"] == "invalid"
+        async with session.get("/api/segment/get/demo?count=2") as answer:
+            assert (await answer.json())["ids"] == [1, 2]
 
 
 async def test_what_a_caller_sees_of_the_worker(nats_server: NatsServer, pg_dsn: str, tmp_path: Path) -> None:
@@ -217,22 +214,23 @@ async def test_what_a_caller_sees_of_the_worker(nats_server: NatsServer, pg_dsn:
     Before: /metrics (every tag and its volume) on the API port, `Server: Python/3.x aiohttp/3.x`, and
     `/decodeSnowflakeId` with 4,301 digits an uncoded 500 with a traceback.
     """
-    async with api(nats_server.url, pg_dsn, tmp_path) as worker:
-        assert worker.http is not None
-        async with aiohttp.ClientSession(worker.http.url) as session:
-            async with session.get("/metrics") as answer:
-                assert answer.status == 404
-            for path in ("/api/segment/get/demo", "/healthz", "/nothing"):
-                async with session.get(path) as answer:
-                    assert answer.headers["Server"] == "leaf-dispenser", path
-            for digits in ("9" * 5000, "0" * 5000 + "5"):
-                async with session.get(f"/decodeSnowflakeId?snowflakeId={digits}") as answer:
-                    assert answer.status == 200
-                    body = await answer.json()
-                    if digits.endswith("5"):  # leading zeros, as Java's Long.parseLong reads them
-                        assert body["sequenceId"] == "5"
-                    else:
-                        assert body["errorMsg"] == "snowflake Id反解析发生异常!"
+    async with (
+        api(nats_server.url, pg_dsn, tmp_path) as worker,
+        aiohttp.ClientSession(worker.http.url) as session,
+    ):
+        async with session.get("/metrics") as answer:
+            assert answer.status == 404
+        for path in ("/api/segment/get/demo", "/healthz", "/nothing"):
+            async with session.get(path) as answer:
+                assert answer.headers["Server"] == "leaf-dispenser", path
+        for digits in ("9" * 5000, "0" * 5000 + "5"):
+            async with session.get(f"/decodeSnowflakeId?snowflakeId={digits}") as answer:
+                assert answer.status == 200
+                body = await answer.json()
+                if digits.endswith("5"):  # leading zeros, as Java's Long.parseLong reads them
+                    assert body["sequenceId"] == "5"
+                else:
+                    assert body["errorMsg"] == "snowflake Id反解析发生异常!"
         for data in (
             b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
             b"CONNECT example.com:443 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
@@ -365,54 +363,56 @@ async def test_callers_need_a_token_and_stay_within_their_tags_and_budget(
         'tags = ["demo"]\nkinds = ["segment"]\n'
         f'[[http.callers]]\nname = "ops"\ntoken_sha256 = "{hashlib.sha256(other.encode()).hexdigest()}"\n'
     )
-    async with api(nats_server.url, pg_dsn, tmp_path, DISPENSER_CONFIG=str(config)) as worker:
-        assert worker.http is not None
-        async with aiohttp.ClientSession(worker.http.url) as session:
+    async with (
+        api(nats_server.url, pg_dsn, tmp_path, DISPENSER_CONFIG=str(config)) as worker,
+        aiohttp.ClientSession(worker.http.url) as session,
+    ):
 
-            async def get(path: str, token: str | None) -> tuple[int, aiohttp.ClientResponse, bytes]:
-                headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-                async with session.get(path, headers=headers) as answer:
-                    return answer.status, answer, await answer.read()
+        async def get(path: str, token: str | None) -> tuple[int, aiohttp.ClientResponse, bytes]:
+            headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+            async with session.get(path, headers=headers) as answer:
+                return answer.status, answer, await answer.read()
 
-            status, answer, body = await get("/api/segment/get/demo", None)
-            assert (status, answer.headers["Dispenser-Error-Code"]) == (401, "unauthorized")
-            assert answer.headers["WWW-Authenticate"] == "Bearer"
-            assert json.loads(body)["error"]["retryable"] is False
-            assert (await get("/api/segment/get/demo", "wrong-token-wrong-token"))[0] == 401
-            assert (await get("/api/segment/get/demo", orders))[::2] == (200, b"1")
-            status, answer, _ = await get("/api/segment/get/other", orders)
-            assert (status, answer.headers["Dispenser-Error-Code"]) == (403, "forbidden")
-            assert (await get("/api/snowflake/get/demo", orders))[0] == 403  # segment only
-            assert (await get("/api/snowflake/get/demo", other))[0] == 200  # ops: every tag and kind
-            # The budget: 5,000 at once, then 1,000 a second.
-            assert (await get("/api/segment/get/demo?count=5000&format=ranges", orders))[0] == 200
-            status, answer, body = await get("/api/segment/get/demo?count=4000&format=ranges", orders)
-            assert (status, answer.headers["Dispenser-Error-Code"]) == (429, "over_budget")
-            assert 1 <= int(answer.headers["Retry-After"]) <= 4
-            assert json.loads(body)["error"]["retryable"] is True
-            status, _, body = await get("/api/segment/get/demo?count=6000&format=ranges", orders)
-            assert status == 429
-            assert json.loads(body)["error"]["retryable"] is False  # over the burst: never granted
-            # Another caller's budget is its own.
-            assert (await get("/api/segment/get/other?count=5000&format=ranges", other))[0] == 200
+        status, answer, body = await get("/api/segment/get/demo", None)
+        assert (status, answer.headers["Dispenser-Error-Code"]) == (401, "unauthorized")
+        assert answer.headers["WWW-Authenticate"] == "Bearer"
+        assert json.loads(body)["error"]["retryable"] is False
+        assert (await get("/api/segment/get/demo", "wrong-token-wrong-token"))[0] == 401
+        assert (await get("/api/segment/get/demo", orders))[::2] == (200, b"1")
+        status, answer, _ = await get("/api/segment/get/other", orders)
+        assert (status, answer.headers["Dispenser-Error-Code"]) == (403, "forbidden")
+        assert (await get("/api/snowflake/get/demo", orders))[0] == 403  # segment only
+        assert (await get("/api/snowflake/get/demo", other))[0] == 200  # ops: every tag and kind
+        # The budget: 5,000 at once, then 1,000 a second.
+        assert (await get("/api/segment/get/demo?count=5000&format=ranges", orders))[0] == 200
+        status, answer, body = await get("/api/segment/get/demo?count=4000&format=ranges", orders)
+        assert (status, answer.headers["Dispenser-Error-Code"]) == (429, "over_budget")
+        assert 1 <= int(answer.headers["Retry-After"]) <= 4
+        assert json.loads(body)["error"]["retryable"] is True
+        status, _, body = await get("/api/segment/get/demo?count=6000&format=ranges", orders)
+        assert status == 429
+        assert json.loads(body)["error"]["retryable"] is False  # over the burst: never granted
+        # Another caller's budget is its own.
+        assert (await get("/api/segment/get/other?count=5000&format=ranges", other))[0] == 200
 
 
 async def test_an_open_api_budgets_each_address(nats_server: NatsServer, pg_dsn: str, tmp_path: Path) -> None:
     """Without callers, each address has the default budget: a burst past it is refused, a retry later served."""
     extra = {"DISPENSER_HTTP_IDS_PER_SECOND": "100", "DISPENSER_HTTP_IDS_BURST": "1000000"}
-    async with api(nats_server.url, pg_dsn, tmp_path, **extra) as worker:
-        assert worker.http is not None
-        async with aiohttp.ClientSession(worker.http.url) as session:
-            path = "/api/segment/get/demo?count=1000000&format=ranges"
-            async with session.get(path) as answer:
-                assert answer.status == 200
-            async with session.get(path) as answer:
-                assert answer.status == 429
-                assert answer.headers["Dispenser-Error-Code"] == "over_budget"
-            async with session.get("/api/segment/get/demo?count=1000") as answer:
-                assert answer.status == 429  # 10 s of refill away
-            await asyncio.sleep(0.2)  # the budget refills at 100 a second
-            async with session.get("/api/segment/get/demo?count=10") as answer:
-                assert answer.status == 200
-            async with session.get("/api/segment/get/demo") as answer:
-                assert answer.status == 200  # one ID, no query: not counted
+    async with (
+        api(nats_server.url, pg_dsn, tmp_path, **extra) as worker,
+        aiohttp.ClientSession(worker.http.url) as session,
+    ):
+        path = "/api/segment/get/demo?count=1000000&format=ranges"
+        async with session.get(path) as answer:
+            assert answer.status == 200
+        async with session.get(path) as answer:
+            assert answer.status == 429
+            assert answer.headers["Dispenser-Error-Code"] == "over_budget"
+        async with session.get("/api/segment/get/demo?count=1000") as answer:
+            assert answer.status == 429  # 10 s of refill away
+        await asyncio.sleep(0.2)  # the budget refills at 100 a second
+        async with session.get("/api/segment/get/demo?count=10") as answer:
+            assert answer.status == 200
+        async with session.get("/api/segment/get/demo") as answer:
+            assert answer.status == 200  # one ID, no query: not counted

@@ -27,12 +27,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.postgres]
 @contextlib.asynccontextmanager
 async def serving(config: Config) -> AsyncIterator[Worker]:
     """A Kafka-only worker in this event loop."""
-    worker = Worker(config)
-    await worker.start()
-    try:
+    async with Worker(config) as worker:
         yield worker
-    finally:
-        await worker.stop()
 
 
 def topics_config(bootstrap: str, dsn: str | None, **settings: object) -> Config:
@@ -204,7 +200,6 @@ async def test_no_reply_topic_anywhere_is_logged_and_counted(
     config = topics_config(kafka_broker.bootstrap, None, snowflake_enabled=True, snowflake_state_dir=tmp_path)
     config.kafka.reply_topic = ""
     async with serving(config) as running:
-        assert running.kafka is not None
         await produce(kafka_broker.bootstrap, config.kafka.request_topic, [(0, b"t", b"", [])])
         for _ in range(200):
             if running.kafka.stats.no_reply_topic:
@@ -242,8 +237,6 @@ async def test_two_workers_in_one_group_share_the_partitions(kafka_broker: Kafka
     config = topics_config(kafka_broker.bootstrap, pg_dsn)
     await create_topics(kafka_broker.bootstrap, {config.kafka.request_topic: 4})
     async with serving(config) as first, serving(config) as second:
-        assert first.kafka is not None
-        assert second.kafka is not None
         async with KafkaIdClient(config.kafka, timeout=30.0) as kafka_client:
             # Wait until the group has settled on both members.
             for _ in range(100):
@@ -270,7 +263,6 @@ async def test_broker_down_while_serving_then_back(private_kafka: KafkaBroker, p
     await prepare(pg_dsn, [("order", 100)])
     config = topics_config(private_kafka.bootstrap, pg_dsn)
     async with serving(config) as running, KafkaIdClient(config.kafka, timeout=60.0) as kafka_client:
-        assert running.kafka is not None
         before = [await kafka_client.ids("order", 3, request_id=f"before-{n}") for n in range(3)]
         private_kafka.stop()
 

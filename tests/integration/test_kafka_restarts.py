@@ -541,7 +541,6 @@ async def test_exactly_once_while_broker_and_enricher_restart_together(
     began = time.monotonic()
     try:
         async with repairing_dropped_markers(broker):
-            assert worker.allocator is not None
             enricher = Enricher(config.kafka, settings, worker.allocator)
             await enricher.start()
             running = asyncio.create_task(enricher.run(stop))

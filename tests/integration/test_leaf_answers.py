@@ -53,7 +53,6 @@ async def test_every_request_is_answered_as_leaf_answers_it_and_java_callers_rea
     """
     await prepare(pg_dsn, [(TAG, 2000)])
     async with running_worker(http_config(nats_server.url, pg_dsn, tmp_path)) as worker:
-        assert worker.http is not None
         port = urlsplit(worker.http.url).port
         assert port is not None
         ours = {probe.name: await asyncio.to_thread(ask, port, probe) for probe in REQUESTS}

@@ -149,14 +149,12 @@ async def test_a_node_rewritten_by_someone_else_while_serving_stops_the_worker(
         nats_client(nats_server.url) as nc,
     ):
         await take(nc, subject(zk_namespace))
-        assert worker.registration is not None
         forever = f"{LEAF_ROOT}/{zk_namespace}/forever"
         (node,) = await off_loop(client.get_children, forever)
         with caplog.at_level(logging.WARNING):
             await off_loop(client.set, f"{forever}/{node}", endpoint(*LEAF_ADDRESS))  # as Leaf's upload
 
             async def stopped() -> None:
-                assert worker.registration is not None
                 assert not worker.registration.can_issue()
 
             await eventually(stopped, what="the worker stops issuing", timeout=5.0)

@@ -51,25 +51,26 @@ async def test_a_worker_whose_buffers_ran_dry_in_an_outage_stays_ready_and_answe
         "DISPENSER_HTTP_PORT": "0",
         "DISPENSER_RATE_ADAPTIVE_STEP": "false",  # segments of the tag's 10 IDs: dry after 20
     }
-    async with running_worker(load_config(environ=env)) as worker:
-        assert worker.http is not None
-        async with aiohttp.ClientSession(worker.http.url) as session:
-            assert (await _get(session, "/api/segment/get/demo"))[0] == 200
-            assert (await _get(session, "/readyz?issue=1"))[0] == 200
-            assert await _ready(session) == (200, {"status": "ready"})
-            await asyncio.to_thread(private_postgres.stop)
-            for _ in range(100):  # at most the two buffered segments' IDs, then the outage shows
-                status, _, code = await _get(session, "/api/segment/get/demo")
-                if status != 200:
-                    break
-            assert code == "unavailable", (status, code)  # Leaf's form: 500 and Result{id=-3}, coded
-            assert cannot_issue(worker) == [DRY]
-            assert await _ready(session) == (200, {"status": "ready", "cannot_issue": [DRY]}), (
-                "ready: it answers, with a coded error; the body says what it cannot issue"
-            )
-            status, body, _ = await _get(session, "/readyz?issue=1")  # the stricter probe
-            assert (status, json.loads(body)["cannot_issue"]) == (503, [DRY])
-            await asyncio.to_thread(private_postgres.start)
-            await wait_until(lambda: cannot_issue(worker) == [], what="the tag fetching again", timeout=15)
-            assert (await _get(session, "/api/segment/get/demo"))[0] == 200
-            assert (await _get(session, "/readyz?issue=1"))[0] == 200
+    async with (
+        running_worker(load_config(environ=env)) as worker,
+        aiohttp.ClientSession(worker.http.url) as session,
+    ):
+        assert (await _get(session, "/api/segment/get/demo"))[0] == 200
+        assert (await _get(session, "/readyz?issue=1"))[0] == 200
+        assert await _ready(session) == (200, {"status": "ready"})
+        await asyncio.to_thread(private_postgres.stop)
+        for _ in range(100):  # at most the two buffered segments' IDs, then the outage shows
+            status, _, code = await _get(session, "/api/segment/get/demo")
+            if status != 200:
+                break
+        assert code == "unavailable", (status, code)  # Leaf's form: 500 and Result{id=-3}, coded
+        assert cannot_issue(worker) == [DRY]
+        assert await _ready(session) == (200, {"status": "ready", "cannot_issue": [DRY]}), (
+            "ready: it answers, with a coded error; the body says what it cannot issue"
+        )
+        status, body, _ = await _get(session, "/readyz?issue=1")  # the stricter probe
+        assert (status, json.loads(body)["cannot_issue"]) == (503, [DRY])
+        await asyncio.to_thread(private_postgres.start)
+        await wait_until(lambda: cannot_issue(worker) == [], what="the tag fetching again", timeout=15)
+        assert (await _get(session, "/api/segment/get/demo"))[0] == 200
+        assert (await _get(session, "/readyz?issue=1"))[0] == 200

@@ -122,7 +122,6 @@ async def test_invalid_utf8_and_nul_in_an_http_query_are_refused_not_merged_into
         "DISPENSER_HTTP_PORT": "0",
     }
     async with running_worker(load_config(environ=env)) as worker, aiohttp.ClientSession() as session:
-        assert worker.http is not None
         base = f"{worker.http.url}/api/segment/get/order"
         for escaped in ("%ff", "%fe", "%c0", "%00", "a%20b", "a%00b"):
             for query in (f"request_id={escaped}", f"count=1&request_id={escaped}"):

@@ -62,13 +62,11 @@ async def test_new_tag_is_served_without_restart(nats_server: NatsServer, pg_dsn
     config = worker_config(nats_server.url, pg_dsn)
     async with running_worker(config) as worker, client(nats_server.url) as nc:
         assert (await ask(nc, "leaf.segment.late")).error is not None
-        assert worker.store is not None
         await worker.store.add_tag("late", 10, start=500)
         # Unknown tags refresh the list at most once a second: this request, within that second of the
         # miss above, waits for the next lookup (inside its 2 s deadline) and is served, not refused.
         assert (await ask(nc, "leaf.segment.late")).ids == [500]
         await worker.store.remove_tag("late")
-        assert worker.allocator is not None
         await worker.allocator.refresh()
         reply = await ask(nc, "leaf.segment.late")
         assert reply.error is not None
@@ -166,7 +164,6 @@ async def test_postgres_outage_is_survived(nats_server: NatsServer, private_post
     issued: list[int] = []
     async with running_worker(config) as worker, client(nats_server.url) as nc:
         issued += ids_of(await ask(nc, "leaf.segment.demo", b'{"count": 10}'))
-        assert worker.allocator is not None
         demo = worker.allocator.tags["demo"]
         await wait_until(lambda: bool(demo.stats().next), what="the prefetch of the second segment")
         await asyncio.to_thread(private_postgres.stop)
@@ -196,8 +193,6 @@ async def test_periodic_refresh_drops_removed_tags(nats_server: NatsServer, pg_d
     config = worker_config(nats_server.url, pg_dsn, refresh_interval=0.2)
     async with running_worker(config) as worker, client(nats_server.url) as nc:
         assert (await ask(nc, "leaf.segment.gone")).ids == [1]
-        assert worker.store is not None
-        assert worker.allocator is not None
         # The step first: a refresh that sees the tag gone has then seen the new step too.
         await worker.store.set_step("demo", 25)
         await worker.store.remove_tag("gone")

@@ -108,14 +108,11 @@ async def test_a_clean_stop_does_not_make_the_next_start_wait(
         async with running_worker(config) as worker:
             reply = await ask(nc, subject(prefix), b'{"count": 20, "format": "ranges"}')
             issued = ranges_of(reply)
-            assert worker.snowflake is not None
             last_ms = worker.snowflake._state.last_ms
             reserved = worker.snowflake._reserved_ms
             assert reserved >= SystemClock().wall_ms() + 4_000  # the reservation reaches ~6 s ahead
         async with running_worker(config) as again:
-            assert again.registration is not None
             assert again.registration.lease.high_water_ms == last_ms
-            assert again.snowflake is not None
             assert again.snowflake.worker_id == worker.snowflake.worker_id
             later = ranges_of(await ask(nc, subject(prefix), b'{"count": 20, "format": "ranges"}'))
     assert min(first for first, _ in later) > max(last for _, last in issued)

@@ -65,7 +65,6 @@ async def test_an_unreachable_store_answers_unavailable_without_its_whereabouts(
         stats = await request(nc, "$SRV.STATS.leaf-dispenser")
         assert b"unavailable" in stats.data
         assert_nowhere(stats.data.decode(), "$SRV.STATS", whereabouts)
-        assert worker.http is not None
         async with aiohttp.ClientSession(worker.http.url) as session:
             for path in ("/api/segment/get/order", "/api/segment/get/order?count=1"):
                 async with session.get(path) as response:

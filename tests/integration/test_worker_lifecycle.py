@@ -1,4 +1,4 @@
-"""The worker's stop against real NATS and PostgreSQL: every part released, even when one clean-up fails."""
+"""The worker's start and stop against real NATS and PostgreSQL: its parts there, then all released."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from dispenser.adapters.nats.service import NatsIdService
-from dispenser.app import Worker
+from dispenser.app import NotStarted, Off, PartOff, Worker
 from dispenser.core.errors import DispenserError
 from dispenser_lab.servers import NatsServer
 
@@ -40,9 +40,6 @@ async def test_a_failing_clean_up_step_does_not_leak_the_later_ones(
     await worker.start()
     async with client(nats_server.url) as nc:
         assert ids_of(await ask(nc, "leaf.segment.demo", b'{"count": 2}')) == [1, 2]
-    assert worker.metrics is not None
-    assert worker.nc is not None
-    assert worker.postgres is not None
     port = worker.metrics.port
     assert {task.get_name() for task in asyncio.all_tasks()} >= _BACKGROUND
 
@@ -56,3 +53,25 @@ async def test_a_failing_clean_up_step_does_not_leak_the_later_ones(
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection("127.0.0.1", port)
     await worker.stop()  # a second stop has nothing left to do
+
+
+async def test_async_with_starts_the_parts_and_stops_them_on_exit(
+    nats_server: NatsServer, pg_dsn: str
+) -> None:
+    """Inside ``async with Worker(config)`` every part exists (one left off says its setting); released on exit."""
+    await prepare(pg_dsn, [("demo", 100)])
+    worker = Worker(worker_config(nats_server.url, pg_dsn))
+    with pytest.raises(NotStarted):
+        _ = worker.allocator
+    async with worker:
+        assert worker.started
+        assert list(worker.allocator.tags) == ["demo"]
+        assert worker.nc.is_connected
+        assert worker.parts.snowflake == Off("snowflake.enabled")
+        with pytest.raises(PartOff, match=r"no snowflake generator \(see snowflake\.enabled\)"):
+            _ = worker.snowflake
+        with pytest.raises(PartOff, match=r"http\.port"):
+            _ = worker.http
+    assert not worker.started
+    assert worker.nc.is_closed
+    assert not _BACKGROUND & {task.get_name() for task in asyncio.all_tasks()}
