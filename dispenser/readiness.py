@@ -48,7 +48,10 @@ class _Snowflake(Protocol):
 
 
 class RunningWorker(Protocol):
-    """What readiness reads of a worker (:class:`dispenser.app.Worker` has it all)."""
+    """What readiness reads of a worker: ``Worker.probed`` (a part that is off is ``None`` there).
+
+    Not the :class:`dispenser.app.Worker` itself: its accessors raise ``PartOff`` for a part that is off.
+    """
 
     @property
     def config(self) -> Config:

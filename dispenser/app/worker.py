@@ -55,7 +55,7 @@ from dispenser.service.residues import ResidueGuard
 from dispenser.service.segments import SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator
 
-__all__ = ["NotStarted", "Parts", "Worker"]
+__all__ = ["NotStarted", "Parts", "ReadinessView", "Worker"]
 
 log = logging.getLogger("dispenser.app")  # the lines the worker's wiring has always logged under
 
@@ -143,6 +143,11 @@ class Worker:
         await self.stop()
 
     @property
+    def probed(self) -> ReadinessView:
+        """The worker as ``/readyz`` reads it: a part that is off reads as ``None`` (its accessors here raise)."""
+        return ReadinessView(self)
+
+    @property
     def parts(self) -> Parts:
         """Every part, once started (:class:`NotStarted` before); they stay readable after the stop."""
         if self._parts is None:
@@ -202,7 +207,7 @@ class Worker:
             segments.allocator if segments is not None else None,
             snowflake.generator if snowflake is not None else None,
         )
-        probed = _Probed(self)
+        probed = self.probed
         registry, ops = operations(observed, lambda: not_ready(probed), lambda: cannot_issue(probed))
         metrics: HttpServer | Off = Off("metrics.port")
         with_metrics = metrics_on_http_port(config, serve=self.serve)
@@ -378,39 +383,50 @@ class Worker:
         return present(present(self.parts.rates, "rate events").listener, "Kafka rate listener")
 
 
-class _Probed:
-    """The worker as ``/readyz`` reads it (:class:`dispenser.readiness.RunningWorker`): its parts once started."""
+class ReadinessView:
+    """The worker as ``/readyz`` reads it (:class:`dispenser.readiness.RunningWorker`): its parts once started.
+
+    A part the configuration leaves off is ``None`` here; pass this, not the :class:`Worker`, to
+    :func:`~dispenser.readiness.not_ready` and :func:`~dispenser.readiness.cannot_issue`.
+    """
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
 
     @property
     def config(self) -> Config:
+        """Its configuration."""
         return self._worker.config
 
     @property
     def started(self) -> bool:
+        """Whether it has started and is not stopping."""
         return self._worker.started
 
     @property
     def serve(self) -> bool:
+        """Whether it serves requests."""
         return self._worker.serve
 
     @property
     def nc(self) -> Connection | None:
+        """Its NATS connection, or None when NATS is off."""
         return unless_off(self._worker.parts.nats)
 
     @property
     def postgres(self) -> PostgresSegmentStore | None:
+        """Its PostgreSQL pool, or None without one."""
         postgres = unless_off(self._worker.parts.postgres)
         return postgres.pool if postgres is not None else None
 
     @property
     def allocator(self) -> SegmentAllocator | None:
+        """Its segment allocator, or None when segments are off."""
         segments = unless_off(self._worker.parts.segments)
         return segments.allocator if segments is not None else None
 
     @property
     def snowflake(self) -> SnowflakeGenerator | None:
+        """Its snowflake generator, or None when snowflake is off."""
         snowflake = unless_off(self._worker.parts.snowflake)
         return snowflake.generator if snowflake is not None else None

@@ -64,13 +64,13 @@ async def test_a_worker_whose_buffers_ran_dry_in_an_outage_stays_ready_and_answe
             if status != 200:
                 break
         assert code == "unavailable", (status, code)  # Leaf's form: 500 and Result{id=-3}, coded
-        assert cannot_issue(worker) == [DRY]
+        assert cannot_issue(worker.probed) == [DRY]
         assert await _ready(session) == (200, {"status": "ready", "cannot_issue": [DRY]}), (
             "ready: it answers, with a coded error; the body says what it cannot issue"
         )
         status, body, _ = await _get(session, "/readyz?issue=1")  # the stricter probe
         assert (status, json.loads(body)["cannot_issue"]) == (503, [DRY])
         await asyncio.to_thread(private_postgres.start)
-        await wait_until(lambda: cannot_issue(worker) == [], what="the tag fetching again", timeout=15)
+        await wait_until(lambda: cannot_issue(worker.probed) == [], what="the tag fetching again", timeout=15)
         assert (await _get(session, "/api/segment/get/demo"))[0] == 200
         assert (await _get(session, "/readyz?issue=1"))[0] == 200

@@ -228,7 +228,6 @@ async def _enrichment(options: KafkaBenchOptions, bootstrap: str, dsn: str, repo
     worker = Worker(config, serve=False)
     await worker.start()
     try:
-        assert worker.allocator is not None
         rates: dict[tuple[str, int], float] = {}
         for batch in options.batches:
             for round_ in range(1, options.rounds + 1):
