@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["FleetView", "StepPolicy", "round_step"]
+__all__ = ["Demand", "FleetView", "StepPolicy", "StepWhy", "round_step"]
+
+StepWhy = Literal["floor", "cap", "kept", "sized"]
+"""Why :meth:`StepPolicy.decide` chose its step: the configured step (the floor), ``max_step`` (the cap), the
+previous step kept (within the hysteresis band), or a new size from the demand."""
+
+Demand = Literal["share of the fleet peak", "own rate", "last segment's rate"]
+"""Which measure of demand a step is sized for (see :meth:`StepPolicy.demand`)."""
 
 
 def round_step(value: float) -> int:
@@ -54,11 +62,23 @@ class StepPolicy:
     max_step: int = 100_000_000
     hysteresis: float = 0.25
 
+    def demand(self, fleet: FleetView) -> tuple[float, Demand]:
+        """The IDs/s a step is sized for, and which measure it is (the largest; on a tie, the first).
+
+        This worker's share of the fleet's peak (or the remembered peak, if higher), its own current rate,
+        or the rate at which its last segment went.
+        """
+        peak = max(fleet.fleet_peak, fleet.remembered_peak)
+        measures: tuple[tuple[float, Demand], ...] = (
+            (fleet.share() * peak, "share of the fleet peak"),
+            (fleet.own_rate, "own rate"),
+            (fleet.recent, "last segment's rate"),
+        )
+        return max(measures, key=lambda measure: measure[0])
+
     def target(self, fleet: FleetView) -> float:
         """The unclamped, unrounded size: ``segment_seconds`` of this worker's share of the demand."""
-        peak = max(fleet.fleet_peak, fleet.remembered_peak)
-        demand = max(fleet.share() * peak, fleet.own_rate, fleet.recent)
-        return self.segment_seconds * demand
+        return self.segment_seconds * self.demand(fleet)[0]
 
     def next_step(self, configured: int, current: int | None, fleet: FleetView) -> int:
         """The step of the next segment fetch.
@@ -68,6 +88,10 @@ class StepPolicy:
             current: the step of the previous fetch (``None`` for the first).
             fleet: what the rate events say.
         """
+        return self.decide(configured, current, fleet)[0]
+
+    def decide(self, configured: int, current: int | None, fleet: FleetView) -> tuple[int, StepWhy]:
+        """:meth:`next_step`, and why it is that size (the status page shows it)."""
         ceiling = max(configured, self.max_step)
         demand = self.target(fleet)
         target = min(max(demand, float(configured)), float(ceiling))
@@ -76,7 +100,11 @@ class StepPolicy:
             and configured <= current <= ceiling
             and target <= current <= (1 + self.hysteresis) * target
         ):
-            return current
+            return current, "kept"
         # The band's middle, so that noise either way keeps it; rounded up, so never under the target.
         centred = round_step(math.sqrt(1 + self.hysteresis) * demand)
-        return min(max(centred, configured), ceiling)
+        if centred <= configured:
+            return configured, "floor"
+        if centred >= ceiling:
+            return ceiling, "cap"
+        return centred, "sized"

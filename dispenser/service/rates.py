@@ -16,10 +16,11 @@ import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from dispenser.core.lru import ProtectedLru
 from dispenser.core.rate import FleetPeak, PeakSample, RateMeter, runway_seconds
-from dispenser.core.step import FleetView, StepPolicy
+from dispenser.core.step import FleetView, StepPolicy, StepWhy
 from dispenser.messages import Kind, RateEvent
 from dispenser.ports import Clock, SegmentStore
 from dispenser.service.segments import SegmentAllocator, TagAllocator
@@ -252,11 +253,15 @@ class RateBook:
 
     def size(self, allocator: TagAllocator) -> int:
         """The :data:`~dispenser.service.segments.Sizer`: the step of ``allocator``'s next fetch."""
+        return self.sizing(allocator)[0]
+
+    def sizing(self, allocator: TagAllocator) -> tuple[int, StepWhy | Literal["fixed"]]:
+        """The step of ``allocator``'s next fetch, and why (``fixed``: ``rate.adaptive_step`` is off)."""
         configured = allocator.step or 1
         if not self.settings.adaptive_step:
-            return configured
+            return configured, "fixed"
         view = self.view("segment", allocator.tag, allocator.consumption_rate())
-        return self.policy.next_step(configured, allocator.last_step, view)
+        return self.policy.decide(configured, allocator.last_step, view)
 
     # -- events ------------------------------------------------------------------------------------------
 
