@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from dispenser.core.daily import DailyPolicy
 from dispenser.core.ids import Kind
 from dispenser.core.residue import LEAF, Residue
 from dispenser.core.segment import Segment
@@ -65,6 +66,8 @@ class TagInfo:
     """The configured segment size."""
     description: str
     update_time: datetime
+    daily: DailyPolicy | None = None
+    """A daily tag's format (docs/daily.md): its IDs are the date and a counter per day; None: a plain tag."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,9 @@ class SegmentStore(Protocol):
     async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
         """Reserve the next segment of ``tag``.
 
+        ``tag`` may name a day row of a daily tag (``order@20261128``): the row is created on first use, at
+        1 (or above the high water of a removed row of that name), by whichever worker comes first.
+
         Args:
             tag: the business tag.
             step: the segment size to reserve; ``None`` uses the tag's configured step.
@@ -97,7 +103,7 @@ class SegmentStore(Protocol):
         ...
 
     async def list_tags(self) -> list[TagInfo]:
-        """All tags, ordered by name.
+        """All tags, ordered by name; a daily tag's day rows are not listed (its policy is in its info).
 
         Raises:
             StoreUnavailable: the store could not be reached.
@@ -105,9 +111,20 @@ class SegmentStore(Protocol):
         ...
 
     async def add_tag(
-        self, tag: str, step: int, start: int = 1, description: str = "", *, residue: Residue = LEAF
+        self,
+        tag: str,
+        step: int,
+        start: int = 1,
+        description: str = "",
+        *,
+        residue: Residue = LEAF,
+        daily: DailyPolicy | None = None,
     ) -> TagInfo:
         """Create a tag whose first ID will be ``start`` (or the first of ``residue``'s class from there).
+
+        With ``daily``, a daily tag (docs/daily.md): its IDs come from one counter row per day
+        (``<tag>@YYYYMMDD``, created on its first fetch at 1, each day row granted as a tag's segments are),
+        so ``start`` must be 1 and ``residue`` Leaf's.
 
         Raises:
             TagExists: the tag is already there.
@@ -117,7 +134,7 @@ class SegmentStore(Protocol):
         ...
 
     async def set_step(self, tag: str, step: int) -> TagInfo:
-        """Change a tag's configured step (takes effect at its next segment).
+        """Change a tag's configured step (takes effect at its next segment; a daily tag's day rows too).
 
         Raises:
             UnknownTag: no such tag.

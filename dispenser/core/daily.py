@@ -62,17 +62,28 @@ def zone_of(name: str) -> ZoneInfo:
 
 @dataclass(frozen=True, slots=True)
 class DailyPolicy:
-    """A daily tag's format: the counter's digits and the zone whose date the ID carries."""
+    """A daily tag's format: the counter's digits and the zone whose date the ID carries.
+
+    As read from the store it is not checked (a zone this machine lacks must not stop the tag list);
+    :meth:`checked` is for input, and :attr:`zone` raises where the tag is served.
+    """
 
     width: int
     """Digits of the counter (1 to :data:`MAX_WIDTH`): a day holds ``10**width - 1`` IDs."""
     time_zone: str
     """IANA name of the zone whose midnight starts a new counter."""
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.width <= MAX_WIDTH:
-            raise BadRequest(f"a daily tag's width must be between 1 and {MAX_WIDTH}, got {self.width}")
-        zone_of(self.time_zone)
+    @classmethod
+    def checked(cls, width: int, time_zone: str) -> DailyPolicy:
+        """The policy, refused if the width is out of range or the zone unknown (what ``tag add`` gives).
+
+        Raises:
+            BadRequest: saying which.
+        """
+        if not 1 <= width <= MAX_WIDTH:
+            raise BadRequest(f"a daily tag's width must be between 1 and {MAX_WIDTH}, got {width}")
+        zone_of(time_zone)
+        return cls(width, time_zone)
 
     @property
     def capacity(self) -> int:
@@ -81,7 +92,11 @@ class DailyPolicy:
 
     @property
     def zone(self) -> ZoneInfo:
-        """The time zone."""
+        """The time zone.
+
+        Raises:
+            BadRequest: this machine's time zone data does not know it (a worker answers so, for the tag).
+        """
         return zone_of(self.time_zone)
 
 

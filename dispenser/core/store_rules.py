@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dispenser.core.daily import MAX_TAG_LENGTH, DailyPolicy
 from dispenser.core.errors import BadRequest, TagExhausted
+from dispenser.core.residue import LEAF, Residue
 from dispenser.core.tags import validate_tag
 
 __all__ = ["MAX_DESCRIPTION", "MAX_ID", "MAX_STEP", "check_new_tag", "check_step", "no_room"]
@@ -23,14 +25,33 @@ def check_step(step: int) -> None:
         raise BadRequest(f"step must be between 1 and {MAX_STEP}, got {step}")
 
 
-def check_new_tag(tag: str, step: int, start: int, description: str) -> None:
+def check_new_tag(
+    tag: str,
+    step: int,
+    start: int,
+    description: str,
+    *,
+    residue: Residue = LEAF,
+    daily: DailyPolicy | None = None,
+) -> None:
     """Validate the arguments of ``add_tag``.
 
     Raises:
         InvalidTag: the name is not valid.
-        BadRequest: the step, start or description does not fit the table.
+        BadRequest: the step, start or description does not fit the table; a daily tag with a start, a
+            class or a name too long for its day rows (docs/daily.md).
     """
     validate_tag(tag)
+    if daily is not None:
+        if start != 1:
+            raise BadRequest("a daily tag's counter starts at 1 every day: it takes no start")
+        if not residue.plain:
+            raise BadRequest("a daily tag has no stride: each day's counter is one row of one database")
+        if len(tag) > MAX_TAG_LENGTH:
+            raise BadRequest(
+                f"a daily tag's name is at most {MAX_TAG_LENGTH} characters (its day rows add "
+                f"'@YYYYMMDD'), got {len(tag)}"
+            )
     check_step(step)
     if not 1 <= start <= MAX_ID:
         raise BadRequest(f"start must be between 1 and {MAX_ID}, got {start}")

@@ -22,6 +22,7 @@ from dispenser.core.refill import Again, Done, Fetch, Overlap, Refill, Stop
 from dispenser.core.residue import LEAF, Residue
 from dispenser.core.segment import NEED_SEGMENT, BufferStats
 from dispenser.ports import Allocation, Clock, SegmentStore
+from dispenser.service.daily import DailyTag, DailyTags
 from dispenser.service.refiller import Refiller, Refused
 from dispenser.service.timing import run_within
 
@@ -397,6 +398,9 @@ class SegmentAllocator:
         self._last_refresh = float("-inf")
         self._refresher: asyncio.Task[None] | None = None
         self._check: ResidueCheck | None = None
+        self.daily = DailyTags(clock, self._day_allocator, sizer)
+        """The daily tags this worker knows (docs/daily.md), apart from :attr:`tags`: the plain path never
+        looks there."""
 
     def check_residues(self, check: ResidueCheck) -> None:
         """Claim each tag's class with ``check`` before its first ID, the tags known already included."""
@@ -422,7 +426,10 @@ class SegmentAllocator:
     def try_take(self, tag: str, count: int) -> IdBatch | None:
         """IDs from a known tag's buffer at once, or ``None`` (unknown tag, or the buffer is short)."""
         allocator = self._tags.get(tag)
-        return None if allocator is None else allocator.try_take(count)
+        if allocator is not None:
+            return allocator.try_take(count)
+        daily = self.daily.tags.get(tag)  # only once the plain tags missed: they pay nothing for it
+        return None if daily is None else daily.try_take(count)
 
     async def take(self, tag: str, count: int, deadline: float) -> IdBatch:
         """IDs of ``tag``, learning the tag and waiting for a segment as needed (until ``deadline``).
@@ -434,7 +441,7 @@ class SegmentAllocator:
         allocator = await self.resolve(tag, deadline)
         return await allocator.take(count, deadline)
 
-    async def resolve(self, tag: str, deadline: float | None = None) -> TagAllocator:
+    async def resolve(self, tag: str, deadline: float | None = None) -> TagAllocator | DailyTag:
         """The tag's allocator, looking the tag list up once if the tag is not known yet.
 
         Lookups for unknown tags are at most one per ``unknown_tag_refresh_interval``. A request that finds
@@ -445,7 +452,7 @@ class SegmentAllocator:
             UnknownTag: the store has no such tag.
             StoreUnavailable: the tag is not known and the store cannot be asked.
         """
-        allocator = self._tags.get(tag)
+        allocator = self._tags.get(tag) or self.daily.tags.get(tag)
         if allocator is not None:
             return allocator
         next_lookup = self._last_refresh + self.settings.unknown_tag_refresh_interval
@@ -454,7 +461,9 @@ class SegmentAllocator:
             if deadline is None or self._clock.monotonic() + wait > deadline:
                 raise UnknownTag(tag)
             await self._clock.sleep(wait)
-            allocator = self._tags.get(tag)  # someone else's lookup may have found it meanwhile
+            allocator = self._tags.get(tag) or self.daily.tags.get(
+                tag
+            )  # someone else's lookup may have found it
             if allocator is not None:
                 return allocator
             # Our turn, even if a timer fired a hair early (asyncio allows its clock's resolution): the
@@ -462,7 +471,7 @@ class SegmentAllocator:
             await self._refresh_by(deadline)
         elif self._clock.monotonic() - self._last_refresh >= self.settings.unknown_tag_refresh_interval:
             await self._refresh_by(deadline)
-        allocator = self._tags.get(tag)
+        allocator = self._tags.get(tag) or self.daily.tags.get(tag)
         if allocator is not None:
             return allocator
         raise UnknownTag(tag)
@@ -505,6 +514,13 @@ class SegmentAllocator:
         seen = set()
         for info in infos:
             seen.add(info.tag)
+            if info.daily is not None or info.tag in self.daily.tags:
+                plain = self._tags.pop(info.tag, None)
+                if plain is not None:  # removed and added again as a daily tag between two refreshes
+                    await plain.close(UnknownTag(info.tag))
+                    self._release(info.tag)
+                if await self.daily.refresh(info):
+                    continue
             allocator = self._tags.get(info.tag)
             if allocator is None:
                 self._tags[info.tag] = TagAllocator(
@@ -525,6 +541,20 @@ class SegmentAllocator:
             log.info("tag %r was removed from the store", tag)
             await self._tags.pop(tag).close(UnknownTag(tag))
             self._release(tag)
+        await self.daily.keep(seen)
+
+    def _day_allocator(self, tag: str, name: str, step: int, sizer: Sizer) -> TagAllocator:
+        """An allocator of daily tag ``tag``'s day row ``name``: the tag's meter across days, no residue."""
+        return TagAllocator(
+            name,
+            self._store,
+            self._clock,
+            self.settings,
+            step=step,
+            on_unknown=lambda _name: self.daily.forget(tag),
+            sizer=sizer,
+            meter=self._meters(tag) if self._meters is not None else None,
+        )
 
     def _forget(self, tag: str) -> None:
         # The store said the tag is gone while we fetched: drop it now rather than at the next refresh.
@@ -549,3 +579,4 @@ class SegmentAllocator:
         """Stop every fetch."""
         for allocator in self._tags.values():
             await allocator.close()
+        await self.daily.close()

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from dispenser.core.daily import DailyPolicy, parse_day_tag
 from dispenser.core.errors import (
     CoordinatorUnavailable,
     LeaseLost,
@@ -63,6 +64,8 @@ class MemorySegmentStore:
         self._rows: dict[str, _Row] = {}
         self._residues: dict[str, Residue] = {}
         """Tags of a residue class (the dispenser_tag_residue table); absent: Leaf's."""
+        self._daily: dict[str, DailyPolicy] = {}
+        """Daily tags' policies (the dispenser_tag_daily table); their day rows are rows of ``_rows``."""
         self._removed: dict[str, int] = {}
         """Removed tags' high water (max_id), as the tombstone table keeps it."""
         self._now = now
@@ -101,7 +104,7 @@ class MemorySegmentStore:
         self.calls += 1
         await asyncio.sleep(self.delay)
         self._check()
-        row = self._rows.get(tag)
+        row = self._rows.get(tag) or self._open_day(tag)
         if row is None:
             raise UnknownTag(tag)
         used = row.step if step is None else step
@@ -112,17 +115,36 @@ class MemorySegmentStore:
         row.update_time = self._now()
         return Allocation(residue.to_ordinals(residue.grant(row.max_id, used)), row.step, residue)
 
+    def _open_day(self, name: str) -> _Row | None:
+        """A daily tag's day row on its first fetch (at 1, or its removed high water), as Postgres does."""
+        day_row = parse_day_tag(name)
+        parent = None if day_row is None else self._rows.get(day_row[0])
+        if day_row is None or parent is None or day_row[0] not in self._daily:
+            return None
+        start = max(1, self._removed.get(name, 1))
+        row = self._rows[name] = _Row(
+            start, parent.step, f"day counter of daily tag {day_row[0]}", self._now()
+        )
+        return row
+
     async def list_tags(self) -> list[TagInfo]:
-        """All tags, ordered by name."""
+        """All tags, ordered by name, without daily tags' day rows."""
         await asyncio.sleep(0)
         self._check()
-        return [self._info(tag, self._rows[tag]) for tag in sorted(self._rows)]
+        return [self._info(tag, self._rows[tag]) for tag in sorted(self._rows) if parse_day_tag(tag) is None]
 
     async def add_tag(
-        self, tag: str, step: int, start: int = 1, description: str = "", *, residue: Residue = LEAF
+        self,
+        tag: str,
+        step: int,
+        start: int = 1,
+        description: str = "",
+        *,
+        residue: Residue = LEAF,
+        daily: DailyPolicy | None = None,
     ) -> TagInfo:
-        """Create a tag whose first segment starts at ``start`` (its class's first ID from there)."""
-        check_new_tag(tag, step, start, description)
+        """Create a tag whose first segment starts at ``start`` (its class's first ID from there), or a daily one."""
+        check_new_tag(tag, step, start, description, residue=residue, daily=daily)
         await asyncio.sleep(0)
         self._check()
         if tag in self._rows:
@@ -135,6 +157,10 @@ class MemorySegmentStore:
             self._residues.pop(tag, None)
         else:
             self._residues[tag] = residue
+        if daily is None:
+            self._daily.pop(tag, None)
+        else:
+            self._daily[tag] = daily
         return self._info(tag, row)
 
     async def set_step(self, tag: str, step: int) -> TagInfo:
@@ -147,6 +173,10 @@ class MemorySegmentStore:
             raise UnknownTag(tag)
         row.step = step
         row.update_time = self._now()
+        if tag in self._daily:
+            for name, day_row in self._rows.items():
+                if (parse_day_tag(name) or ("", 0))[0] == tag:
+                    day_row.step = step
         return self._info(tag, row)
 
     async def remove_tag(self, tag: str) -> None:
@@ -158,14 +188,14 @@ class MemorySegmentStore:
             raise UnknownTag(tag)
         self._removed[tag] = max(row.max_id, self._removed.get(tag, 0))
         self._residues.pop(tag, None)
+        self._daily.pop(tag, None)  # its day rows stay: the same daily tag added again goes on with them
 
     async def close(self) -> None:
         """Refuse further calls, as a closed pool does. Idempotent."""
         self._closed = True
 
-    @staticmethod
-    def _info(tag: str, row: _Row) -> TagInfo:
-        return TagInfo(tag, row.max_id, row.step, row.description, row.update_time)
+    def _info(self, tag: str, row: _Row) -> TagInfo:
+        return TagInfo(tag, row.max_id, row.step, row.description, row.update_time, self._daily.get(tag))
 
 
 class MemoryReplayStore:

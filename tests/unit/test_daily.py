@@ -72,7 +72,7 @@ def test_every_id_is_a_positive_64_bit_integer_with_the_date_as_its_leading_digi
 
 def test_a_counter_past_its_width_is_refused() -> None:
     """The counter's last value is 10**width - 1; the next is the error that says when IDs come back."""
-    policy = DailyPolicy(3, "Asia/Shanghai")
+    policy = DailyPolicy.checked(3, "Asia/Shanghai")
     check_counter("order", 20261128, 999, policy)
     with pytest.raises(DayExhausted) as info:
         check_counter("order", 20261128, 1000, policy)
@@ -94,7 +94,7 @@ def test_a_counter_past_its_width_is_refused() -> None:
 def test_a_bad_policy_is_a_bad_request(width: int, zone: str, says: str) -> None:
     """A width outside 1..10 or a zone the machine does not know is refused, saying which."""
     with pytest.raises(BadRequest, match=says):
-        DailyPolicy(width, zone)
+        DailyPolicy.checked(width, zone)
 
 
 @given(instants, zones)

@@ -216,6 +216,19 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             FOR EACH STATEMENT EXECUTE FUNCTION dispenser_remember_truncated_tags()
         """,
     ),
+    Migration(
+        7,
+        "daily tags: a tag's counter width and time zone (docs/daily.md)",
+        # Beside leaf_alloc, which stays Leaf's column for column: a tag without a row here is not daily. A
+        # daily tag's counters are rows of leaf_alloc of their own, '<tag>@YYYYMMDD', created on first use.
+        """
+        CREATE TABLE IF NOT EXISTS dispenser_tag_daily (
+            biz_tag   varchar(128) PRIMARY KEY,
+            width     integer      NOT NULL CHECK (width BETWEEN 1 AND 10),
+            time_zone text         NOT NULL
+        )
+        """,
+    ),
 )
 """Every migration, in version order. Append new versions; never edit a released one."""
 

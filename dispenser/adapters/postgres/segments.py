@@ -23,6 +23,7 @@ from dispenser.adapters.postgres.heartbeat import beat
 from dispenser.adapters.postgres.pool import Pooled, lend, open_pool
 from dispenser.adapters.postgres.primary import PrimaryWatch, identity_of
 from dispenser.adapters.postgres.replication import Replication, read_replication
+from dispenser.core.daily import DAY_SEPARATOR, DailyPolicy
 from dispenser.core.errors import StoreUnavailable, UnknownTag
 from dispenser.core.ids import Kind
 from dispenser.core.residue import LEAF, Residue
@@ -296,6 +297,17 @@ class PostgresSegmentStore:
     async def _fetch_segment(
         conn: Pooled, tag: str, step: int | None, watch: PrimaryWatch | None
     ) -> asyncpg.Record | None:
+        row = await PostgresSegmentStore._fetch_row(conn, tag, step, watch)
+        if row is None and DAY_SEPARATOR in tag and await tag_rows.open_day(conn, tag):
+            # A daily tag's day row on its first fetch (docs/daily.md): created, by this worker or the
+            # one that came first, then granted like any row.
+            row = await PostgresSegmentStore._fetch_row(conn, tag, step, watch)
+        return row
+
+    @staticmethod
+    async def _fetch_row(
+        conn: Pooled, tag: str, step: int | None, watch: PrimaryWatch | None
+    ) -> asyncpg.Record | None:
         floor = None if watch is None else watch.floor(tag)
         max_id, cluster = (None, None) if floor is None else floor
         try:
@@ -326,12 +338,20 @@ class PostgresSegmentStore:
                 return await tag_rows.list_tags(conn)
 
     async def add_tag(
-        self, tag: str, step: int, start: int = 1, description: str = "", *, residue: Residue = LEAF
+        self,
+        tag: str,
+        step: int,
+        start: int = 1,
+        description: str = "",
+        *,
+        residue: Residue = LEAF,
+        daily: DailyPolicy | None = None,
     ) -> TagInfo:
         """Create a tag whose first segment starts at ``start`` (stored as Leaf's ``max_id``).
 
         With a ``residue`` other than Leaf's, the tag hands out only the IDs ``offset`` modulo ``stride``
-        (a database per datacenter, docs/datacenters.md), recorded in ``dispenser_tag_residue``.
+        (a database per datacenter, docs/datacenters.md), recorded in ``dispenser_tag_residue``. With
+        ``daily``, a daily tag (docs/daily.md), recorded in ``dispenser_tag_daily``.
 
         Raises:
             TagExists: the tag is already there.
@@ -341,10 +361,12 @@ class PostgresSegmentStore:
             BadRequest: ``step`` or ``start`` is below 1, or a value does not fit its column.
             StoreUnavailable: PostgreSQL could not be reached.
         """
-        check_new_tag(tag, step, start, description)
+        check_new_tag(tag, step, start, description, residue=residue, daily=daily)
         with self._errors(f"adding tag {tag!r}"):
             async with lend(await self._ready(), self._timeout) as conn:
-                return await tag_rows.add_tag(conn, tag, step, start, description, residue=residue)
+                return await tag_rows.add_tag(
+                    conn, tag, step, start, description, residue=residue, daily=daily
+                )
 
     async def set_step(self, tag: str, step: int) -> TagInfo:
         """Change a tag's configured step; the next segment fetched with ``step=None`` uses it.

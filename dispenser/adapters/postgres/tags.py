@@ -1,4 +1,4 @@
-"""The tag table's administration (``leaf_alloc``): list, add, change the step, remove."""
+"""The tag table's administration (``leaf_alloc``): list, add, change the step, remove; daily tags' day rows."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
+from dispenser.core.daily import DailyPolicy, parse_day_tag
 from dispenser.core.errors import BadRequest, TagExists, TagStartTooLow
 from dispenser.core.residue import LEAF, Residue
 from dispenser.ports import TagInfo
@@ -14,7 +15,7 @@ from dispenser.ports import TagInfo
 if TYPE_CHECKING:
     from dispenser.adapters.postgres.pool import Pooled
 
-__all__ = ["add_tag", "list_tags", "remove_tag", "set_step"]
+__all__ = ["add_tag", "list_tags", "open_day", "remove_tag", "set_step"]
 
 # update_time::timestamptz: a table carried over from Leaf may use ``timestamp`` (no zone); the cast is a
 # no-op on our own column and makes every TagInfo carry an aware datetime.
@@ -22,6 +23,36 @@ _COLUMNS = "biz_tag, max_id, step, COALESCE(description, '') AS description, upd
 
 # COLLATE "C": code point order, the same as Python's sorted(), whatever the database's locale.
 _LIST_TAGS = f'SELECT {_COLUMNS} FROM leaf_alloc ORDER BY biz_tag COLLATE "C"'
+
+# Schema version 7: each tag with its daily policy, if any; the day rows ('<tag>@YYYYMMDD', a name no valid
+# tag has) are a daily tag's counters, not tags, and stay unlisted even once their tag is removed.
+_DAY_ROW = "'@[0-9]{8}$'"
+_LIST_TAGS_DAILY = f"""
+SELECT {_COLUMNS}, d.width, d.time_zone
+  FROM leaf_alloc LEFT JOIN dispenser_tag_daily d USING (biz_tag)
+ WHERE biz_tag !~ {_DAY_ROW}
+ ORDER BY biz_tag COLLATE "C"
+"""
+_SET_DAILY = """
+INSERT INTO dispenser_tag_daily (biz_tag, width, time_zone) VALUES ($1, $2, $3)
+ON CONFLICT (biz_tag) DO UPDATE SET width = EXCLUDED.width, time_zone = EXCLUDED.time_zone
+"""
+_FORGET_DAILY = "DELETE FROM dispenser_tag_daily WHERE biz_tag = $1"
+_DAILY_STEP = f"""
+UPDATE leaf_alloc SET step = $2
+ WHERE left(biz_tag, length($1::text) + 1) = $1::text || '@' AND biz_tag ~ {_DAY_ROW}
+   AND EXISTS (SELECT 1 FROM dispenser_tag_daily WHERE biz_tag = $1::text)
+"""
+# A day row on its first fetch: at 1, or at the high water of a removed row of that name (its counters were
+# handed out), with the daily tag's step. ON CONFLICT: the worker that comes second inserts nothing.
+_OPEN_DAY = """
+INSERT INTO leaf_alloc (biz_tag, max_id, step, description, update_time)
+SELECT $1::varchar, GREATEST(1, (SELECT max_id FROM dispenser_removed_tag WHERE biz_tag = $1::varchar)), a.step,
+       left('day counter of daily tag ' || a.biz_tag, 256), now()
+  FROM leaf_alloc a JOIN dispenser_tag_daily d ON d.biz_tag = a.biz_tag
+ WHERE a.biz_tag = $2::varchar
+ON CONFLICT (biz_tag) DO NOTHING
+"""
 
 _ADD_TAG = f"""
 INSERT INTO leaf_alloc (biz_tag, max_id, step, description, update_time)
@@ -45,24 +76,55 @@ _HIGH_WATER = "SELECT max_id FROM dispenser_removed_tag WHERE biz_tag = $1"
 
 
 async def list_tags(conn: Pooled) -> list[TagInfo]:
-    """All tags ordered by name (code point order)."""
-    return [_tag_info(row) for row in await conn.fetch(_LIST_TAGS)]
+    """All tags ordered by name (code point order), daily ones with their policy, without day rows."""
+    try:
+        rows = await conn.fetch(_LIST_TAGS_DAILY)
+    except asyncpg.UndefinedTableError:  # before version 7: no tag is daily
+        rows = await conn.fetch(_LIST_TAGS)
+    return [_tag_info(row) for row in rows]
+
+
+async def open_day(conn: Pooled, name: str) -> bool:
+    """Create the day row ``name`` (``<tag>@YYYYMMDD``) of a daily tag if it is missing.
+
+    Returns:
+        False when ``name`` is no day row of a daily tag (no such daily tag, or a schema before version 7).
+    """
+    day_row = parse_day_tag(name)
+    if day_row is None:
+        return False
+    try:
+        await conn.execute(_OPEN_DAY, name, day_row[0])
+    except asyncpg.UndefinedTableError:
+        return False
+    return True
 
 
 async def add_tag(
-    conn: Pooled, tag: str, step: int, start: int, description: str, *, residue: Residue = LEAF
+    conn: Pooled,
+    tag: str,
+    step: int,
+    start: int,
+    description: str,
+    *,
+    residue: Residue = LEAF,
+    daily: DailyPolicy | None = None,
 ) -> TagInfo:
     """Insert a tag whose first segment starts at ``start`` (checked by the caller), of ``residue``'s class.
 
     Raises:
         TagExists: the tag is already there.
         TagStartTooLow: the tag was removed, and ``start`` is below the IDs it handed out.
-        BadRequest: a strided tag on a schema before version 5.
+        BadRequest: a strided tag on a schema before version 5, a daily tag before version 7.
     """
+    if daily is not None:
+        return await _add_daily(conn, tag, step, description, daily)
     if residue.plain:
         info = await _add_row(conn, tag, step, start, description)
         with contextlib.suppress(asyncpg.UndefinedTableError):  # before version 5: no strided tag exists
             await conn.execute(_FORGET_RESIDUE, tag)  # a stale row (the tag removed by Leaf's tools)
+        with contextlib.suppress(asyncpg.UndefinedTableError):  # before version 7: no daily tag exists
+            await conn.execute(_FORGET_DAILY, tag)
         return info
     async with conn.transaction():  # the row and its class together: never a strided tag served as Leaf's
         info = await _add_row(conn, tag, step, start, description)
@@ -73,6 +135,19 @@ async def add_tag(
                 "the database's schema predates strided tags (version 5): run `dispenser migrate` first"
             ) from None
     return info
+
+
+async def _add_daily(conn: Pooled, tag: str, step: int, description: str, daily: DailyPolicy) -> TagInfo:
+    """A daily tag: its row (whose ``max_id`` no fetch uses) and its policy, together."""
+    async with conn.transaction():  # never a daily tag served as a plain one
+        info = await _add_row(conn, tag, step, 1, description)
+        try:
+            await conn.execute(_SET_DAILY, tag, daily.width, daily.time_zone)
+        except asyncpg.UndefinedTableError:
+            raise BadRequest(
+                "the database's schema predates daily tags (version 7): run `dispenser migrate` first"
+            ) from None
+    return TagInfo(info.tag, info.max_id, info.step, info.description, info.update_time, daily)
 
 
 async def _add_row(conn: Pooled, tag: str, step: int, start: int, description: str) -> TagInfo:
@@ -97,8 +172,10 @@ async def _add_row(conn: Pooled, tag: str, step: int, start: int, description: s
 
 
 async def set_step(conn: Pooled, tag: str, step: int) -> TagInfo | None:
-    """Change a tag's configured step; None when there is no such tag."""
+    """Change a tag's configured step, and its day rows' if it is daily; None when there is no such tag."""
     row = await conn.fetchrow(_SET_STEP, tag, step)
+    with contextlib.suppress(asyncpg.UndefinedTableError):  # before version 7: no daily tag exists
+        await conn.execute(_DAILY_STEP, tag, step)
     return None if row is None else _tag_info(row)
 
 
@@ -107,6 +184,9 @@ async def remove_tag(conn: Pooled, tag: str) -> bool:
     removed = await conn.fetchval(_REMOVE_TAG, tag) is not None
     with contextlib.suppress(asyncpg.UndefinedTableError):  # before version 5: no strided tag exists
         await conn.execute(_FORGET_RESIDUE, tag)
+    with contextlib.suppress(asyncpg.UndefinedTableError):  # before version 7: no daily tag exists
+        # Its day rows stay: a daily tag of that name added again goes on with their counters.
+        await conn.execute(_FORGET_DAILY, tag)
     return removed
 
 
@@ -117,4 +197,5 @@ def _tag_info(row: asyncpg.Record) -> TagInfo:
         step=row["step"],
         description=row["description"],
         update_time=row["update_time"],
+        daily=DailyPolicy(row["width"], row["time_zone"]) if row.get("width") is not None else None,
     )
