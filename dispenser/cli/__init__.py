@@ -23,6 +23,7 @@ from dispenser.cli.admin import (
     add_import_leaf,
     add_migrate,
     add_tag,
+    daily_of,
     residue_of,
     run_import_leaf,
     run_migrate,
@@ -218,7 +219,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
     elif args.command == "tag" and args.tag_command != "list":
         validate_tag(args.tag)
         if args.tag_command == "add":
-            check_new_tag(args.tag, args.step, args.start, args.description)
-            residue_of(args)
+            residue = residue_of(args)
+            check_new_tag(
+                args.tag, args.step, args.start, args.description, residue=residue, daily=daily_of(args)
+            )
         elif args.tag_command == "set":
             check_step(args.step)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from dispenser.arguments import non_negative_int, positive_float, positive_int
 from dispenser.cli.common import AddParser
 from dispenser.config import Config
+from dispenser.core.daily import MAX_WIDTH, DailyPolicy, compose
 from dispenser.core.errors import BadRequest, TagStartTooLow
 from dispenser.core.residue import Residue
 from dispenser.ports import SegmentStore, TagInfo
@@ -25,6 +26,7 @@ __all__ = [
     "add_import_leaf",
     "add_migrate",
     "add_tag",
+    "daily_of",
     "residue_of",
     "run_import_leaf",
     "run_migrate",
@@ -98,6 +100,24 @@ def add_tag(add_parser: AddParser, common: argparse.ArgumentParser) -> None:
         default=None,
         help="this datacenter's residue, 0 to --stride - 1, different in each datacenter; required with "
         "--stride above 1 (a default would be the same in every datacenter)",
+    )
+    add.add_argument(
+        "--daily",
+        action="store_true",
+        help="a daily tag (docs/daily.md): IDs are the date YYYYMMDD then a counter of --width digits that "
+        "starts again at 1 each midnight in --time-zone (e.g. 20261128000001)",
+    )
+    add.add_argument(
+        "--width",
+        type=positive_int,
+        default=None,
+        help=f"with --daily: the counter's digits, 1 to {MAX_WIDTH} (default 6: 999999 IDs a day)",
+    )
+    add.add_argument(
+        "--time-zone",
+        default=None,
+        metavar="ZONE",
+        help="with --daily: the IANA zone whose midnight starts a new day, e.g. Asia/Shanghai (default UTC)",
     )
     tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
     set_ = tag_sub.add_parser("set", help="change a tag's step (from its next segment)", parents=[common])
@@ -175,11 +195,20 @@ def run_tag(args: argparse.Namespace, config: Config) -> int:
         infos = _with_store(config, lambda store: store.list_tags())
         print(f"{'TAG':<32} {'NEXT ID':>20} {'STEP':>10}  DESCRIPTION")
         for info in infos:
-            print(f"{info.tag:<32} {info.max_id:>20} {info.step:>10}  {info.description}")
+            daily = info.daily
+            kind = "" if daily is None else f"[daily: width {daily.width}, {daily.time_zone}] "
+            print(f"{info.tag:<32} {info.max_id:>20} {info.step:>10}  {kind}{info.description}")
         return 0
     if args.tag_command == "add":
-        info = _with_store(config, lambda store: _add_or_resume(store, args))
-        print(f"added tag {info.tag!r}: first ID {info.max_id}, step {info.step}")
+        daily = daily_of(args)
+        info = _with_store(config, lambda store: _add_or_resume(store, args, daily))
+        if daily is None:
+            print(f"added tag {info.tag!r}: first ID {info.max_id}, step {info.step}")
+        else:
+            print(
+                f"added daily tag {info.tag!r}: IDs YYYYMMDD then {daily.width} digits from 1 each midnight "
+                f"in {daily.time_zone} (e.g. {compose(20261128, 1, daily.width)}), step {info.step}"
+            )
     elif args.tag_command == "set":
         info = _with_store(config, lambda store: store.set_step(args.tag, args.step))
         print(f"tag {info.tag!r}: step is now {info.step} (from its next segment)")
@@ -252,14 +281,25 @@ def residue_of(args: argparse.Namespace) -> Residue:
         raise BadRequest(str(exc)) from None
 
 
-async def _add_or_resume(store: SegmentStore, args: argparse.Namespace) -> TagInfo:
+def daily_of(args: argparse.Namespace) -> DailyPolicy | None:
+    """``--daily``, ``--width`` and ``--time-zone`` as a policy (BadRequest when they do not make one)."""
+    if not args.daily:
+        if args.width is not None or args.time_zone is not None:
+            raise BadRequest("--width and --time-zone describe a daily tag: add --daily")
+        return None
+    return DailyPolicy.checked(6 if args.width is None else args.width, args.time_zone or "UTC")
+
+
+async def _add_or_resume(store: SegmentStore, args: argparse.Namespace, daily: DailyPolicy | None) -> TagInfo:
     """``tag add``: with ``--resume``, a removed tag starts at its high water (or ``--start``, if higher)."""
     residue_class = residue_of(args)
     try:
-        return await store.add_tag(args.tag, args.step, args.start, args.description, residue=residue_class)
+        return await store.add_tag(
+            args.tag, args.step, args.start, args.description, residue=residue_class, daily=daily
+        )
     except TagStartTooLow as exc:
         if not args.resume:
             raise
         return await store.add_tag(
-            args.tag, args.step, exc.high_water, args.description, residue=residue_class
+            args.tag, args.step, exc.high_water, args.description, residue=residue_class, daily=daily
         )
