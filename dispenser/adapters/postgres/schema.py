@@ -229,6 +229,50 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         )
         """,
     ),
+    Migration(
+        8,
+        "unused IDs returned on a clean stop, handed out again before new ones (docs/segment.md)",
+        # Beside leaf_alloc, which stays Leaf's column for column. A row is a range of a tag's IDs that a
+        # worker was granted and never handed out (first_id..last_id, members of the tag's class by stride
+        # and offset), kept until one fetch takes it (DELETE ... RETURNING under FOR UPDATE SKIP LOCKED).
+        # seq orders the returns: a worker remembers the highest it took, so that a database restored from
+        # before that take cannot hand the range out twice. A tag removed or renamed (DELETE, UPDATE of
+        # biz_tag, TRUNCATE) drops its rows in the same transaction: they never come back after a re-add.
+        # The return itself takes the tag's advisory lock, so a remove and a return take turns.
+        """
+        CREATE TABLE IF NOT EXISTS dispenser_returned_range (
+            seq         bigserial    PRIMARY KEY,
+            biz_tag     varchar(128) NOT NULL,
+            first_id    bigint       NOT NULL CHECK (first_id >= 0),
+            last_id     bigint       NOT NULL,
+            stride      integer      NOT NULL DEFAULT 1,
+            "offset"    integer      NOT NULL DEFAULT 0,
+            worker      text         NOT NULL,
+            returned_at timestamptz  NOT NULL DEFAULT now(),
+            CHECK (last_id >= first_id)
+        );
+        CREATE INDEX IF NOT EXISTS dispenser_returned_range_tag ON dispenser_returned_range (biz_tag, first_id);
+        CREATE OR REPLACE FUNCTION dispenser_drop_returned_ranges() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_LEVEL = 'STATEMENT' THEN
+                DELETE FROM dispenser_returned_range;
+                RETURN NULL;
+            END IF;
+            DELETE FROM dispenser_returned_range WHERE biz_tag = OLD.biz_tag;
+            RETURN NULL;
+        END $$;
+        DROP TRIGGER IF EXISTS dispenser_drop_returned_ranges ON leaf_alloc;
+        CREATE TRIGGER dispenser_drop_returned_ranges AFTER DELETE ON leaf_alloc
+            FOR EACH ROW EXECUTE FUNCTION dispenser_drop_returned_ranges();
+        DROP TRIGGER IF EXISTS dispenser_drop_renamed_returned_ranges ON leaf_alloc;
+        CREATE TRIGGER dispenser_drop_renamed_returned_ranges AFTER UPDATE OF biz_tag ON leaf_alloc
+            FOR EACH ROW WHEN (OLD.biz_tag IS DISTINCT FROM NEW.biz_tag)
+            EXECUTE FUNCTION dispenser_drop_returned_ranges();
+        DROP TRIGGER IF EXISTS dispenser_drop_truncated_returned_ranges ON leaf_alloc;
+        CREATE TRIGGER dispenser_drop_truncated_returned_ranges BEFORE TRUNCATE ON leaf_alloc
+            FOR EACH STATEMENT EXECUTE FUNCTION dispenser_drop_returned_ranges()
+        """,
+    ),
 )
 """Every migration, in version order. Append new versions; never edit a released one."""
 
