@@ -28,6 +28,7 @@ __all__ = [
     "DecodeRequest",
     "ErrorBody",
     "IdRequest",
+    "JsonReplies",
     "KafkaIdRequest",
     "Kind",
     "RateEvent",
@@ -378,3 +379,103 @@ def encode_reply(reply: Struct, msgpack: bool = False) -> bytes:
 def json_schemas() -> dict[str, dict[str, Any]]:
     """The JSON Schema of every wire message, by file name under ``schemas/``."""
     return {f"{name}.schema.json": msgspec.json.schema(cls) for name, cls in WIRE_TYPES.items()}
+
+
+_BLOCK: Final = 1000
+"""IDs per block of reply text (:class:`JsonReplies`): the last three digits of an ID are its place in it."""
+_SUFFIXES: Final = [b"%03d," % k for k in range(_BLOCK)]
+_COLUMNS: Final = {digit: bytes([digit]) * _BLOCK for digit in b"0123456789"}
+"""A block's digit column (one digit of the prefix, every ID of the block) is one of these, assigned at once."""
+_MAX_BLOCK_TAGS: Final = 128
+"""Tags whose block of text is kept (~15-20 KB each; cleared when full)."""
+
+
+class _Block:
+    """The text of 1,000 consecutive IDs sharing every digit but the last three, each followed by a comma."""
+
+    __slots__ = ("base", "head", "prefix", "stride", "text")
+
+    def __init__(self, head: bytes, number: int) -> None:
+        prefix = b"%d" % number
+        self.head = head
+        """``{"tag":"…","ids":[``, msgspec's own text up to the list."""
+        self.prefix = bytes(len(prefix))  # every column differs: all are written by move()
+        self.stride = len(prefix) + 4
+        self.text = bytearray(b"".join(bytes(self.stride - 4) + suffix for suffix in _SUFFIXES))
+        self.base = 0
+        self.move(number)
+
+    def move(self, number: int) -> None:
+        """Make it the block of the IDs ``number * 1000`` to ``number * 1000 + 999``, as wide as the current.
+
+        Consecutive blocks differ in their prefix's last digit or few: rewrite only the digit columns that
+        differ, each one strided assignment in C.
+        """
+        prefix = b"%d" % number
+        text, stride = self.text, self.stride
+        for column, (old, new) in enumerate(zip(self.prefix, prefix, strict=True)):
+            if old != new:
+                text[column::stride] = _COLUMNS[new]
+        self.prefix = prefix
+        self.base = number * _BLOCK
+
+
+class JsonReplies:
+    """Successful JSON replies of the hot path, written without a :class:`Reply` or a list of IDs.
+
+    The bytes are exactly those of ``encode_reply(Reply(tag=tag, ids=...))`` (and of ``ranges=``): a
+    property test holds them equal. 100 IDs cost ~1 µs instead of ~3.5 (a list of 100 ints, then msgspec
+    writing each): the IDs of one request are consecutive, so their text is a slice of a block of 1,000
+    kept per tag, whose prefix digits change only every 1,000 IDs. A reply with a ``request_id`` goes
+    through msgspec, as do IDs below 1,000 (no common prefix).
+    """
+
+    __slots__ = ("_blocks", "_ranges_heads")
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, _Block] = {}
+        self._ranges_heads: dict[str, bytes] = {}
+
+    def ids(self, tag: str, first: int, last: int) -> bytes:
+        """``{"tag": tag, "ids": [first, …, last]}`` as msgspec writes it."""
+        block = self._blocks.get(tag)
+        if block is not None:
+            base = block.base
+            if base <= first and last < base + _BLOCK:  # nearly every request: one slice of one block
+                stride = block.stride
+                return (
+                    block.head + block.text[(first - base) * stride : (last - base + 1) * stride - 1] + b"]}"
+                )
+        if first < _BLOCK:
+            return _json_encoder.encode(Reply(tag=tag, ids=list(range(first, last + 1))))
+        head = self._block(tag, first // _BLOCK).head
+        parts: list[bytes | bytearray] = []
+        while first <= last:
+            block = self._block(tag, first // _BLOCK)
+            base = block.base
+            high = min(last, base + _BLOCK - 1)
+            parts.append(block.text[(first - base) * block.stride : (high - base + 1) * block.stride])
+            first = high + 1
+        parts[-1] = parts[-1][:-1]  # no comma after the last ID
+        return head + b"".join(parts) + b"]}"
+
+    def one_range(self, tag: str, first: int, last: int) -> bytes:
+        """``{"tag": tag, "ranges": [[first, last]]}`` as msgspec writes it."""
+        head = self._ranges_heads.get(tag)
+        if head is None:
+            if len(self._ranges_heads) >= _MAX_BLOCK_TAGS:
+                self._ranges_heads.clear()
+            head = self._ranges_heads[tag] = _json_encoder.encode(Reply(tag=tag, ranges=[]))[:-2]
+        return b"%b[%d,%d]]}" % (head, first, last)
+
+    def _block(self, tag: str, number: int) -> _Block:
+        block = self._blocks.get(tag)
+        if block is None or block.stride != len(b"%d" % number) + 4:
+            if block is None and len(self._blocks) >= _MAX_BLOCK_TAGS:
+                self._blocks.clear()
+            # msgspec's own text up to the empty list's ']}'.
+            head = _json_encoder.encode(Reply(tag=tag, ids=[]))[:-2]
+            block = self._blocks[tag] = _Block(head, number)
+        elif block.base != number * _BLOCK:
+            block.move(number)
+        return block

@@ -25,7 +25,15 @@ from dispenser.core.errors import (
     Unavailable,
 )
 from dispenser.core.tags import validate_tag
-from dispenser.messages import ErrorBody, IdRequest, Kind, Reply, decode_request, encode_reply
+from dispenser.messages import (
+    ErrorBody,
+    IdRequest,
+    JsonReplies,
+    Kind,
+    Reply,
+    decode_request,
+    encode_reply,
+)
 from dispenser.ports import Clock, IdSource, RangesBatch, ReplayStore, Settled
 from dispenser.service.answering import Answer, Answerer
 from dispenser.service.dedup import ReplayCache, reused_request_id
@@ -101,6 +109,7 @@ class Dispatcher:
         self._replays: ReplayCache[RangesBatch] = ReplayCache(dedup_ttl, clock.monotonic)
         self._bodies: dict[bytes, IdRequest] = {}
         self._tags: set[str] = set()
+        self._json = JsonReplies()
         self.inline = 0
         """Requests answered without waiting."""
         self.waited = [0] * (len(LATENCY_BUCKETS) + 1)
@@ -304,9 +313,13 @@ class Dispatcher:
         if count > limit:
             raise CountTooLarge(count, limit, request.format)
 
-    @staticmethod
-    def _reply(tag: str, request: IdRequest, batch: RangesBatch, msgpack: bool) -> bytes:
+    def _reply(self, tag: str, request: IdRequest, batch: RangesBatch, msgpack: bool) -> bytes:
         ranges = batch.ranges
+        if len(ranges) == 1 and not msgpack and request.request_id is None:  # the hot path's replies
+            first, last = ranges[0]
+            if request.format == "ranges":
+                return self._json.one_range(tag, first, last)
+            return self._json.ids(tag, first, last)
         if request.format == "ranges":
             reply = Reply(tag=tag, ranges=list(ranges), request_id=request.request_id)
         elif len(ranges) == 1:
