@@ -2,7 +2,8 @@
 
 Leaf's ``/api/{segment,snowflake}/get/{key}`` and ``/decodeSnowflakeId`` answered as Leaf answers them,
 plus a batch form (``?count=N``); every ID request goes through the service's :class:`Answerer`, as a
-NATS request does. ``/metrics``, ``/healthz`` and ``/readyz`` are served by every :class:`HttpServer`.
+NATS request does. ``/healthz`` and ``/readyz`` are served by every :class:`HttpServer`, ``/metrics`` (and
+the status page beside it, :mod:`~dispenser.adapters.http.status`) by those given it.
 Leaf's answers and ours side by side: ``docs/http.md``.
 """
 
@@ -24,6 +25,7 @@ from multidict import MultiMapping
 from dispenser.adapters.http.access import Caller, HttpAccess
 from dispenser.adapters.http.guard import SERVER_HEADER, GuardedSite, fit_connections
 from dispenser.adapters.http.negotiation import id_media_type, prefers_html
+from dispenser.adapters.http.status import StatusSource, add_status_routes
 from dispenser.core.errors import (
     BadRequest,
     ClockMovedBackwards,
@@ -79,6 +81,9 @@ class Operations:
     cannot_issue: Callable[[], Sequence[str]] = tuple
     """Which kinds it cannot hand out IDs of now, and why (it still answers, with coded errors): in
     ``/readyz``'s body, and a 503 for ``/readyz?issue=1`` (a probe that wants the stricter meaning)."""
+    status: StatusSource | None = None
+    """The status page, ``/status`` and ``/status.json``: served only with ``/metrics`` (it names the same
+    tags and volumes), never without it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +291,8 @@ class HttpServer:
 
             router.add_get("/metrics", scrape)
             router.add_get("/", scrape)
+            if operations.status is not None:
+                add_status_routes(router, operations.status)
 
         async def healthz(_request: web.Request) -> web.Response:
             # Alive: the event loop answers. Nothing else is checked, so that a restart is never the
