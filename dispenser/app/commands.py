@@ -12,7 +12,7 @@ import msgspec
 from dispenser.adapters.kafka.enrich import Enricher, EnrichSettings
 from dispenser.adapters.prometheus import EnricherCollector
 from dispenser.app.parts import Off
-from dispenser.app.stopping import Run, run_until_signal
+from dispenser.app.stopping import STOP_BUDGET, Run, run_until_signal
 from dispenser.app.worker import Worker
 from dispenser.config import Config
 from dispenser.core.errors import DispenserError
@@ -23,8 +23,10 @@ __all__ = ["run_enricher", "run_worker"]
 log = logging.getLogger("dispenser.app")  # the lines the worker's wiring has always logged under
 
 
-async def run_worker(config: Config, on_ready: Callable[[Worker], None] | None = None) -> int:
-    """Run a worker until SIGTERM or SIGINT; returns the exit status."""
+async def run_worker(
+    config: Config, on_ready: Callable[[Worker], None] | None = None, *, stop_budget: float = STOP_BUDGET
+) -> int:
+    """Run a worker until SIGTERM or SIGINT (``stop_budget`` seconds to wind down); returns the exit status."""
 
     async def start(stack: contextlib.AsyncExitStack) -> Run:
         worker = Worker(config)
@@ -41,7 +43,7 @@ async def run_worker(config: Config, on_ready: Callable[[Worker], None] | None =
 
         return serve
 
-    return await run_until_signal(start)
+    return await run_until_signal(start, stop_budget=stop_budget)
 
 
 async def run_enricher(config: Config, settings: EnrichSettings) -> int:

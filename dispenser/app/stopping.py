@@ -11,7 +11,7 @@ from typing import Any
 
 from dispenser.core.errors import DispenserError
 
-__all__ = ["Run", "background", "run_until_signal"]
+__all__ = ["STOP_BUDGET", "Run", "background", "run_until_signal"]
 
 log = logging.getLogger("dispenser.app")  # the lines the worker's wiring has always logged under
 
@@ -29,7 +29,7 @@ async def _cancel(task: asyncio.Task[None]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-_STOP_BUDGET = 8.0
+STOP_BUDGET = 8.0
 """Seconds a command has, from SIGTERM or SIGINT, to wind down (a stop that hangs on a silent dependency is
 cut short there): within the 10 s every process must stop in, Kubernetes' grace period of 30 s included."""
 
@@ -58,7 +58,7 @@ Run = Callable[[asyncio.Event], Awaitable[None]]
 
 
 async def run_until_signal(
-    start: Callable[[contextlib.AsyncExitStack], Awaitable[Run]], *, stop_budget: float = _STOP_BUDGET
+    start: Callable[[contextlib.AsyncExitStack], Awaitable[Run]], *, stop_budget: float = STOP_BUDGET
 ) -> int:
     """Start a command, run it until SIGTERM or SIGINT, release what it opened; returns the exit status.
 
