@@ -53,6 +53,15 @@ class Answerer(Protocol):
         """
         ...
 
+    def reply_now(self, tag: str, body: bytes) -> bytes | Answer | IdRequest | None:
+        """:meth:`decode` and :meth:`answer_now` in one call, for a JSON body and a tag seen before.
+
+        Returns:
+            The reply body (IDs at hand); an error answer; the decoded request when it must wait (await
+            :meth:`answer`); ``None``: the body or tag is new (:meth:`decode`, then :meth:`answer_now`).
+        """
+        ...
+
     def answer_now(
         self, tag: str, request: IdRequest, msgpack: bool = False, *, encode: bool = True
     ) -> Answer | None:

@@ -144,6 +144,38 @@ class Dispatcher:
             self._bodies[body] = request
         return request
 
+    def reply_now(self, tag: str, body: bytes) -> bytes | Answer | IdRequest | None:
+        """:meth:`decode` and :meth:`answer_now` in one call, for a JSON body and a tag seen before.
+
+        The hot path of a broker that hands bodies over: no :class:`Answer` for a success, no second
+        check of a count checked when the body was remembered (the limits do not change), a call or two
+        fewer per request.
+
+        Returns:
+            The reply body (the IDs were at hand); an error :class:`Answer`; the request, decoded, when it
+            must wait (await :meth:`answer`); ``None`` when the body or the tag is not remembered (call
+            :meth:`decode`, then :meth:`answer_now`).
+        """
+        request = self._bodies.get(body)
+        if request is None or tag not in self._tags:
+            return None
+        try:
+            batch = self._source.try_take(tag, request.count)
+        except DispenserError as exc:
+            return self.error(tag, exc)
+        except Exception as exc:
+            return self._internal(tag, exc, False)
+        if batch is None:
+            return request
+        self.inline += 1
+        ranges = batch.ranges
+        if len(ranges) == 1:  # remembered bodies carry no request_id
+            first, last = ranges[0]
+            if request.format == "ranges":
+                return self._json.one_range(tag, first, last)
+            return self._json.ids(tag, first, last)
+        return self._reply(tag, request, batch, False)
+
     def answer_now(
         self, tag: str, request: IdRequest, msgpack: bool = False, *, encode: bool = True
     ) -> Answer | None:

@@ -113,6 +113,7 @@ class NatsIdService:
     ) -> Callable[[Msg], Awaitable[None]]:
         cut = len(prefix)
         publish = self._nc.publish
+        reply_now = dispatcher.reply_now
         clock = time.perf_counter_ns
 
         async def handle(msg: Msg) -> None:
@@ -121,28 +122,17 @@ class NatsIdService:
             endpoint.num_requests += 1
             try:
                 tag = msg.subject[cut:]
-                headers = msg.headers
-                msgpack = headers is not None and headers.get(CONTENT_TYPE) == MSGPACK
-                if special and tag in special:
-                    await self._respond(msg, await special[tag](msg.data, msgpack), msgpack, endpoint)
-                    return
-                try:
-                    request = dispatcher.decode(tag, msg.data, msgpack)
-                except DispenserError as exc:
-                    await self._respond(msg, dispatcher.error(tag, exc, msgpack), msgpack, endpoint)
-                    return
-                answer = dispatcher.answer_now(tag, request, msgpack)
-                if answer is None:  # it must wait: in a task of its own, so that no other request does
-                    task = asyncio.create_task(
-                        self._answer_later(msg, dispatcher, tag, request, msgpack=msgpack, endpoint=endpoint)
-                    )
-                    self._inflight.add(task)
-                    task.add_done_callback(self._inflight.discard)
-                elif answer.error is None:  # the hot path: IDs, no headers but the encoding's
-                    if msg.reply:
-                        await publish(msg.reply, answer.body, headers=_MSGPACK_HEADERS if msgpack else None)
-                else:
-                    await self._respond(msg, answer, msgpack, endpoint)
+                if msg.headers is None and tag not in special:
+                    # The hot path: a JSON body and a tag seen before, IDs at hand: the reply in one call.
+                    now = reply_now(tag, msg.data)
+                    if isinstance(now, bytes):
+                        if msg.reply:
+                            await publish(msg.reply, now)
+                        return
+                    if now is not None:
+                        await self._settle(msg, dispatcher, tag, now, msgpack=False, endpoint=endpoint)
+                        return
+                await self._answer(msg, dispatcher, tag, special, endpoint)
             except Exception as exc:  # never expected: every failure is already an error reply
                 log.exception("unexpected failure in the %s endpoint", endpoint.name)
                 endpoint.count_error(repr(exc))
@@ -150,6 +140,48 @@ class NatsIdService:
                 endpoint.processing_time += clock() - started
 
         return handle
+
+    async def _answer(
+        self,
+        msg: Msg,
+        dispatcher: Answerer,
+        tag: str,
+        special: Mapping[str, SpecialHandler],
+        endpoint: Endpoint,
+    ) -> None:
+        """The round of a request the hot path did not answer: msgpack, a new body or tag, a special tag."""
+        headers = msg.headers
+        msgpack = headers is not None and headers.get(CONTENT_TYPE) == MSGPACK
+        if tag in special:
+            await self._respond(msg, await special[tag](msg.data, msgpack), msgpack, endpoint)
+            return
+        try:
+            request = dispatcher.decode(tag, msg.data, msgpack)
+        except DispenserError as exc:
+            await self._respond(msg, dispatcher.error(tag, exc, msgpack), msgpack, endpoint)
+            return
+        now = dispatcher.answer_now(tag, request, msgpack) or request
+        await self._settle(msg, dispatcher, tag, now, msgpack=msgpack, endpoint=endpoint)
+
+    async def _settle(
+        self,
+        msg: Msg,
+        dispatcher: Answerer,
+        tag: str,
+        now: Answer | IdRequest,
+        *,
+        msgpack: bool,
+        endpoint: Endpoint,
+    ) -> None:
+        """Send an answer, or (a request that must wait) answer it in a task, so that no other request waits."""
+        if isinstance(now, Answer):
+            await self._respond(msg, now, msgpack, endpoint)
+            return
+        task = asyncio.create_task(
+            self._answer_later(msg, dispatcher, tag, now, msgpack=msgpack, endpoint=endpoint)
+        )
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
 
     async def _answer_later(
         self,
