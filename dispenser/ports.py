@@ -86,19 +86,45 @@ class Allocation:
 class SegmentStore(Protocol):
     """Where segments come from: Leaf's ``leaf_alloc`` table, one round trip per segment."""
 
-    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
         """Reserve the next segment of ``tag``.
 
         ``tag`` may name a day row of a daily tag (``order@20261128``): the row is created on first use, at
         1 (or above the high water of a removed row of that name), by whichever worker comes first.
 
+        A range of the tag returned unused (:meth:`return_unused`) whose IDs all lie above ``above`` is
+        taken first, whole and by one caller only, whatever ``step`` asks for; else a new segment.
+
         Args:
             tag: the business tag.
             step: the segment size to reserve; ``None`` uses the tag's configured step.
+            above: the newest ID the caller holds (-1: none): a returned range at or below it is left
+                for another caller, so that each caller's IDs keep increasing.
 
         Raises:
             UnknownTag: no such tag.
             StoreUnavailable: the store could not be reached or did not answer in time.
+        """
+        ...
+
+    async def return_unused(self, tag: str, ranges: Sequence[tuple[int, int]], worker: str) -> int:
+        """Give back IDs of ``tag`` granted to the caller and never handed out, in one transaction.
+
+        The caller must hand none of them out afterwards (its buffer is closed first). A later
+        :meth:`next_segment` of the tag hands each range out again, once. A range is kept only if it can
+        be a grant of the tag as it is now: its IDs of the tag's class, below the tag's high water, and
+        none of a removed incarnation of the tag (the rest are dropped: lost, never repeated).
+
+        Args:
+            tag: the business tag.
+            ranges: inclusive ``(first, last)`` ranges of IDs (not ordinals), each within one segment.
+            worker: who returns them, for the record.
+
+        Returns:
+            How many IDs were kept for a later fetch.
+
+        Raises:
+            StoreUnavailable: the store could not be reached (nothing was kept).
         """
         ...
 

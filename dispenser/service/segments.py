@@ -271,7 +271,9 @@ class TagAllocator:
             ResidueOverlap: the class is refused (this segment is burnt).
             DispenserError: the store's or the claim's (and anything else: the fetch is retried).
         """
-        allocation = await self._store.next_segment(self.tag, step)
+        high = self.buffer.high  # a range returned by another worker is taken only above the IDs held
+        above = -1 if high < 0 else self.residue.id_of(high)
+        allocation = await self._store.next_segment(self.tag, step, above=above)
         if self.check is not None and allocation.residue != self._claimed:
             # Before any ID of this class is handed out: this segment is burnt if refused.
             await self.check.claim(self.tag, allocation.residue)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -18,7 +18,7 @@ from dispenser.core.errors import (
     WorkerIdsExhausted,
 )
 from dispenser.core.ids import Kind
-from dispenser.core.residue import LEAF, Residue
+from dispenser.core.residue import LEAF, Residue, StridedRange
 from dispenser.core.store_rules import MAX_ID, check_new_tag, check_step, no_room
 from dispenser.ports import Allocation, Settled, TagInfo, WorkerLease
 
@@ -68,6 +68,8 @@ class MemorySegmentStore:
         """Daily tags' policies (the dispenser_tag_daily table); their day rows are rows of ``_rows``."""
         self._removed: dict[str, int] = {}
         """Removed tags' high water (max_id), as the tombstone table keeps it."""
+        self._returned: dict[str, list[tuple[int, int, Residue]]] = {}
+        """Ranges returned unused, by tag, lowest first: IDs and the class they were granted in."""
         self._now = now
         self._closed = False
         self.calls = 0
@@ -97,8 +99,8 @@ class MemorySegmentStore:
             # Drop the previous raise's traceback: re-raising one instance would keep growing it.
             raise self.fail_with.with_traceback(None)
 
-    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
-        """Reserve the next segment of ``tag`` (see :meth:`dispenser.ports.SegmentStore.next_segment`)."""
+    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
+        """Reserve the next segment of ``tag``, a returned range above ``above`` first (see the port)."""
         if step is not None:
             check_step(step)
         self.calls += 1
@@ -107,13 +109,38 @@ class MemorySegmentStore:
         row = self._rows.get(tag) or self._open_day(tag)
         if row is None:
             raise UnknownTag(tag)
-        used = row.step if step is None else step
         residue = self._residues.get(tag, LEAF)
+        returned = self._returned.get(tag, [])
+        for i, (first, last, its_class) in enumerate(returned):
+            if first > above and its_class == residue:
+                del returned[i]
+                granted = StridedRange(first, last, residue.stride)
+                return Allocation(residue.to_ordinals(granted), row.step, residue)
+        used = row.step if step is None else step
         if row.max_id > MAX_ID - residue.advance(used):
             raise no_room(tag, used)
         row.max_id += residue.advance(used)
         row.update_time = self._now()
         return Allocation(residue.to_ordinals(residue.grant(row.max_id, used)), row.step, residue)
+
+    async def return_unused(self, tag: str, ranges: Sequence[tuple[int, int]], worker: str) -> int:
+        """Keep the ranges that can be grants of ``tag`` as it is now, for later fetches (see the port)."""
+        await asyncio.sleep(0)
+        self._check()
+        row = self._rows.get(tag)
+        if row is None:
+            return 0
+        residue = self._residues.get(tag, LEAF)
+        removed_below = self._removed.get(tag, 0)
+        kept = 0
+        returned = self._returned.setdefault(tag, [])
+        for first, last in ranges:
+            ok = removed_below <= first <= last < row.max_id and residue.owns(first) and residue.owns(last)
+            if ok:
+                returned.append((first, last, residue))
+                kept += StridedRange(first, last, residue.stride).count
+        returned.sort(key=lambda r: r[0])
+        return kept
 
     def _open_day(self, name: str) -> _Row | None:
         """A daily tag's day row on its first fetch (at 1, or its removed high water), as Postgres does."""
@@ -187,6 +214,7 @@ class MemorySegmentStore:
         if row is None:
             raise UnknownTag(tag)
         self._removed[tag] = max(row.max_id, self._removed.get(tag, 0))
+        self._returned.pop(tag, None)  # returned ranges go with the tag: never after a re-add
         self._residues.pop(tag, None)
         self._daily.pop(tag, None)  # its day rows stay: the same daily tag added again goes on with them
 

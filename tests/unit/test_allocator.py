@@ -27,9 +27,9 @@ class GatedStore(MemorySegmentStore):
         super().__init__()
         self.gate = asyncio.Event()
 
-    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
         await self.gate.wait()
-        return await super().next_segment(tag, step)
+        return await super().next_segment(tag, step, above=above)
 
 
 @pytest.fixture
@@ -187,8 +187,8 @@ async def test_tag_removed_while_fetching_fails_waiters_as_unknown(clock: Manual
 class OverlappingStore(MemorySegmentStore):
     """A broken store that grants the same segment twice."""
 
-    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
-        allocation = await super().next_segment(tag, step)
+    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
+        allocation = await super().next_segment(tag, step, above=above)
         return Allocation(Segment(1, allocation.segment.size), allocation.configured_step)
 
 
@@ -199,11 +199,11 @@ class FlakyStore(MemorySegmentStore):
         super().__init__()
         self.broken = True
 
-    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
         if self.broken:
             self.broken = False
             raise KeyError("a bug in the store")
-        return await super().next_segment(tag, step)
+        return await super().next_segment(tag, step, above=above)
 
 
 async def test_overlapping_segment_stops_the_tag_instead_of_repeating_ids(clock: ManualClock) -> None:
@@ -261,8 +261,8 @@ async def test_a_strided_tag_hands_out_its_class_as_one_id_ranges(clock: ManualC
 class ClassChangingStore(MemorySegmentStore):
     """The memory store, whose tag 't' changes class after its first segment (what must never happen)."""
 
-    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
-        allocation = await super().next_segment(tag, step)
+    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
+        allocation = await super().next_segment(tag, step, above=above)
         if self.calls > 1:
             return Allocation(allocation.segment, allocation.configured_step, Residue(2, 1))
         return allocation

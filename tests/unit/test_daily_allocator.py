@@ -117,9 +117,9 @@ class GatedStore(MemorySegmentStore):
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
         await self.gate.wait()
-        return await super().next_segment(tag, step)
+        return await super().next_segment(tag, step, above=above)
 
 
 async def test_a_request_that_straddles_midnight_gets_the_date_it_is_answered_on() -> None:

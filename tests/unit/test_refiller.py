@@ -38,13 +38,13 @@ class Store(MemorySegmentStore):
         self.gate: asyncio.Event | None = None
         self.bug = False
 
-    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
         self.asked.append(step)
         if self.gate is not None:
             await self.gate.wait()
         if self.bug:
             raise KeyError("a bug")
-        return await super().next_segment(tag, step)
+        return await super().next_segment(tag, step, above=above)
 
 
 class Fleet:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
+from dispenser.adapters.postgres.returns import drop_taken, is_returned_key
 from dispenser.core.errors import StoreUnavailable
 from dispenser.ports import Clock, GrantMemory, SystemClock
 
@@ -50,6 +51,21 @@ RETURNING a.biz_tag, r.max_id
 """
 
 log = logging.getLogger(__name__)
+
+
+async def _drop_taken(conn: Checked, system: str, timeline: str, taken: dict[str, int]) -> None:
+    """Delete the returned ranges this worker took that are back (a restore from before the take)."""
+    dropped = await drop_taken(conn, taken)
+    if dropped:
+        shown = ", ".join(f"{r['biz_tag']!r} {r['first_id']}-{r['last_id']}" for r in dropped[:10])
+        log.warning(
+            "PostgreSQL primary (system %s, timeline %s) holds returned IDs this worker already took and "
+            "handed out (restored from a snapshot or a backup?): dropped %s%s, never handed out again",
+            system,
+            timeline,
+            shown,
+            f" and {len(dropped) - 10} more" if len(dropped) > 10 else "",
+        )
 
 
 class PrimaryWatch:
@@ -195,6 +211,10 @@ class PrimaryWatch:
         last = grants.server(cluster)
         system, timeline = identity.split("/")
         remembered = await grants.remembered(cluster)
+        taken = {key: seq for key, seq in remembered.items() if is_returned_key(key)}
+        remembered = {tag: max_id for tag, max_id in remembered.items() if tag not in taken}
+        if taken:
+            await _drop_taken(conn, system, timeline, taken)
         if remembered:
             tags = sorted(remembered)
             try:

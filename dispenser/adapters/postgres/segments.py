@@ -23,10 +23,11 @@ from dispenser.adapters.postgres.heartbeat import beat
 from dispenser.adapters.postgres.pool import Pooled, lend, open_pool
 from dispenser.adapters.postgres.primary import PrimaryWatch, identity_of
 from dispenser.adapters.postgres.replication import Replication, read_replication
+from dispenser.adapters.postgres.returns import TAKE_OR_GRANT, return_ranges, returned_key
 from dispenser.core.daily import DAY_SEPARATOR, DailyPolicy
 from dispenser.core.errors import StoreUnavailable, UnknownTag
 from dispenser.core.ids import Kind
-from dispenser.core.residue import LEAF, Residue
+from dispenser.core.residue import LEAF, Residue, StridedRange
 from dispenser.core.segment import Segment
 from dispenser.core.store_rules import check_new_tag, check_step, no_room
 from dispenser.ports import Allocation, Clock, GrantMemory, TagInfo
@@ -237,12 +238,15 @@ class PostgresSegmentStore:
             action, where=self._where, secrets=self._secrets, timeout=self._timeout, hosts=self._hosts
         )
 
-    async def next_segment(self, tag: str, step: int | None = None) -> Allocation:
+    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
         """Reserve the next segment of ``tag`` in one ``UPDATE … RETURNING`` round trip.
+
+        A range returned unused above ``above`` is taken first, in the same statement (``returns.py``).
 
         Args:
             tag: the business tag (not validated: a tag carried over from Leaf may use other characters).
             step: the segment size; ``None`` uses the tag's configured step.
+            above: the newest ID the caller holds (-1: none); a returned range must lie above it.
 
         Raises:
             UnknownTag: no such tag.
@@ -264,7 +268,7 @@ class PostgresSegmentStore:
                     # What this fetch expects to reach, taken before it is sent: a fetch that went out
                     # while another one was finding a new primary must be checked too.
                     expected = None if watch is None else watch.primary
-                    row = await self._fetch_segment(conn, tag, step, watch)
+                    row = await self._fetch_segment(conn, tag, step, watch, above)
                     if row is not None and watch is not None and expected is not None:
                         reached = identity_of(row["system"], row["walfile"])
                         if reached != expected:
@@ -280,14 +284,20 @@ class PostgresSegmentStore:
                                 row["max_id"],
                             )
                             await watch.check(conn)
-                            row = await self._fetch_segment(conn, tag, step, watch)
+                            row = await self._fetch_segment(conn, tag, step, watch, above)
             except asyncpg.NumericValueOutOfRangeError:
                 raise no_room(tag, step) from None
         if row is None:
             raise UnknownTag(tag)
+        seq = row.get("seq")
         if watch is not None:
             await watch.granted(tag, row["max_id"])
+            if seq is not None:  # remembered, so that a restored database cannot hand it out again
+                await watch.granted(returned_key(tag), seq)
         residue = Residue(row["stride"], row["offset"]) if "stride" in row else LEAF
+        if seq is not None:
+            returned = StridedRange(row["first_id"], row["last_id"], residue.stride)
+            return Allocation(residue.to_ordinals(returned), row["step"], residue)
         if residue.plain:
             return Allocation(Segment.from_max_id(row["max_id"], row["step_used"]), row["step"])
         granted = residue.grant(row["max_id"], row["step_used"])
@@ -295,27 +305,48 @@ class PostgresSegmentStore:
 
     @staticmethod
     async def _fetch_segment(
-        conn: Pooled, tag: str, step: int | None, watch: PrimaryWatch | None
+        conn: Pooled, tag: str, step: int | None, watch: PrimaryWatch | None, above: int
     ) -> asyncpg.Record | None:
-        row = await PostgresSegmentStore._fetch_row(conn, tag, step, watch)
+        row = await PostgresSegmentStore._fetch_row(conn, tag, step, watch, above)
         if row is None and DAY_SEPARATOR in tag and await tag_rows.open_day(conn, tag):
             # A daily tag's day row on its first fetch (docs/daily.md): created, by this worker or the
             # one that came first, then granted like any row.
-            row = await PostgresSegmentStore._fetch_row(conn, tag, step, watch)
+            row = await PostgresSegmentStore._fetch_row(conn, tag, step, watch, above)
         return row
 
     @staticmethod
     async def _fetch_row(
-        conn: Pooled, tag: str, step: int | None, watch: PrimaryWatch | None
+        conn: Pooled, tag: str, step: int | None, watch: PrimaryWatch | None, above: int
     ) -> asyncpg.Record | None:
         floor = None if watch is None else watch.floor(tag)
+        taken = None if watch is None else watch.floor(returned_key(tag))
         max_id, cluster = (None, None) if floor is None else floor
+        seq = None if taken is None else taken[0]
+        cluster = cluster if taken is None else taken[1]
+        try:
+            return await conn.fetchrow(TAKE_OR_GRANT, tag, step, max_id, cluster, above, seq)
+        except asyncpg.UndefinedTableError:
+            pass  # before schema version 8: nothing returned to take; the statement granted nothing
         try:
             return await conn.fetchrow(_NEXT_STRIDED_SEGMENT, tag, step, max_id, cluster)
         except asyncpg.UndefinedTableError:
             # A schema before version 5 (`dispenser migrate` not run yet): no tag has a stride. The statement
             # failed as a whole, so nothing was granted. Not remembered: once migrated, a strided tag may come.
             return await conn.fetchrow(_NEXT_SEGMENT, tag, step, max_id, cluster)
+
+    async def return_unused(self, tag: str, ranges: Sequence[tuple[int, int]], worker: str) -> int:
+        """Give back IDs of ``tag`` granted and never handed out, in one transaction (``returns.py``).
+
+        Returns:
+            How many IDs were kept for a later fetch (those that cannot be a grant of the tag as it is now,
+            a removed incarnation's among them, are dropped).
+
+        Raises:
+            StoreUnavailable: PostgreSQL could not be reached, or the schema is before version 8.
+        """
+        with self._errors(f"returning unused IDs of {tag!r}"):
+            async with lend(await self._ready(), self._timeout) as conn:
+                return await return_ranges(conn, tag, ranges, worker)
 
     async def replication(self) -> Replication:
         """Which primary this store reaches and how it replicates.
