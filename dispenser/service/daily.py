@@ -69,6 +69,7 @@ class DailyTag:
         self.day = 0
         """The current day (``YYYYMMDD``; 0 before the first request)."""
         self._base = 0
+        self._capacity = policy.capacity
         self.current: TagAllocator | None = None
         """The current day row's allocator."""
         self._retiring: set[asyncio.Task[None]] = set()
@@ -88,6 +89,12 @@ class DailyTag:
         batch = allocator.try_take(count)
         if batch is None:
             return None
+        ranges = batch.ranges
+        if len(ranges) == 1:  # nearly every request: one range, well inside the day's width
+            first, last = ranges[0]
+            if last <= self._capacity:
+                base = self._base
+                return IdBatch(((base + first, base + last),))
         return self._compose(allocator, self.day, self._base, batch)
 
     async def take(self, count: int, deadline: float) -> IdBatch:
@@ -117,16 +124,20 @@ class DailyTag:
 
     def _compose(self, allocator: TagAllocator, day: int, base: int, batch: IdBatch) -> IdBatch:
         ranges = batch.ranges
-        try:
-            check_counter(self.tag, day, ranges[-1][1], self.policy)
-        except DayExhausted as exc:
-            allocator.refuse(exc)  # every later take of the day fails at once, without a fetch
-            log.error("%s", exc.message)
-            raise
+        if ranges[-1][1] > self._capacity:
+            self._exhausted(allocator, day, ranges[-1][1])
         if len(ranges) == 1:
             first, last = ranges[0]
             return IdBatch(((base + first, base + last),))
         return IdBatch(tuple((base + first, base + last) for first, last in ranges))
+
+    def _exhausted(self, allocator: TagAllocator, day: int, last: int) -> None:
+        try:
+            check_counter(self.tag, day, last, self.policy)
+        except DayExhausted as exc:
+            allocator.refuse(exc)  # every later take of the day fails at once, without a fetch
+            log.error("%s", exc.message)
+            raise
 
     def _switch(self, now_ms: int) -> None:
         """Read the day at ``now_ms``; a new day gets its row's allocator and the old one is retired."""
@@ -162,6 +173,7 @@ class DailyTag:
             self.current.step = step
         if policy != self.policy:
             self.policy = policy
+            self._capacity = policy.capacity
             self._start = self._end = self.day = 0  # the next take opens the day's row under the new policy
 
     async def close(self, reason: DispenserError | None = None) -> None:

@@ -26,7 +26,7 @@ def test_bench_nats_reports_every_case(
         [
             "bench",
             "nats",
-            *("--duration", "0.3", "--warmup", "0.1", "--min-switches", "1", "--quiet"),
+            *("--duration", "0.3", "--warmup", "0.1", "--min-switches", "1", "--quiet", "--daily"),
             *("--nats-url", nats_server.url, "--postgres-dsn", pg_dsn, "--subject-prefix", "benchtest"),
             *("--json", str(path)),
         ]
@@ -49,8 +49,12 @@ def test_bench_nats_reports_every_case(
     }
     # The echo answering with a body as large as the dispenser's reply of 100 IDs.
     expected |= {("echo", "sized", "ids", 100, inflight) for inflight in (1, 64)}
+    # --daily: the plain tag and a daily one side by side (two cases per key).
+    expected |= {("dispenser", "daily", "ids", 1, inflight) for inflight in (1, 64)}
     assert seen == expected
-    assert len(cases) == len(expected)
+    assert len(cases) == len(expected) + 2
+    assert [c["name"].rsplit(" ", 1)[1] for c in cases if c["kind"] == "daily"] == ["plain", "daily"] * 2
+    assert "daily @64:" in out
     for case in cases:
         assert case["requests"] > 0, case
         assert case["requests_per_s"] > 0, case

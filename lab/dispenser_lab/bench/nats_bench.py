@@ -29,6 +29,7 @@ from dispenser_lab.bench.deployment import Deployment, check_answers, deployment
 from dispenser_lab.bench.nats_cases import (
     Session,
     better,
+    daily_cases,
     reply_sizes,
     request_id_cases,
     say,
@@ -47,6 +48,7 @@ from dispenser_lab.bench.nats_load import (
     wait_ready,
 )
 from dispenser_lab.bench.nats_plan import (
+    DAILY_WIDTH,
     STATE_DIR_IN_WORKDIR,
     THROUGHPUT_BODIES,
     BenchError,
@@ -56,7 +58,7 @@ from dispenser_lab.bench.nats_plan import (
     plan_for_mode,
 )
 from dispenser_lab.bench.nats_report import Report, evaluate_targets, profile_summary, render_report
-from dispenser_lab.bench.servers import bench_servers, prepare_tags, remove_tags
+from dispenser_lab.bench.servers import bench_servers, prepare_daily_tag, prepare_tags, remove_tags
 from dispenser_lab.bench.stats import CaseResult, write_json
 
 __all__ = ["BenchError", "BenchOptions", "main", "parse_options", "run"]
@@ -141,6 +143,9 @@ async def _measure(
         if options.request_id:
             for inflight in options.inflight:
                 cases += await request_id_cases(session, inflight)
+        if plan.daily_tag is not None:
+            for inflight in options.inflight:
+                cases += await daily_cases(session, inflight)
         if plan.switch_tag is not None and plan.switch_step is not None:
             cases += await switch_cases(session, plan.switch_tag, plan.switch_step)
         if worker.exited:
@@ -183,13 +188,17 @@ def run(options: BenchOptions) -> Report:
                 workdir, options.nats_url, options.postgres_dsn, need_postgres=bool(plan.tags)
             ) as (nats_url, nats_pid, dsn):
                 say(options, f"servers: NATS {nats_url}" + (f", PostgreSQL {dsn}" if dsn else ""))
+                tags = list(plan.tags)
                 if dsn is not None and plan.tags:
                     run_async(prepare_tags(dsn, plan.tags))
+                if dsn is not None and plan.daily_tag is not None and plan.steady_step is not None:
+                    run_async(prepare_daily_tag(dsn, plan.daily_tag, plan.steady_step, DAILY_WIDTH))
+                    tags.append((plan.daily_tag, plan.steady_step, 1))
                 try:
                     cases = run_async(_measure(options, nats_url, dsn, workdir, plan, nats_pid=nats_pid))
                 finally:
-                    if dsn is not None and plan.tags:
-                        run_async(remove_tags(dsn, plan.tags))
+                    if dsn is not None and tags:
+                        run_async(remove_tags(dsn, tags))
         except DevServerError as exc:
             raise BenchError(f"cannot start a server: {exc}") from exc
     servers = "external" if options.nats_url or options.postgres_dsn else "started by the bench"
@@ -224,6 +233,7 @@ def _meta(
             "profiled": options.profile_worker is not None,
             "worker_command": options.worker_command,
             "request_id": options.request_id,
+            "daily": options.daily,
         },
     }
 

@@ -34,6 +34,7 @@ from dispenser_lab.bench.stats import CaseResult, ratio, summarize
 __all__ = [
     "Session",
     "better",
+    "daily_cases",
     "reply_sizes",
     "request_id_cases",
     "say",
@@ -248,6 +249,38 @@ async def request_id_cases(session: Session, inflight: int) -> list[CaseResult]:
         for suffix, sample in ((" plain", plain), (" request_id", keyed))
     )
     return [base, case]
+
+
+async def daily_cases(session: Session, inflight: int) -> list[CaseResult]:
+    """``ids/1`` on the plain steady tag and on a daily tag of the same step, alternating; the best of each."""
+    daily_tag = session.plan.daily_tag
+    assert daily_tag is not None
+    daily_subject = f"{session.prefix}.segment.{daily_tag}"
+    body = THROUGHPUT_BODIES[0]
+    plain: Sample | None = None
+    daily: Sample | None = None
+    for _ in range(session.options.repeat):
+        plain = better(plain, await session.window(session.steady_subject, body, inflight, None))
+        check = sampled_count_check(body.count)
+        daily = better(daily, await session.window(daily_subject, body, inflight, check))
+    assert plain is not None
+    assert daily is not None
+    return [
+        session.record(
+            f"segment {body.label} @{inflight} {suffix}",
+            responder="dispenser",
+            kind="daily",
+            subject=subject,
+            body=body,
+            inflight=inflight,
+            step=session.plan.steady_step,
+            sample=sample,
+        )
+        for suffix, subject, sample in (
+            ("plain", session.steady_subject, plain),
+            ("daily", daily_subject, daily),
+        )
+    ]
 
 
 async def best_windows(

@@ -93,6 +93,7 @@ class BenchOptions:
     profile_worker: Path | None = None
     worker_command: str | None = None
     request_id: bool = False
+    daily: bool = False
     strict: bool = False
     quiet: bool = False
 
@@ -112,6 +113,12 @@ class ModePlan:
     tags: list[tuple[str, int, int]] = field(default_factory=list)
     """Segment tags ``(name, step, first ID)`` to create before the worker starts (and remove afterwards)."""
     worker_env: dict[str, str] = field(default_factory=dict)
+    daily_tag: str | None = None
+    """A daily tag (docs/daily.md) of the steady tag's step, created with ``--daily``; None: not measured."""
+
+
+DAILY_WIDTH = 10
+"""The daily tag's counter width in the bench: ten billion IDs a day, so no run exhausts it."""
 
 
 STATE_DIR_IN_WORKDIR = "<workdir>/state"
@@ -135,6 +142,7 @@ def plan_for_mode(options: BenchOptions, run_id: str) -> ModePlan:
             switch_tag=switch,
             switch_step=options.switch_step,
             tags=[(steady, options.step, STEADY_START), (switch, options.switch_step, SWITCH_START)],
+            daily_tag=f"bench-{run_id}-daily" if options.daily else None,
             worker_env={
                 "DISPENSER_SEGMENT_ENABLED": "true",
                 "DISPENSER_SNOWFLAKE_ENABLED": "false",
@@ -242,6 +250,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also measure ids/1 with a fresh request_id on every request, alternating with the same body "
         "without one (the cost of the fleet's replay record: docs/protocol.md)",
     )
+    parser.add_argument(
+        "--daily",
+        action="store_true",
+        help="also measure ids/1 on a daily tag (docs/daily.md) of the steady tag's step, alternating with "
+        "the plain steady tag (segment mode, local only)",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     add_target_options(parser)
@@ -255,6 +269,8 @@ def parse_options(argv: Sequence[str]) -> BenchOptions:
     deployment = deployment_of(parser, args)
     if deployment is not None and (args.profile_worker is not None or args.worker_command is not None):
         parser.error("--profile-worker and --worker-command start a worker here: not with --tag/--create-tag")
+    if args.daily and (deployment is not None or args.mode != "segment"):
+        parser.error("--daily creates a daily tag here: segment mode, not with --tag/--create-tag")
     if deployment is not None and args.mode == "snowflake":
         parser.error("a deployment is measured in segment mode only (--mode snowflake starts its own worker)")
     if args.profile_worker is not None:

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["bench_servers", "prepare_tags", "remove_tags"]
+__all__ = ["bench_servers", "prepare_daily_tag", "prepare_tags", "remove_tags"]
 
 
 async def prepare_tags(dsn: str, tags: Sequence[tuple[str, int, int]], *, migrate: bool = True) -> None:
@@ -19,6 +19,20 @@ async def prepare_tags(dsn: str, tags: Sequence[tuple[str, int, int]], *, migrat
     async with await PostgresSegmentStore.connect(dsn) as store:
         for tag, step, start in tags:
             await store.add_tag(tag, step, start, "created by dispenser bench; safe to remove")
+
+
+async def prepare_daily_tag(dsn: str, tag: str, step: int, width: int) -> None:
+    """Add a daily tag (UTC, ``width`` digits) to ``dsn``, migrated already; remove it with :func:`remove_tags`."""
+    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
+    from dispenser.core.daily import DailyPolicy  # noqa: PLC0415
+
+    async with await PostgresSegmentStore.connect(dsn) as store:
+        await store.add_tag(
+            tag,
+            step,
+            description="created by dispenser bench; safe to remove",
+            daily=DailyPolicy(width, "UTC"),
+        )
 
 
 async def remove_tags(dsn: str, tags: Sequence[tuple[str, int, int]]) -> None:
