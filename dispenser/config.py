@@ -285,6 +285,8 @@ class MetricsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     port: Port | None = None
     """Serve ``/metrics`` on this port; none: off (``dispenser dev`` turns it on at 9464)."""
     host: str = "127.0.0.1"
+    status_page: bool = True
+    """Serve the status page (``/status``, ``/status.json``) beside ``/metrics``, wherever it is served."""
 
 
 class HttpCaller(Struct, forbid_unknown_fields=True, kw_only=True):

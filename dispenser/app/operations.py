@@ -22,8 +22,9 @@ from dispenser.service.dispatch import Dispatcher
 from dispenser.service.rates import RateBook
 from dispenser.service.segments import SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator
+from dispenser.status import ClockCheck, RecentErrors, StatusPage
 
-__all__ = ["Observed", "metrics_on_http_port", "operations", "start_metrics"]
+__all__ = ["Observed", "metrics_on_http_port", "operations", "start_metrics", "status_page"]
 
 log = logging.getLogger("dispenser.app")  # the lines the worker's wiring has always logged under
 
@@ -52,12 +53,40 @@ class Observed:
 
 
 def operations(
-    observed: Observed, not_ready: Callable[[], Sequence[str]], cannot_issue: Callable[[], Sequence[str]]
+    observed: Observed,
+    not_ready: Callable[[], Sequence[str]],
+    cannot_issue: Callable[[], Sequence[str]],
+    status: StatusPage | None = None,
 ) -> tuple[CollectorRegistry, Operations]:
-    """What ``/metrics`` (its registry: ``dispenser enrich`` adds the enricher's), ``/healthz`` and ``/readyz`` read."""
+    """What ``/metrics`` (its registry: ``dispenser enrich`` adds the enricher's), the probes, ``/status`` read.
+
+    ``status``: the status page, served beside ``/metrics`` (``None``: off, ``metrics.status_page``).
+    """
     registry = worker_registry(observed)
     return registry, Operations(
-        metrics=lambda: exposition(registry), not_ready=not_ready, cannot_issue=cannot_issue
+        metrics=lambda: exposition(registry), not_ready=not_ready, cannot_issue=cannot_issue, status=status
+    )
+
+
+def status_page(
+    config: Config,
+    observed: Observed,
+    not_ready: Callable[[], Sequence[str]],
+    cannot_issue: Callable[[], Sequence[str]],
+    *,
+    clock_check: ClockCheck | None,
+    recent_errors: RecentErrors,
+) -> StatusPage | None:
+    """The status page of the worker ``observed`` is (``None``: ``metrics.status_page`` is off)."""
+    if not config.metrics.status_page:
+        return None
+    return StatusPage(
+        observed,
+        not_ready=not_ready,
+        cannot_issue=cannot_issue,
+        clock_check=clock_check,
+        recent_errors=recent_errors,
+        snowflake_mode=config.snowflake.mode,
     )
 
 
@@ -75,5 +104,6 @@ async def start_metrics(
     server = HttpServer(config.metrics.host, port, ops, max_connections=_PROBE_CONNECTIONS)
     stack.push_async_callback(server.stop)
     await server.start()
-    log.info("serving Prometheus metrics on %s/metrics (and /healthz, /readyz)", server.url)
+    status = " and /status" if ops.status is not None else ""
+    log.info("serving Prometheus metrics on %s/metrics (and /healthz, /readyz%s)", server.url, status)
     return server

@@ -17,13 +17,14 @@ from dispenser.app.parts import Off, settings_of
 from dispenser.app.stopping import background
 from dispenser.config import Config
 from dispenser.core.errors import PeerClockUnverified, WorkerIdInUse
-from dispenser.core.peers import check_peer_clocks
+from dispenser.core.peers import check_peer_clocks, mean_offset_ms
 from dispenser.messages import clock_subject
 from dispenser.ports import Clock
 from dispenser.registries import SnowflakeRegistration, open_registration
 from dispenser.service.identity import IdentityGuard
 from dispenser.service.rates import RateBook
 from dispenser.service.snowflake import SnowflakeGenerator, SnowflakeSettings
+from dispenser.status import ClockCheck
 
 __all__ = ["Snowflake", "start_snowflake"]
 
@@ -34,9 +35,15 @@ class Snowflake:
     """The snowflake generator of a started worker, its registration and the guard of its worker ID."""
 
     def __init__(
-        self, generator: SnowflakeGenerator, registration: SnowflakeRegistration, guard: IdentityGuard
+        self,
+        generator: SnowflakeGenerator,
+        registration: SnowflakeRegistration,
+        guard: IdentityGuard,
+        clock_check: ClockCheck | None = None,
     ) -> None:
         self.generator = generator
+        self.clock_check = clock_check if clock_check is not None else ClockCheck()
+        """What the last clock check against the live peers found (the status page shows it)."""
         self.registration = registration
         self.guard = guard
         """The guard against a live peer on this worker's ID (it hears the peers with NATS only)."""
@@ -78,10 +85,11 @@ async def start_snowflake(
         layout=registration.layout,
     )
     clock_check = clock_subject(config.nats.subject_prefix)
+    checked = ClockCheck()
     if isinstance(nc, Off):
         log.warning("NATS is off: the snowflake clock and worker ID are not checked against live peers")
     else:
-        await _check_peers(config, clock, nc, guard, clock_check)
+        await _check_peers(config, clock, nc, guard, clock_check, checked=checked)
     generator = SnowflakeGenerator(
         registration.layout,
         lease,
@@ -92,7 +100,7 @@ async def start_snowflake(
         persist_clean_stop=registration.persist_clean_stop,
         datacenter_id=sf.datacenter_id,
     )
-    snowflake = Snowflake(generator, registration, guard)
+    snowflake = Snowflake(generator, registration, guard, checked)
     guard.on_refuse = snowflake.refuse
     if guard.refusal is not None:
         snowflake.refuse(guard.refusal)
@@ -108,7 +116,9 @@ async def start_snowflake(
     if registration.from_cache:
         generator.relocate(pause=False)  # keep trying the registry; the cached ID stays ours
     if not isinstance(nc, Off):
-        background(stack, _recheck_peers(config, clock, nc, guard, clock_check), "snowflake-peers")
+        background(
+            stack, _recheck_peers(config, clock, nc, guard, clock_check, checked=checked), "snowflake-peers"
+        )
     where = f"datacenter {sf.datacenter_id}, " if registration.layout.datacenter_bits else ""
     log.info(
         "snowflake worker ID %d (%s%s mode); layout valid until %s",
@@ -122,9 +132,20 @@ async def start_snowflake(
 
 
 async def _check_peers(
-    config: Config, clock: Clock, nc: Connection, guard: IdentityGuard, clock_check: str
+    config: Config,
+    clock: Clock,
+    nc: Connection,
+    guard: IdentityGuard,
+    clock_check: str,
+    *,
+    checked: ClockCheck,
 ) -> None:
-    """Check the clock against the live peers, and hear their claims (raises PeerClockUnverified)."""
+    """Check the clock against the live peers (what it found into ``checked``), and hear their claims.
+
+    Raises:
+        PeerClockUnverified: nothing answered, with ``snowflake.peer_check_failure = "refuse"``.
+        ClockDisagreesWithPeers: the clock is too far from the peers'.
+    """
     sf = config.snowflake
     # Answer (and hear the peers' claims) before asking, and ask again a window later: of two workers
     # starting at once, at most one serves (docs/snowflake.md, "Two workers on one ID").
@@ -140,6 +161,7 @@ async def _check_peers(
             raise PeerClockUnverified(detail)
         log.warning("%s", detail)
     offset = check_peer_clocks(readings, sf.peer_threshold_ms)
+    checked.record(offset, len(readings), clock.wall_ms())
     if offset is not None:
         log.info("clock is within %.0f ms of the mean of %d live peer(s)", offset, len(readings))
     elif heard.answered:
@@ -147,7 +169,7 @@ async def _check_peers(
 
 
 async def _recheck_peers(
-    config: Config, clock: Clock, nc: Connection, guard: IdentityGuard, subject: str
+    config: Config, clock: Clock, nc: Connection, guard: IdentityGuard, subject: str, *, checked: ClockCheck
 ) -> None:
     """Ask the live peers again now and then: two workers that started unheard by each other meet here."""
     sf = config.snowflake
@@ -161,3 +183,4 @@ async def _recheck_peers(
             log.debug("could not check the snowflake peers (will retry): %r", exc)
             continue
         guard.heard(heard.claims)
+        checked.record(mean_offset_ms(heard.readings), len(heard.readings), clock.wall_ms())

@@ -30,7 +30,7 @@ from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.app.http import start_http
 from dispenser.app.kafka import start_kafka_service
 from dispenser.app.nats import connect_nats, start_nats_service
-from dispenser.app.operations import Observed, metrics_on_http_port, operations, start_metrics
+from dispenser.app.operations import Observed, metrics_on_http_port, operations, start_metrics, status_page
 from dispenser.app.parts import Off, present, settings_of, unless_off
 from dispenser.app.rates import Rates, rate_book, start_rates
 from dispenser.app.segments import (
@@ -54,6 +54,7 @@ from dispenser.service.identity import IdentityGuard
 from dispenser.service.residues import ResidueGuard
 from dispenser.service.segments import SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator
+from dispenser.status import RecentErrors
 
 __all__ = ["NotStarted", "Parts", "ReadinessView", "Worker"]
 
@@ -191,6 +192,9 @@ class Worker:
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> Parts:
         config = self.config
+        recent_errors = RecentErrors()  # from the start on: the status page shows the start's warnings too
+        recent_errors.attach()
+        stack.callback(recent_errors.detach)
         got = await self._start_sources(stack)
         if config.kafka.enabled and (self.serve or config.rate.enabled):
             # Once, before the first Kafka client (rate events, requests): a refused password or CA is one
@@ -208,7 +212,12 @@ class Worker:
             snowflake.generator if snowflake is not None else None,
         )
         probed = self.probed
-        registry, ops = operations(observed, lambda: not_ready(probed), lambda: cannot_issue(probed))
+        ready, issuing = (lambda: not_ready(probed)), (lambda: cannot_issue(probed))
+        clock_check = snowflake.clock_check if snowflake is not None else None
+        status = status_page(
+            config, observed, ready, issuing, clock_check=clock_check, recent_errors=recent_errors
+        )
+        registry, ops = operations(observed, ready, issuing, status)
         metrics: HttpServer | Off = Off("metrics.port")
         with_metrics = metrics_on_http_port(config, serve=self.serve)
         if config.metrics.port is not None and not with_metrics:

@@ -13,7 +13,7 @@ from typing import Literal
 from dispenser.core.errors import ClockDisagreesWithPeers
 from dispenser.core.node_bits import NodeBits, can_collide
 
-__all__ = ["Claim", "ClaimState", "PeerReading", "check_peer_clocks", "rival_claims"]
+__all__ = ["Claim", "ClaimState", "PeerReading", "check_peer_clocks", "mean_offset_ms", "rival_claims"]
 
 ClaimState = Literal["starting", "serving", "refused", ""]
 """A worker's phase: checking its peers, issuing, or refusing to issue ("": an older worker, taken as serving)."""
@@ -86,15 +86,22 @@ class PeerReading:
         return self.peer_ms - (self.sent_ms + self.received_ms) / 2
 
 
+def mean_offset_ms(readings: list[PeerReading]) -> float | None:
+    """The mean offset of the peers' clocks from ours, in ms (``None`` when none answered)."""
+    if not readings:
+        return None
+    return sum(r.offset_ms for r in readings) / len(readings)
+
+
 def check_peer_clocks(readings: list[PeerReading], threshold_ms: int) -> float | None:
     """Return the mean offset of the peers' clocks from ours (``None`` when alone), or refuse.
 
     Raises:
         ClockDisagreesWithPeers: our clock is further than ``threshold_ms`` from the peers' mean.
     """
-    if not readings:
+    mean = mean_offset_ms(readings)
+    if mean is None:
         return None
-    mean = sum(r.offset_ms for r in readings) / len(readings)
     if abs(mean) > threshold_ms:
         raise ClockDisagreesWithPeers(mean, threshold_ms, len(readings))
     return mean

@@ -88,11 +88,17 @@ def _moment(ms: int | None) -> str:
     return f"{moment:%Y-%m-%d %H:%M:%S}.{ms % 1000:03d} UTC"
 
 
+def _data(value: object) -> str:
+    """A ``data-value`` attribute: the exact value (a boolean as in JSON), escaped; none for ``None``."""
+    if value is None:
+        return ""
+    text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return f' data-value="{_e(text)}"'
+
+
 def _cell(field: str, shown: str, value: object = None, css: str = "") -> str:
     """A cell, its ``data-field``, and its exact value in ``data-value`` (what a test or a script reads)."""
-    attributes = f' data-field="{_e(field)}"'
-    if value is not None:
-        attributes += f' data-value="{_e(value)}"'
+    attributes = f' data-field="{_e(field)}"{_data(value)}'
     if css:
         attributes += f' class="{css}"'
     return f"<td{attributes}>{shown}</td>"
@@ -214,9 +220,7 @@ def _snowflake(snowflake: SnowflakeStatus | None) -> str:
         ("refusal", "refusal", _e(snowflake.refusal or "none"), snowflake.refusal),
     ]
     terms = "".join(
-        f'<dt>{label}</dt><dd data-field="{field}"'
-        + ("" if value is None else f' data-value="{_e(value)}"')
-        + f">{shown}</dd>"
+        f'<dt>{label}</dt><dd data-field="{field}"{_data(value)}>{shown}</dd>'
         for field, label, shown, value in items
     )
     rows = (

@@ -51,6 +51,10 @@ class ClockCheck:
     at_ms: int | None = None
     """When (Unix ms; ``None``: never checked, as without NATS)."""
 
+    def record(self, offset_ms: float | None, peers: int, at_ms: int) -> None:
+        """A check's result: the mean offset of ``peers`` answers, at ``at_ms``."""
+        self.offset_ms, self.peers, self.at_ms = offset_ms, peers, at_ms
+
 
 class StatusSources(Protocol):
     """What the snapshot reads of a worker (``dispenser.app.operations.Observed``, as ``/metrics`` does)."""
