@@ -8,6 +8,7 @@ while it is open. ``DISPENSER_STATUS_SCREENSHOT=docs/status-page.png`` also save
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import struct
@@ -15,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 
 from dispenser.app import Off, Worker
 from dispenser.config import Config, load_config
+from dispenser.status import WorkerStatus
 from dispenser_lab.servers import NatsServer
 
 from .browser_support import headless_page
@@ -161,3 +164,37 @@ async def test_the_page_shows_the_workers_state_in_a_browser_and_follows_it_live
     target = os.environ.get("DISPENSER_STATUS_SCREENSHOT")
     if target:
         await asyncio.to_thread(Path(target).write_bytes, png)
+
+
+async def test_the_page_is_served_only_where_the_metrics_are_and_can_be_turned_off(
+    nats_server: NatsServer, pg_dsn: str, tmp_path: Path
+) -> None:
+    """/status on the metrics port (with its CSP, no-store), not on the API's port; metrics.status_page = false: none."""
+    await prepare(pg_dsn, [(TAG, 1000)])
+    prefix = f"status{secrets.token_hex(3)}"
+    config = status_config(nats_server.url, pg_dsn, tmp_path / "a", worker_id=7, datacenter="", prefix=prefix)
+    async with running_worker(config) as worker, aiohttp.ClientSession() as session:
+        async with session.get(f"{worker.http.url}/api/segment/get/{TAG}") as answer:
+            assert answer.status == 200
+        async with session.get(f"{worker.http.url}/status") as answer:
+            assert answer.status == 404  # the API's callers never see every tag and its volume
+        logging.getLogger("dispenser.test").warning("a warning for the page: <%s>", "mind the markup")
+        async with session.get(f"{worker.metrics.url}/status") as answer:
+            assert answer.status == 200
+            assert answer.content_type == "text/html"
+            assert answer.headers["Cache-Control"] == "no-store"
+            assert answer.headers["Content-Security-Policy"].startswith("default-src 'none'")
+            assert "&lt;mind the markup&gt;" in await answer.text()
+        async with session.get(f"{worker.metrics.url}/status.json") as answer:
+            assert answer.status == 200
+            status = msgspec.json.decode(await answer.read(), type=WorkerStatus)
+        assert [(t.tag, t.ids_total) for t in status.segments] == [(TAG, 1)]
+        assert status.snowflake is not None
+        assert status.snowflake.worker_id == 7
+        assert status.recent_errors[0].message == "a warning for the page: <mind the markup>"
+    off = msgspec.structs.replace(config, metrics=msgspec.structs.replace(config.metrics, status_page=False))
+    async with running_worker(off) as worker, aiohttp.ClientSession() as session:
+        async with session.get(f"{worker.metrics.url}/status") as answer:
+            assert answer.status == 404
+        async with session.get(f"{worker.metrics.url}/metrics") as answer:
+            assert answer.status == 200
