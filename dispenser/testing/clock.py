@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import os
+import selectors
+import sys
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 __all__ = ["ManualClock", "settle"]
 
@@ -73,38 +78,47 @@ class ManualClock:
         return self._now - started
 
 
-async def settle(limit: int = 10_000) -> None:
-    """Let the event loop run what is ready until it is idle: every other task waits on something undone.
+_LOOP_CODE = (os.path.dirname(asyncio.__file__), selectors.__file__)
+"""Where the event loop's own code lives, when it is asyncio's pure-Python loop rather than uvloop."""
 
-    Idle means each other task is done or parked on a future that is not done yet (a lock, an event, a
-    :class:`ManualClock` sleep, a socket); a task that was just woken, or that yields with
-    ``asyncio.sleep(0)``, is not. That is the state a test means by "whatever was set off has run", so
-    nothing here is a guessed number of turns.
+
+async def settle(limit: int = 10_000) -> None:
+    """Let the event loop run what is ready until it is idle: a turn of it in which no other code ran.
+
+    Idle means no other task (and no plain callback) ran any Python code for two turns of the loop in a
+    row: each other task is done or parked on something not done yet (a lock, an event, a
+    :class:`ManualClock` sleep, a socket), since a task that was just woken, or that yields with
+    ``asyncio.sleep(0)``, runs within one turn. That is the state a test means by "whatever was set off
+    has run", so nothing here is a guessed number of turns. Seen with public API only: a profile function
+    (:func:`sys.setprofile`, this thread, only while settling) notes every frame another task
+    (:func:`asyncio.current_task`) enters or resumes.
 
     Raises:
-        AssertionError: still busy after ``limit`` loop turns (a task spinning on ``sleep(0)``).
+        AssertionError: still busy after ``limit`` loop turns (a task spinning on ``sleep(0)``), naming it.
     """
     me = asyncio.current_task()
+    ran: set[asyncio.Task[Any] | None] = set()
+
+    def seen(frame: FrameType, event: str, _arg: object) -> None:
+        if event == "call":  # a frame entered, or a coroutine resumed
+            task = asyncio.current_task()
+            # Outside any task, the pure-Python event loop's own turn (asyncio's and selectors' code) is
+            # not work; a callback it runs is, and a task it wakes runs in the next turn.
+            if task is not me and (task is not None or not frame.f_code.co_filename.startswith(_LOOP_CODE)):
+                ran.add(task)
+
     quiet = 0
-    for _ in range(limit):
-        await asyncio.sleep(0)
-        if all(_parked(task) for task in asyncio.all_tasks() if task is not me):
-            # Twice in a row: a plain callback (call_soon) that was ready beside the tasks has run, and
-            # woken no one.
-            quiet += 1
+    previous = sys.getprofile()
+    sys.setprofile(seen)
+    try:
+        for _ in range(limit):
+            ran.clear()
+            await asyncio.sleep(0)
+            # Twice in a row: a plain callback that was ready beside the tasks has run, and woken no one.
+            quiet = quiet + 1 if not ran else 0
             if quiet == 2:
                 return
-        else:
-            quiet = 0
-    busy = [task for task in asyncio.all_tasks() if task is not me and not _parked(task)]
+    finally:
+        sys.setprofile(previous)
+    busy = sorted(repr(task) if task is not None else "a plain callback" for task in ran)
     raise AssertionError(f"the event loop is still busy after {limit} turns: {busy}")
-
-
-def _parked(task: asyncio.Task[object]) -> bool:
-    """Done, or waiting on a future that is not done (so no step of it is scheduled)."""
-    if task.done():
-        return True
-    # The future a task waits on: asyncio's own attribute, on the C and the Python Task alike (uvloop
-    # runs asyncio's Task). None while a step of the task is scheduled.
-    waiter = getattr(task, "_fut_waiter", None)
-    return waiter is not None and not waiter.done()
