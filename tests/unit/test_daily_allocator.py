@@ -8,8 +8,10 @@ from datetime import datetime
 from typing import TypeVar
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dispenser.core.daily import DailyPolicy, split
+from dispenser.core.daily import DailyPolicy, day_of, split
 from dispenser.core.errors import DayExhausted
 from dispenser.core.ids import IdBatch
 from dispenser.ports import Allocation
@@ -189,3 +191,56 @@ async def test_a_removed_daily_tag_is_forgotten_and_its_day_rows_stay_hidden() -
     assert "order" not in allocator.daily.tags
     assert [info.tag for info in await store.list_tags()] == ["plain"]
     await allocator.close()
+
+
+class WallClock(ManualClock):
+    """Virtual time whose wall clock a test can also step back and forth (an NTP step, a worker behind)."""
+
+    def step_wall(self, ms: int) -> None:
+        self._wall_offset_ms += ms
+
+
+steps = st.lists(
+    st.tuples(st.integers(0, 1), st.integers(-1500, 2500), st.integers(1, 12)), min_size=1, max_size=30
+)
+
+
+@settings(deadline=None)
+@given(ops=steps, behind=st.integers(0, 3000), width=st.sampled_from([1, 2, 6]), step=st.integers(1, 7))
+def test_no_id_twice_across_days_whatever_the_workers_clocks_do(
+    ops: list[tuple[int, int, int]], behind: int, width: int, step: int
+) -> None:
+    """Two workers, clocks apart and stepping back and forth across midnight: no ID twice, each of its date.
+
+    Every ID answered carries the date of its worker's clock at the answer, and a day's counter never passes
+    its width (the request is refused instead).
+    """
+    asyncio.run(_two_workers_stepping(ops, behind, DailyPolicy.checked(width, "Asia/Shanghai"), step))
+
+
+async def _two_workers_stepping(
+    ops: list[tuple[int, int, int]], behind: int, policy: DailyPolicy, step: int
+) -> None:
+    store = MemorySegmentStore()
+    await store.add_tag("order", step, daily=policy)
+    clocks = [WallClock(wall_ms=MIDNIGHT_MS - 1000), WallClock(wall_ms=MIDNIGHT_MS - 1000 - behind)]
+    workers = [await worker(store, clock) for clock in clocks]
+    seen: set[int] = set()
+    for index, jump, count in ops:
+        clock, allocator = clocks[index], workers[index]
+        clock.step_wall(jump)
+        before = day_of(clock.wall_ms(), policy.zone)
+        try:
+            batch = allocator.try_take("order", count)  # buffered: at once, as most requests are
+            got = ids(batch) if batch is not None else await take(allocator, clock, count)
+        except DayExhausted:
+            continue
+        after = day_of(clock.wall_ms(), policy.zone)
+        for i in got:
+            day, counter = split(i, policy.width)
+            assert day in {before, after}
+            assert 1 <= counter <= policy.capacity
+            assert i not in seen
+            seen.add(i)
+    for allocator in workers:
+        await allocator.close()
