@@ -173,6 +173,10 @@ class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     workers that started at the same moment, unheard by each other, are found by the next one)."""
     wait_deadline: Positive = 2.0
     """Seconds a request may wait (the next millisecond, a small clock rollback, a recorded mark)."""
+    per_process_worker_ids: bool = False
+    """In ``static`` mode with ``worker.processes`` above 1: process ``i`` issues under ``worker_id + i`` (reserve
+    ``worker_id`` … ``worker_id + processes - 1`` for this host). Off: such a start is refused, since one
+    static ID shared by two processes would repeat IDs (docs/operations.md)."""
 
 
 class KafkaConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -363,6 +367,15 @@ class LogConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     format: Literal["text", "json"] = "text"
 
 
+class WorkerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """How ``dispenser serve`` runs on this host."""
+
+    processes: AtLeastOne | Literal["auto"] = 1
+    """Worker processes under one supervisor (``auto``: the cores this process may use, a container's CPU
+    quota included). Above 1 they share the HTTP port (``SO_REUSEPORT``), the NATS queue group and the Kafka
+    consumer group; each has its own segments, snowflake worker ID and state (docs/operations.md)."""
+
+
 class Config(Struct, forbid_unknown_fields=True, kw_only=True):
     """The whole configuration."""
 
@@ -377,6 +390,7 @@ class Config(Struct, forbid_unknown_fields=True, kw_only=True):
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    worker: WorkerConfig = msgspec.field(default_factory=WorkerConfig)
 
 
 _SECTIONS: dict[str, type[Struct]] = {
@@ -391,6 +405,7 @@ _SECTIONS: dict[str, type[Struct]] = {
     "http": HttpConfig,
     "limits": LimitsConfig,
     "log": LogConfig,
+    "worker": WorkerConfig,
 }
 
 

@@ -20,7 +20,9 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from dispenser import __version__
 from dispenser.core.rate import runway_seconds
@@ -36,6 +38,7 @@ __all__ = [
     "WorkerCollector",
     "add_standard_collectors",
     "exposition",
+    "merge_expositions",
     "worker_registry",
 ]
 
@@ -341,4 +344,59 @@ class BuildInfoCollector(Collector):
 
 def exposition(registry: CollectorRegistry) -> bytes:
     """The registry in Prometheus' text format (what ``/metrics`` answers)."""
+    return generate_latest(registry)
+
+
+class _Families(Collector):
+    """Metric families already read (the processes' expositions, merged)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        """The families as given."""
+        return iter(self._families)
+
+
+def merge_expositions(
+    texts: Mapping[str, str], *, restarts: Mapping[str, int], processes: int, label: str = "process"
+) -> bytes:
+    """One exposition for the host from its worker processes' (``dispenser serve --processes``).
+
+    Each process's samples keep their names and labels and gain ``label`` (its index); a family several
+    processes expose is one family. Then the supervisor's own: the processes configured, and each one's
+    restarts and whether it serves now (it is in ``texts``).
+
+    Args:
+        texts: each serving process's ``/metrics`` text, by process index.
+        restarts: restarts by the supervisor so far, by process index (every process).
+        processes: how many processes the host runs.
+        label: the label naming the process.
+    """
+    families: dict[str, Metric] = {}
+    for process, text in texts.items():
+        for family in text_string_to_metric_families(text):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = Metric(family.name, family.documentation, family.type, family.unit)
+                families[family.name] = merged
+            merged.samples.extend(
+                Sample(s.name, {**s.labels, label: process}, s.value, s.timestamp, s.exemplar)
+                for s in family.samples
+            )
+    configured = GaugeMetricFamily("leaf_worker_processes", "Worker processes this host runs")
+    configured.add_metric([], processes)
+    serving = GaugeMetricFamily(
+        "leaf_worker_process_serving",
+        "1 while the process serves, 0 while it starts or restarts",
+        labels=[label],
+    )
+    restarted = CounterMetricFamily(
+        "leaf_worker_process_restarts", "Times the supervisor restarted the process", labels=[label]
+    )
+    for process, count in restarts.items():
+        serving.add_metric([process], 1 if process in texts else 0)
+        restarted.add_metric([process], count)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families([*families.values(), configured, serving, restarted]))
     return generate_latest(registry)

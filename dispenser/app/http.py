@@ -64,6 +64,8 @@ async def start_http(
         open_files=raise_open_files_limit(),
         keepalive_timeout=http.keepalive_timeout,
         head_timeout=http.head_timeout,
+        # The worker processes of one host (worker.processes) share the port; the kernel spreads connections.
+        reuse_port=config.worker.processes != 1,
     )
     if server.max_connections < http.max_connections:
         log.warning(

@@ -6,21 +6,23 @@ A worker, an enricher giving Kafka records IDs, and a development stack on this 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
 import msgspec
 
 from dispenser.cli.common import AddParser, lab_command, stacks_on_sigusr1, uvloop_suits
-from dispenser.config import Config
+from dispenser.cli.logs import setup_logging
+from dispenser.config import Config, ConfigError
 from dispenser.runner import run_async
 
 __all__ = ["add_dev", "add_enrich", "add_serve", "run_dev", "run_enrich", "run_serve"]
 
 
 def add_serve(add_parser: AddParser) -> None:
-    """``dispenser serve``: no options of its own, its settings come from the configuration."""
-    add_parser(
+    """``dispenser serve``: its settings come from the configuration; ``--processes`` overrides one."""
+    serve = add_parser(
         "serve",
         help="serve IDs over NATS, and over Kafka with kafka.enabled (config from file and DISPENSER_* variables)",
         description=(
@@ -33,9 +35,19 @@ def add_serve(add_parser: AddParser) -> None:
             "examples:\n"
             "  dispenser serve -c /etc/leaf-dispenser/dispenser.toml\n"
             "  DISPENSER_POSTGRES_DSN=postgresql://leaf@db/leaf DISPENSER_NATS_URL=nats://n1:4222 dispenser serve\n"
+            "  dispenser serve --processes auto -c /etc/leaf-dispenser/dispenser.toml\n"
             "settings: every section; `dispenser config` prints the effective ones (docs/configuration.md)"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument(
+        "--processes",
+        metavar="N",
+        help=(
+            "worker processes on this host under one supervisor, or 'auto' (the cores this process may use, "
+            "a container's CPU quota included); default worker.processes (1). They share the HTTP port, the "
+            "NATS queue group and the Kafka consumer group (docs/operations.md#processes-per-host)"
+        ),
     )
 
 
@@ -119,12 +131,28 @@ def add_dev(add_parser: AddParser) -> None:
     )
 
 
-def run_serve(_args: argparse.Namespace, config: Config) -> int:
-    """Run a worker until SIGTERM or SIGINT."""
+def run_serve(args: argparse.Namespace, config: Config) -> int:
+    """Run a worker until SIGTERM or SIGINT; with ``--processes`` (``worker.processes``) above 1, that many."""
     from dispenser.app import run_worker  # noqa: PLC0415 - keep `dispenser get` light
+    from dispenser.app.processes import check_processes, resolve_processes  # noqa: PLC0415
 
+    try:
+        processes = resolve_processes(args.processes or config.worker.processes)
+        check_processes(config, processes)
+    except ConfigError as exc:
+        print(f"dispenser serve: {exc}", file=sys.stderr)
+        return 2
+    config = msgspec.structs.replace(
+        config, worker=msgspec.structs.replace(config.worker, processes=processes)
+    )
     stacks_on_sigusr1()
-    return run_async(run_worker(config), fast=uvloop_suits(config))
+    if processes == 1:
+        return run_async(run_worker(config), fast=uvloop_suits(config))
+    from dispenser.app.supervisor import supervise  # noqa: PLC0415
+
+    # Each process sets up its logging as this one did (the spawned interpreter starts with none).
+    prepare = functools.partial(setup_logging, config, args.verbose)
+    return run_async(supervise(config, processes, prepare=prepare, fast=uvloop_suits(config)))
 
 
 def run_enrich(args: argparse.Namespace, config: Config) -> int:

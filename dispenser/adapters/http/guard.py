@@ -258,9 +258,14 @@ class _Refusal(asyncio.Protocol):
 
 
 class GuardedSite(web.BaseSite):
-    """A TCP site whose connections are :class:`GuardedHandler` s, at most ``max_connections`` open at once."""
+    """A TCP site whose connections are :class:`GuardedHandler` s, at most ``max_connections`` open at once.
 
-    __slots__ = ("_bound_port", "_handler", "_host", "_port", "max_connections", "refused")
+    ``reuse_port``: bind with ``SO_REUSEPORT``, so that the worker processes of one host listen on one port
+    and the kernel spreads the connections among them (``dispenser serve --processes``); off, a port that
+    is taken is an error, as it should be for a single worker.
+    """
+
+    __slots__ = ("_bound_port", "_handler", "_host", "_port", "_reuse_port", "max_connections", "refused")
 
     def __init__(
         self,
@@ -271,10 +276,12 @@ class GuardedSite(web.BaseSite):
         max_connections: int,
         head_timeout: float,
         keepalive_timeout: float,
+        reuse_port: bool = False,
     ) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
+        self._reuse_port = reuse_port
         self._bound_port = port
         self.max_connections = max_connections
         self.refused = 0
@@ -311,7 +318,9 @@ class GuardedSite(web.BaseSite):
                 return _Refusal(cap)
             return GuardedHandler(server, loop=loop, **settings)
 
-        self._server = await loop.create_server(connection, self._host, self._port, backlog=self._backlog)
+        self._server = await loop.create_server(
+            connection, self._host, self._port, backlog=self._backlog, reuse_port=self._reuse_port or None
+        )
         if self._server.sockets:
             self._bound_port = self._server.sockets[0].getsockname()[1]
 

@@ -211,6 +211,7 @@ class HttpServer:
         open_files: the process's file-descriptor limit, for :func:`~dispenser.adapters.http.guard.fit_connections`.
         keepalive_timeout: seconds an idle connection is kept.
         head_timeout: seconds from a request's first byte to the end of its head.
+        reuse_port: share the port with the host's other worker processes (``SO_REUSEPORT``).
     """
 
     def __init__(
@@ -225,9 +226,11 @@ class HttpServer:
         open_files: int | None = None,
         keepalive_timeout: float = 75.0,
         head_timeout: float = 10.0,
+        reuse_port: bool = False,
     ) -> None:
         self.host = host
         self.port = port
+        self._reuse_port = reuse_port
         self.app = web.Application()
         self._runner: web.AppRunner | None = None
         self._site: GuardedSite | None = None
@@ -255,6 +258,7 @@ class HttpServer:
             max_connections=self.max_connections,
             keepalive_timeout=keepalive_timeout,
             head_timeout=head_timeout,
+            reuse_port=self._reuse_port,
         )
         await site.start()
         self._site = site

@@ -1,13 +1,16 @@
 """``dispenser bench http``: Leaf's HTTP API of a worker against a trivial aiohttp handler, in one run.
 
 The worker and :mod:`dispenser_lab.bench.http_echo` each in a process of their own, loaded by ``wrk``; the
-cases, the rounds, the target and the figures: ``docs/benchmarks.md`` ("HTTP").
+cases, the rounds, the target and the figures: ``docs/benchmarks.md`` ("HTTP"). With ``--processes N``, a
+``dispenser serve --processes N`` beside them, its cases in the same rounds, its server CPU the sum of its
+processes' (the supervisor's included).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -89,6 +92,8 @@ class Options:
     postgres_dsn: str | None
     quiet: bool
     strict: bool
+    processes: int = 1
+    """Worker processes of a second dispenser responder measured beside the first (1: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,14 +131,14 @@ def _wrk() -> str:
 async def _run_wrk(
     wrk: str, script: Path, url: str, connections: int, seconds: int, *, pid: int | None
 ) -> Window:
-    """One wrk run of ``seconds`` on ``url``; ``pid``: the responder, whose CPU is read around it."""
-    before = cpu_times({"responder": pid}) if pid is not None else {}
+    """One wrk run of ``seconds`` on ``url``; ``pid``: the responder, whose CPU (its processes') is read around it."""
+    before = tree_cpu_times(pid) if pid is not None else {}
     argv = [wrk, "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s", "-s", str(script), url]
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
     )
     out, _ = await proc.communicate()
-    after = cpu_times({"responder": pid}) if pid is not None else {}
+    after = tree_cpu_times(pid) if pid is not None else {}
     text = out.decode(errors="replace")
     summary = next((line for line in reversed(text.splitlines()) if line.startswith("{")), None)
     if proc.returncode != 0 or summary is None:
@@ -151,6 +156,25 @@ async def _run_wrk(
         max_ms=data["max_us"] / 1000,
         cpu_s=cpu,
     )
+
+
+def tree_cpu_times(pid: int) -> dict[str, float]:
+    """``{"responder": CPU seconds}`` of ``pid`` and every process under it (a supervisor's workers)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(text[text.rindex(")") + 2 :].split()[1])
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, ppid in parents.items() if ppid == parent and child not in tree]
+        tree.update(children)
+        frontier += children
+    times = cpu_times({str(each): each for each in tree})
+    return {"responder": sum(times.values())} if str(pid) in times else {}
 
 
 async def _wait_answering(child: Child, url: str, timeout: float = 60.0) -> None:
@@ -174,22 +198,56 @@ async def _wait_answering(child: Child, url: str, timeout: float = 60.0) -> None
             await asyncio.sleep(0.1)
 
 
-def _worker(workdir: Path, nats_url: str, dsn: str, port: int) -> Child:
+def _worker(workdir: Path, nats_url: str, dsn: str, port: int, processes: int = 1) -> Child:
     env = dict(os.environ)
+    state = workdir / ("state" if processes == 1 else f"state-{processes}")
     env |= {
         "DISPENSER_NATS_URL": nats_url,
-        "DISPENSER_NATS_SUBJECT_PREFIX": "bench-http",
+        "DISPENSER_NATS_SUBJECT_PREFIX": "bench-http" if processes == 1 else f"bench-http-{processes}",
         "DISPENSER_POSTGRES_DSN": dsn,
         "DISPENSER_SNOWFLAKE_ENABLED": "true",
-        "DISPENSER_SNOWFLAKE_STATE_DIR": str(workdir / "state"),
-        "DISPENSER_SEGMENT_STATE_DIR": str(workdir / "state"),
+        "DISPENSER_SNOWFLAKE_STATE_DIR": str(state),
+        "DISPENSER_SEGMENT_STATE_DIR": str(state),
         "DISPENSER_HTTP_PORT": str(port),
         "DISPENSER_LOG_LEVEL": "WARNING",
         "DISPENSER_LOG_FORMAT": "text",
     }
-    return Child(
-        "dispenser worker", [sys.executable, "-m", "dispenser", "serve"], workdir / "worker.log", env
+    argv = [sys.executable, "-m", "dispenser", "serve"]
+    if processes > 1:
+        # Static worker IDs 1 … N beside the single worker's 0 (the peer check would refuse a shared one).
+        env |= {"DISPENSER_SNOWFLAKE_WORKER_ID": "1", "DISPENSER_SNOWFLAKE_PER_PROCESS_WORKER_IDS": "true"}
+        argv += ["--processes", str(processes)]
+    name = "dispenser worker" if processes == 1 else f"dispenser serve --processes {processes}"
+    log = workdir / ("worker.log" if processes == 1 else f"worker-{processes}.log")
+    return Child(name, argv, log, env)
+
+
+def cases(processes: int) -> tuple[Case, ...]:
+    """The cases: :data:`CASES`, and with ``processes`` above 1 Leaf's forms on that many processes."""
+    if processes == 1:
+        return CASES
+    many = f"dispenser-{processes}"
+    return (
+        *CASES,
+        Case(f"segment, Leaf's form, {processes} processes", many, "segment", CASES[1].path, "ids", 1),
+        Case(f"snowflake, Leaf's form, {processes} processes", many, "snowflake", CASES[2].path, "ids", 1),
     )
+
+
+async def _wait_all_serving(child: Child, url: str, processes: int, timeout: float = 60.0) -> None:
+    """Wait until ``processes`` different snowflake worker IDs answer on ``url`` (every process serves)."""
+    deadline = time.monotonic() + timeout
+    seen: set[int] = set()
+    while len(seen) < processes:
+        if child.exited:
+            raise BenchError(f"the {child.name} exited with status {child.stop()}:\n{child.tail()}")
+        if time.monotonic() > deadline:
+            raise BenchError(f"only {len(seen)} of {processes} processes answered {url} within {timeout:g}s")
+        connector = aiohttp.TCPConnector(force_close=True)  # a connection each: any process may take it
+        with contextlib.suppress(aiohttp.ClientError, ValueError):
+            async with aiohttp.ClientSession(connector=connector) as session, session.get(url) as response:
+                seen.add((int(await response.text()) >> 12) & 1023)
+        await asyncio.sleep(0.02)  # paces the polling
 
 
 def _echo(workdir: Path, port: int) -> Child:
@@ -210,11 +268,18 @@ async def run(options: Options, workdir: Path) -> tuple[list[CaseResult], list[T
             "echo": _echo(workdir, ports["echo"]),
             "dispenser": _worker(workdir, nats_url, dsn, ports["dispenser"]),
         }
+        many = f"dispenser-{options.processes}"
+        if options.processes > 1:
+            ports[many] = free_port()
+            children[many] = _worker(workdir, nats_url, dsn, ports[many], options.processes)
         try:
             for child in children.values():
                 child.start()
             for name, child in children.items():
                 await _wait_answering(child, f"http://127.0.0.1:{ports[name]}{CASES[1].path}")
+            if options.processes > 1:
+                url = f"http://127.0.0.1:{ports[many]}{CASES[2].path}"
+                await _wait_all_serving(children[many], url, options.processes)
             return await _measure(options, wrk, script, ports, children)
         finally:
             for child in children.values():
@@ -234,13 +299,14 @@ async def _measure(
         proc = children[case.responder].proc
         return None if proc is None else proc.pid
 
+    measured = cases(options.processes)
     for connections in options.connections:
         if options.warmup:
-            for case in CASES:
+            for case in measured:
                 await _run_wrk(wrk, script, url(case), connections, options.warmup, pid=None)
         for round_ in range(options.repeat):
             # Every other round backwards: no case always runs right after the echo (or before it).
-            for case in CASES if round_ % 2 == 0 else reversed(CASES):
+            for case in measured if round_ % 2 == 0 else reversed(measured):
                 if children[case.responder].exited:
                     child = children[case.responder]
                     raise BenchError(f"the {child.name} exited during the run:\n{child.tail()}")
@@ -254,7 +320,7 @@ async def _measure(
     results = []
     for connections in options.connections:
         echo_windows = windows[(CASES[0].name, connections)]
-        for case in CASES:
+        for case in measured:
             rounds = windows[(case.name, connections)]
             # The median window, and the median of the ratios to the echo's window of the same round: each
             # round's pair ran seconds apart, so a load that comes and goes on the machine weighs on both.
@@ -316,7 +382,7 @@ def cost_ratio(case: CaseResult, results: Sequence[CaseResult]) -> float | None:
 def _targets(results: Sequence[CaseResult]) -> list[Target]:
     targets = []
     for case in results:
-        if case.name.startswith(CASES[1].name) and case.inflight == 64:
+        if case.name == f"{CASES[1].name} @64":
             measured = case.ratio_to_echo
             targets.append(
                 Target(
@@ -338,6 +404,33 @@ def _targets(results: Sequence[CaseResult]) -> list[Target]:
     return targets
 
 
+def _scaling(results: Sequence[CaseResult]) -> list[str]:
+    """N processes against one, per form and connections: requests/s, and server CPU per request."""
+    lines = []
+    for many in (case for case in results if case.name.split(" @")[0].endswith(" processes")):
+        form = many.name.split(", ")[0]
+        one = next(
+            (
+                c
+                for c in results
+                if c.responder == "dispenser"
+                and c.mode == many.mode
+                and c.count == 1
+                and c.inflight == many.inflight
+                and c.name.startswith(form)
+            ),
+            None,
+        )
+        if one is None:
+            continue
+        lines.append(
+            f"{many.name}: {fmt_ratio(ratio(many.requests_per_s, one.requests_per_s))} x the requests/s of one "
+            f"process, {fmt_ratio(ratio(many.responder_us_per_request, one.responder_us_per_request))} x its "
+            "server CPU per request"
+        )
+    return ["", *lines] if lines else []
+
+
 def render(results: Sequence[CaseResult], targets: Sequence[Target]) -> str:
     """The report: one row per case, then the targets."""
     rows = [
@@ -357,7 +450,7 @@ def render(results: Sequence[CaseResult], targets: Sequence[Target]) -> str:
     ]
     headers = ["case", "req/s", "vs echo", "p50 ms", "p99 ms", "p999 ms", "errors", "server CPU", "µs/req"]
     table = render_table([*headers, "by CPU"], rows)
-    lines = [table, "", "targets:"]
+    lines = [table, *_scaling(results), "", "targets:"]
     lines += [
         f"  {'PASS' if t.passed else 'MISS'} {t.name}: {t.measured} (goal {t.goal})" for t in targets
     ] or ["  (no case at 64 connections)"]
@@ -387,6 +480,13 @@ def _parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--postgres-dsn", help="use this PostgreSQL database (default: start a server)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--strict", action="store_true", help="exit 1 when the target is missed")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="also measure `dispenser serve --processes N` in the same rounds (default 1: only one process)",
+    )
     args = parser.parse_args(argv)
     try:
         connections = [int(part) for part in args.connections.split(",")]
@@ -394,6 +494,8 @@ def _parse(argv: Sequence[str] | None) -> Options:
         parser.error(f"--connections: not a list of numbers: {args.connections!r}")
     if any(c < 1 for c in connections) or args.duration < 1 or args.repeat < 1 or args.warmup < 0:
         parser.error("--connections, --duration and --repeat must be at least 1, --warmup at least 0")
+    if args.processes < 1:
+        parser.error("--processes must be at least 1")
     return Options(
         connections=connections,
         duration=args.duration,
@@ -404,6 +506,7 @@ def _parse(argv: Sequence[str] | None) -> Options:
         postgres_dsn=args.postgres_dsn,
         quiet=args.quiet,
         strict=args.strict,
+        processes=args.processes,
     )
 
 
@@ -443,6 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "warmup_s": options.warmup,
                     "repeat": options.repeat,
                     "load_generator": "wrk -t1",
+                    "processes": options.processes,
                 },
                 "load_average": {"before": list(load_before), "after": list(load_after)},
                 "cases": [case.as_dict() for case in results],

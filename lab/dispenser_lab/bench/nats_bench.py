@@ -57,6 +57,7 @@ from dispenser_lab.bench.nats_plan import (
     parse_options,
     plan_for_mode,
 )
+from dispenser_lab.bench.nats_processes import processes_cases
 from dispenser_lab.bench.nats_report import Report, evaluate_targets, profile_summary, render_report
 from dispenser_lab.bench.servers import bench_servers, prepare_daily_tag, prepare_tags, remove_tags
 from dispenser_lab.bench.stats import CaseResult, write_json
@@ -148,6 +149,8 @@ async def _measure(
                 cases += await daily_cases(session, inflight)
         if plan.switch_tag is not None and plan.switch_step is not None:
             cases += await switch_cases(session, plan.switch_tag, plan.switch_step)
+        if options.processes > 1:
+            cases += await processes_cases(session, nats_url, dsn, workdir, options.processes)
         if worker.exited:
             raise BenchError(f"the worker exited during the run:\n{worker.tail()}")
     finally:

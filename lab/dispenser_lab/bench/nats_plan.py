@@ -96,6 +96,8 @@ class BenchOptions:
     daily: bool = False
     strict: bool = False
     quiet: bool = False
+    processes: int = 1
+    """Also measure ``dispenser serve --processes N`` against the one worker (1: not)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +260,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="also measure the throughput bodies on `dispenser serve --processes N`, alternating with the one "
+        "worker (local only; default 1: not)",
+    )
     add_target_options(parser)
     return parser
 
@@ -269,6 +279,8 @@ def parse_options(argv: Sequence[str]) -> BenchOptions:
     deployment = deployment_of(parser, args)
     if deployment is not None and (args.profile_worker is not None or args.worker_command is not None):
         parser.error("--profile-worker and --worker-command start a worker here: not with --tag/--create-tag")
+    if args.processes > 1 and (deployment is not None or args.worker_command is not None):
+        parser.error("--processes starts workers here: not with --tag/--create-tag or --worker-command")
     if args.daily and (deployment is not None or args.mode != "segment"):
         parser.error("--daily creates a daily tag here: segment mode, not with --tag/--create-tag")
     if deployment is not None and args.mode == "snowflake":

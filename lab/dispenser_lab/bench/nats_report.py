@@ -186,6 +186,13 @@ def render_report(report: Report) -> str:
             f"{fmt_rate(plain.requests_per_s)} without ({fmt_ratio(share, percent=True)}); p999 "
             f"{fmt_ms(case.p999_ms)} ms vs {fmt_ms(plain.p999_ms)} ms\n"
         )
+    several = [c for c in cases if c.kind == "processes"]
+    for one, many in zip(several[::2], several[1::2], strict=True):
+        out.write(
+            f"{many.name}: {fmt_ratio(ratio(many.requests_per_s, one.requests_per_s))} x the requests/s of one "
+            f"process, {fmt_ratio(ratio(many.responder_us_per_request, one.responder_us_per_request))} x its "
+            "server CPU per request\n"
+        )
     daily = [c for c in cases if c.kind == "daily"]
     for plain, case in zip(daily[::2], daily[1::2], strict=True):
         share = ratio(case.requests_per_s, plain.requests_per_s)
