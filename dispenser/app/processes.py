@@ -77,7 +77,7 @@ def check_processes(config: Config, processes: int) -> None:
         ConfigError: a ``static`` snowflake worker ID without ``snowflake.per_process_worker_ids`` (two
             processes would issue under one ID: repeated IDs), or such IDs past the layout's last, or
             ``metrics.port`` equal to ``http.port`` (the HTTP port is shared by the processes, so the host's
-            one ``/metrics`` needs a port of its own).
+            one ``/metrics`` needs a port of its own), or ``http.port`` 0 (a free port each: none shared).
     """
     if processes <= 1:
         return
@@ -96,6 +96,11 @@ def check_processes(config: Config, processes: int) -> None:
                 f"worker.processes = {processes} from static worker ID {snowflake.worker_id} needs worker ID "
                 f"{last}, past the layout's last ({(1 << snowflake.worker_bits) - 1}: snowflake.worker_bits)"
             )
+    if config.http.port == 0:
+        raise ConfigError(
+            f"worker.processes = {processes} with http.port = 0: each process would listen on a free port of "
+            "its own instead of sharing one; set http.port"
+        )
     if config.metrics.port and config.metrics.port == config.http.port:
         raise ConfigError(
             f"worker.processes = {processes} with metrics.port = http.port ({config.http.port}): the processes "

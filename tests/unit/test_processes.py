@@ -69,6 +69,9 @@ def test_metrics_on_the_shared_http_port_is_refused() -> None:
     config = _config(http_port="8080", metrics_port="8080")
     with pytest.raises(ConfigError, match=r"metrics\.port = http\.port"):
         check_processes(config, 2)
+    with pytest.raises(ConfigError, match="a free port of its own"):
+        check_processes(_config(http_port="0"), 2)  # port 0: each process would pick its own
+    check_processes(_config(http_port="0"), 1)
 
 
 def test_auto_is_the_cores_this_process_may_use_within_the_cgroup_quota(tmp_path: Path) -> None:
