@@ -1,7 +1,7 @@
 """``dispenser serve --processes 2`` against real servers (issue 32 item 1).
 
-One supervisor, two worker processes: both answer on the one HTTP port (``SO_REUSEPORT``) and in the NATS
-queue group, each under a snowflake worker ID of its own from the PostgreSQL registry, every ID unique
+One supervisor, two worker processes: both answer on the one HTTP port (``SO_REUSEPORT``), in the NATS
+queue group and in the Kafka consumer group, each under a snowflake worker ID of its own from the PostgreSQL registry, every ID unique
 across them; the host's one ``/metrics`` shows each process's counters; a process killed with SIGKILL is
 restarted (and logged); SIGTERM stops them all within the budget.
 """
@@ -17,9 +17,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from dispenser.client import KafkaIdClient
 from dispenser.config import load_config
 from dispenser.registries import layout_of
 from dispenser_lab.servers import NatsServer, free_port
+from dispenser_lab.servers.kafka import KafkaBroker
+from tests.integration.kafka_support import create_topics, kafka_env, unique
 from tests.integration.segment_support import (
     ask,
     client,
@@ -30,7 +33,7 @@ from tests.integration.segment_support import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.nats, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 
 _TAG = "order"
 
@@ -89,6 +92,7 @@ def _counter(metrics: str, kind: str, process: str) -> float:
     return sum(found)
 
 
+@pytest.mark.nats
 async def test_two_processes_share_the_http_port_and_the_queue_group_with_ids_unique_across_them(
     nats_server: NatsServer, pg_dsn: str, tmp_path: Path
 ) -> None:
@@ -122,6 +126,7 @@ async def test_two_processes_share_the_http_port_and_the_queue_group_with_ids_un
     assert "leaf_worker_processes 2.0" in metrics, metrics
 
 
+@pytest.mark.nats
 async def test_a_process_killed_is_restarted_and_sigterm_stops_them_all(
     nats_server: NatsServer, pg_dsn: str, tmp_path: Path
 ) -> None:
@@ -154,3 +159,47 @@ async def test_a_process_killed_is_restarted_and_sigterm_stops_them_all(
     for each in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(each, 0)  # every process gone with the supervisor's exit
+
+
+@pytest.mark.kafka
+async def test_two_processes_share_the_kafka_request_topic_with_ids_unique_across_them(
+    kafka_broker: KafkaBroker, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Kafka only: both processes join the consumer group and answer requests; no ID of a tag twice."""
+    tags = [f"t{i}" for i in range(8)]
+    await prepare(pg_dsn, [(tag, 50) for tag in tags])
+    metrics_port = free_port()
+    env = kafka_env(
+        kafka_broker.bootstrap,
+        pg_dsn,
+        kafka_enabled=True,
+        kafka_request_topic=unique("requests"),
+        kafka_reply_topic=unique("replies"),
+        kafka_group_id=unique("group"),
+        metrics_port=metrics_port,
+        snowflake_state_dir=tmp_path / "state",
+        log_level="INFO",
+    )
+    config = load_config(environ=env)
+    await create_topics(kafka_broker.bootstrap, {config.kafka.request_topic: 4})
+    log = tmp_path / "serve.log"
+    args = [sys.executable, "-m", "dispenser", "serve", "--processes", "2"]
+    replies: list[list[int]] = []
+    async with spawned(args, env, log) as proc, aiohttp.ClientSession() as session:
+        await _all_ready(session, metrics_port, proc, log)
+        async with KafkaIdClient(config.kafka, timeout=30.0) as kafka_client:
+            for _ in range(50):  # until both have answered: the group settles on both members by itself
+                replies += await asyncio.gather(*(kafka_client.ids(tag, 7) for tag in tags))
+                async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+                    metrics = await response.text()
+                if _counter(metrics, "segment", "0") and _counter(metrics, "segment", "1"):
+                    break
+        status = await stopped_by_sigterm(proc)
+    assert status == 0, log.read_text()
+    assert _counter(metrics, "segment", "0") > 0, metrics
+    assert _counter(metrics, "segment", "1") > 0, metrics
+    per_tag: dict[int, list[int]] = {}
+    for n, ids in enumerate(replies):
+        per_tag.setdefault(n % len(tags), []).extend(ids)
+    for ids in per_tag.values():
+        assert len(ids) == len(set(ids))
