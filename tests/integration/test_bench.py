@@ -78,7 +78,7 @@ def test_bench_nats_reports_every_case(
 def test_bench_client_reports_every_case(
     nats_server: NatsServer, pg_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A tiny `dispenser bench client` run measures every case and judges the four targets."""
+    """A tiny `dispenser bench client` run measures every case, next_id against a bare await, and judges the five targets."""
     path = tmp_path / "bench-client.json"
     status = main(
         [
@@ -106,7 +106,12 @@ def test_bench_client_reports_every_case(
     requests = {c["name"]: c["requests_per_million_ids"] for c in report["cases"]}
     assert requests["nc.request per ID @1"] == 1_000_000
     assert requests["IdClient.next_id"] < 1_000
-    assert len(report["targets"]) == 4
+    assert len(report["targets"]) == 5
+    ratio = report["next_id_vs_await"]
+    assert ratio["rounds"] == 9
+    assert ratio["bare_calls_per_s"] > 0
+    assert ratio["next_id_calls_per_s"] > 0
+    assert ratio["ratio"] == pytest.approx(ratio["next_id_calls_per_s"] / ratio["bare_calls_per_s"])
 
 
 async def test_bench_measures_a_deployment_by_url_on_its_tags(

@@ -43,6 +43,8 @@ from dispenser_lab.bench.stats import percentile, write_json
 __all__ = ["CaseResult", "Target", "main", "run"]
 
 _YIELD_EVERY = 1000
+_AWAIT_ROUNDS = 9
+"""Rounds of next_id against a bare await (the median round is reported)."""
 
 
 @dataclass(slots=True)
@@ -95,6 +97,26 @@ class Target:
     passed: bool
 
 
+@dataclass(frozen=True, slots=True)
+class AwaitRatio:
+    """``await client.next_id(tag)`` against the least an awaited call can cost, in alternating rounds.
+
+    The bare await is ``await bare()`` of a coroutine that returns the next value of a counter: what a
+    ``next_id`` that did nothing but count would cost. No call is timed on its own (a clock read per call
+    would cost as much as the call): each round times 1,000-call blocks, yielding to the loop between them
+    (untimed), ``calls`` of each per round.
+    """
+
+    rounds: int
+    calls: int
+    bare_calls_per_s: float
+    """The median round's rate of the bare await."""
+    next_id_calls_per_s: float
+    """The median round's rate of ``next_id``."""
+    ratio: float
+    """The median over the rounds of ``next_id``'s rate over the bare await's in the same round."""
+
+
 @dataclass(slots=True)
 class Report:
     """Cases, targets and what the run was."""
@@ -102,6 +124,7 @@ class Report:
     cases: list[CaseResult]
     targets: list[Target]
     meta: dict[str, object] = field(default_factory=dict)
+    await_ratio: AwaitRatio | None = None
 
 
 def _percentile_us(sorted_ns: Sequence[int], q: float) -> float:
@@ -214,8 +237,8 @@ async def _measure(
     *,
     say: Callable[[str], None],
     timeout: float = 5.0,
-) -> list[CaseResult]:
-    """Every case on ``tag``; ``child`` is the worker started here, ``None`` against a deployment."""
+) -> tuple[list[CaseResult], AwaitRatio]:
+    """Every case on ``tag``, and next_id against a bare await; ``child``: the worker started here, or ``None``."""
     subject = f"leaf.segment.{tag}"
     nc = await nats.connect(nats_url, name="dispenser-bench-client", allow_reconnect=False)
     cases: list[CaseResult] = []
@@ -258,6 +281,11 @@ async def _measure(
             await case("IdClient.next_id", functools.partial(_timed, next_id, duration))
             await _loop(take, warmup, _Timer())
             await case("IdClient.take(1000)", functools.partial(_timed, take, duration))
+            ratio = await _await_ratio(client, tag, _AWAIT_ROUNDS, max(_YIELD_EVERY, int(duration * 200_000)))
+            say(
+                f"  next_id {fmt_rate(ratio.next_id_calls_per_s)} calls/s against a bare await's "
+                f"{fmt_rate(ratio.bare_calls_per_s)}: {ratio.ratio:.2f}"
+            )
 
         blocking = BlockingIdClient.over_nats(nats_url, settings)
         await asyncio.to_thread(blocking.start)
@@ -272,7 +300,52 @@ async def _measure(
             await asyncio.to_thread(blocking.close)
     finally:
         await nc.close()
-    return cases
+    return cases, ratio
+
+
+async def _blocks(calls: int, block: Callable[[], Awaitable[None]]) -> float:
+    """Seconds spent in ``calls // 1000`` awaits of ``block`` (1,000 calls each), yielding between them untimed."""
+    clock = time.perf_counter
+    spent = 0.0
+    for _ in range(calls // _YIELD_EVERY):
+        start = clock()
+        await block()
+        spent += clock() - start
+        await asyncio.sleep(0)  # the client's refill runs here, as in a service that awaits its own I/O
+    return spent
+
+
+async def _await_ratio(client: IdClient, tag: str, rounds: int, calls: int) -> AwaitRatio:
+    """``next_id`` against a bare await, ``rounds`` rounds in alternating order after one unmeasured."""
+    counter = 0
+
+    async def bare() -> int:
+        nonlocal counter
+        counter += 1
+        return counter
+
+    async def bare_block() -> None:
+        for _ in range(_YIELD_EVERY):
+            await bare()
+
+    next_id = client.next_id
+
+    async def next_id_block() -> None:
+        for _ in range(_YIELD_EVERY):
+            await next_id(tag)
+
+    await _blocks(calls, bare_block)
+    await _blocks(calls, next_id_block)
+    pairs: list[tuple[float, float]] = []
+    for n in range(rounds):
+        if n % 2:
+            id_seconds, bare_seconds = await _blocks(calls, next_id_block), await _blocks(calls, bare_block)
+        else:
+            bare_seconds, id_seconds = await _blocks(calls, bare_block), await _blocks(calls, next_id_block)
+        pairs.append((bare_seconds, id_seconds))
+    pairs.sort(key=lambda pair: pair[0] / pair[1])
+    bare_seconds, id_seconds = pairs[len(pairs) // 2]
+    return AwaitRatio(rounds, calls, calls / bare_seconds, calls / id_seconds, bare_seconds / id_seconds)
 
 
 async def _timed(call: Callable[[], Awaitable[int]], duration: float) -> _Timer:
@@ -281,7 +354,7 @@ async def _timed(call: Callable[[], Awaitable[int]], duration: float) -> _Timer:
     return timer
 
 
-def _targets(cases: Sequence[CaseResult]) -> list[Target]:
+def _targets(cases: Sequence[CaseResult], ratio: AwaitRatio) -> list[Target]:
     by_name = {c.name: c for c in cases}
     best_request = max(by_name["nc.request per ID @1"].ids_per_s, by_name["nc.request per ID @64"].ids_per_s)
     next_id = by_name["IdClient.next_id"]
@@ -301,6 +374,23 @@ def _targets(cases: Sequence[CaseResult]) -> list[Target]:
         Target(
             "take(1000) >= 10,000,000 IDs/s", f"{take.ids_per_s:,.0f} IDs/s", take.ids_per_s >= 10_000_000
         ),
+        Target(
+            "next_id >= 0.75 of a bare await",
+            f"{ratio.ratio:.2f} ({ratio.next_id_calls_per_s:,.0f} against {ratio.bare_calls_per_s:,.0f} calls/s, "
+            f"median of {ratio.rounds} rounds)",
+            ratio.ratio >= 0.75,
+        ),
+    ]
+
+
+def _ratio_lines(ratio: AwaitRatio | None) -> list[str]:
+    if ratio is None:
+        return []
+    return [
+        f"next_id against a bare await (untimed calls, {ratio.rounds} rounds of {ratio.calls:,} each, "
+        f"median): {fmt_rate(ratio.next_id_calls_per_s)} against {fmt_rate(ratio.bare_calls_per_s)} "
+        f"calls/s, {ratio.ratio:.2f}",
+        "",
     ]
 
 
@@ -329,6 +419,7 @@ def render(report: Report) -> str:
             ],
         ),
         "",
+        *_ratio_lines(report.await_ratio),
         "targets:",
         *(f"  [{'ok' if t.passed else 'MISSED'}] {t.name}: {t.measured}" for t in report.targets),
     ]
@@ -364,10 +455,10 @@ def run(
     if deployment is not None:
         with deployment_tag(deployment, 100_000) as tag:
             say(f"deployment: NATS {deployment.nats_url}, tag {tag}")
-            cases = run_async(_measure(deployment.nats_url, tag, None, duration, warmup, say=say))
+            cases, ratio = run_async(_measure(deployment.nats_url, tag, None, duration, warmup, say=say))
         meta = _meta(started, load_before, duration, warmup)
         meta["deployment"] = {"tag": tag, "created": deployment.create_dsn is not None}
-        return Report(cases, _targets(cases), meta)
+        return Report(cases, _targets(cases, ratio), meta, ratio)
     with tempfile.TemporaryDirectory(prefix="dispenser-bench-client-") as tmp:
         workdir = Path(tmp)
         if os.geteuid() == 0:
@@ -378,10 +469,10 @@ def run(
                     raise BenchError("no PostgreSQL to run against")
                 say(f"servers: NATS {url}, PostgreSQL {dsn}")
                 with serving_worker(url, dsn, workdir, [(tag, 100_000, 1)], say) as child:
-                    cases = run_async(_measure(url, tag, child, duration, warmup, say=say))
+                    cases, ratio = run_async(_measure(url, tag, child, duration, warmup, say=say))
         except DevServerError as exc:
             raise BenchError(f"cannot start a server: {exc}") from exc
-    return Report(cases, _targets(cases), _meta(started, load_before, duration, warmup))
+    return Report(cases, _targets(cases, ratio), _meta(started, load_before, duration, warmup), ratio)
 
 
 def _meta(
@@ -433,6 +524,7 @@ def main(argv: Sequence[str]) -> int:
                 "meta": report.meta,
                 "cases": [c.as_dict() for c in report.cases],
                 "targets": [asdict(t) for t in report.targets],
+                "next_id_vs_await": None if report.await_ratio is None else asdict(report.await_ratio),
             },
         )
         print(f"\nwrote {args.json}")
