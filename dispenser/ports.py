@@ -167,6 +167,18 @@ class SegmentStore(Protocol):
         """
         ...
 
+    async def set_daily(self, tag: str, daily: DailyPolicy) -> TagInfo:
+        """Change a daily tag's width or zone (docs/daily.md; workers take it in at their next tag refresh).
+
+        Safe for uniqueness: IDs of two widths have different numbers of digits, and each date's counter is
+        one row whatever the zone that names the date.
+
+        Raises:
+            UnknownTag: no such tag.
+            BadRequest: the tag is not daily (a plain tag's IDs could meet a daily tag's: make a new tag).
+        """
+        ...
+
     async def remove_tag(self, tag: str) -> None:
         """Delete a tag. Its high water is kept: adding it again below that raises ``TagStartTooLow``.
 

@@ -28,6 +28,7 @@ from dispenser.cli.admin import (
     run_import_leaf,
     run_migrate,
     run_tag,
+    set_policy,
 )
 from dispenser.cli.ask import (
     add_check,
@@ -224,4 +225,6 @@ def _check_arguments(args: argparse.Namespace) -> None:
                 args.tag, args.step, args.start, args.description, residue=residue, daily=daily_of(args)
             )
         elif args.tag_command == "set":
-            check_step(args.step)
+            if args.step is not None:
+                check_step(args.step)
+            set_policy(args)

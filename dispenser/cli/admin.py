@@ -16,7 +16,7 @@ from dispenser.arguments import non_negative_int, positive_float, positive_int
 from dispenser.cli.common import AddParser
 from dispenser.config import Config
 from dispenser.core.daily import MAX_WIDTH, DailyPolicy, compose
-from dispenser.core.errors import BadRequest, TagStartTooLow
+from dispenser.core.errors import BadRequest, TagStartTooLow, UnknownTag
 from dispenser.core.residue import Residue
 from dispenser.ports import SegmentStore, TagInfo
 from dispenser.runner import run_async
@@ -31,6 +31,7 @@ __all__ = [
     "run_import_leaf",
     "run_migrate",
     "run_tag",
+    "set_policy",
 ]
 
 T = TypeVar("T")
@@ -120,9 +121,21 @@ def add_tag(add_parser: AddParser, common: argparse.ArgumentParser) -> None:
         help="with --daily: the IANA zone whose midnight starts a new day, e.g. Asia/Shanghai (default UTC)",
     )
     tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
-    set_ = tag_sub.add_parser("set", help="change a tag's step (from its next segment)", parents=[common])
+    set_ = tag_sub.add_parser(
+        "set",
+        help="change a tag's step (from its next segment), or a daily tag's width or zone",
+        parents=[common],
+    )
     set_.add_argument("tag", help="the tag's name")
-    set_.add_argument("--step", type=positive_int, required=True, help="IDs per segment (at least 1)")
+    set_.add_argument("--step", type=positive_int, help="IDs per segment (at least 1)")
+    set_.add_argument(
+        "--width",
+        type=positive_int,
+        help=f"a daily tag's counter digits, 1 to {MAX_WIDTH} (from the workers' next tag refresh; docs/daily.md)",
+    )
+    set_.add_argument(
+        "--time-zone", metavar="ZONE", help="a daily tag's zone (from the workers' next tag refresh)"
+    )
     remove = tag_sub.add_parser(
         "remove",
         help="delete a tag (its high water is kept: adding it again below is refused)",
@@ -210,8 +223,17 @@ def run_tag(args: argparse.Namespace, config: Config) -> int:
                 f"in {daily.time_zone} (e.g. {compose(20261128, 1, daily.width)}), step {info.step}"
             )
     elif args.tag_command == "set":
-        info = _with_store(config, lambda store: store.set_step(args.tag, args.step))
-        print(f"tag {info.tag!r}: step is now {info.step} (from its next segment)")
+        set_policy(args)  # checked before connecting
+        if args.step is not None:
+            info = _with_store(config, lambda store: store.set_step(args.tag, args.step))
+            print(f"tag {info.tag!r}: step is now {info.step} (from its next segment)")
+        if args.width is not None or args.time_zone is not None:
+            info = _with_store(config, lambda store: _set_daily(store, args))
+            assert info.daily is not None
+            print(
+                f"daily tag {info.tag!r}: width {info.daily.width}, zone {info.daily.time_zone} (from the "
+                "workers' next tag refresh)"
+            )
     else:
         _with_store(config, lambda store: store.remove_tag(args.tag))
         print(f"removed tag {args.tag!r}")
@@ -279,6 +301,27 @@ def residue_of(args: argparse.Namespace) -> Residue:
         return Residue(args.stride, args.offset or 0)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
+
+
+def set_policy(args: argparse.Namespace) -> None:
+    """``tag set``: something to set, a width and a zone that are valid (BadRequest otherwise)."""
+    if args.step is None and args.width is None and args.time_zone is None:
+        raise BadRequest("tag set: give --step, or a daily tag's --width or --time-zone")
+    DailyPolicy.checked(1 if args.width is None else args.width, args.time_zone or "UTC")
+
+
+async def _set_daily(store: SegmentStore, args: argparse.Namespace) -> TagInfo:
+    """``tag set --width/--time-zone``: what is not given stays as it is."""
+    current = next((info for info in await store.list_tags() if info.tag == args.tag), None)
+    if current is None:
+        raise UnknownTag(args.tag)
+    if current.daily is None:
+        raise BadRequest(
+            f"tag {args.tag!r} is not a daily tag: its IDs could meet a daily tag's; add a new tag with --daily"
+        )
+    width = current.daily.width if args.width is None else args.width
+    zone = current.daily.time_zone if args.time_zone is None else args.time_zone
+    return await store.set_daily(args.tag, DailyPolicy.checked(width, zone))
 
 
 def daily_of(args: argparse.Namespace) -> DailyPolicy | None:

@@ -222,7 +222,7 @@ class DayExhausted(DispenserError):
     def __init__(self, tag: str, day: int, capacity: int, zone: str) -> None:
         super().__init__(
             f"tag {tag!r} has handed out its {capacity} IDs of {day} (the counter's width): the next come "
-            f"after midnight in {zone}; a wider counter needs a new tag"
+            f"after midnight in {zone} (`dispenser tag set --width` widens the counter)"
         )
         self.tag = tag
         self.day = day

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from dispenser.core.daily import DailyPolicy, parse_day_tag
 from dispenser.core.errors import (
+    BadRequest,
     CoordinatorUnavailable,
     LeaseLost,
     StoreUnavailable,
@@ -204,6 +205,20 @@ class MemorySegmentStore:
             for name, day_row in self._rows.items():
                 if (parse_day_tag(name) or ("", 0))[0] == tag:
                     day_row.step = step
+        return self._info(tag, row)
+
+    async def set_daily(self, tag: str, daily: DailyPolicy) -> TagInfo:
+        """Change a daily tag's width or zone."""
+        await asyncio.sleep(0)
+        self._check()
+        row = self._rows.get(tag)
+        if row is None or parse_day_tag(tag) is not None:
+            raise UnknownTag(tag)
+        if tag not in self._daily:
+            raise BadRequest(
+                f"tag {tag!r} is not a daily tag: its IDs could meet a daily tag's; add a new tag with --daily"
+            )
+        self._daily[tag] = daily
         return self._info(tag, row)
 
     async def remove_tag(self, tag: str) -> None:

@@ -106,3 +106,21 @@ async def test_a_removed_day_row_opens_again_above_its_high_water(store: Segment
     await store.next_segment("order@20261128")
     await store.remove_tag("order@20261128")
     assert (await store.next_segment("order@20261128")).segment == Segment(11, 20)
+
+
+async def test_a_daily_tags_width_and_zone_can_change_and_a_plain_tag_cannot_become_daily(
+    store: SegmentStore,
+) -> None:
+    """set_daily changes the policy of a daily tag only; the day rows go on as they were."""
+    await store.add_tag("order", 10, daily=POLICY)
+    await store.add_tag("plain", 10)
+    await store.next_segment("order@20261128")
+    wider = DailyPolicy.checked(8, "UTC")
+    assert (await store.set_daily("order", wider)).daily == wider
+    assert {i.tag: i.daily for i in await store.list_tags()}["order"] == wider
+    assert (await store.next_segment("order@20261128")).segment == Segment(11, 20)
+    with pytest.raises(BadRequest, match="not a daily tag"):
+        await store.set_daily("plain", wider)
+    for name in ("missing", "order@20261128"):
+        with pytest.raises(UnknownTag):
+            await store.set_daily(name, wider)

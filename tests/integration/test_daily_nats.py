@@ -123,3 +123,25 @@ async def test_a_days_counter_runs_out_of_digits_over_nats_http_and_the_client(
         ):
             assert response.status == 500  # Leaf's answer to any failure, as Leaf's callers expect
             assert response.headers["Dispenser-Error-Code"] == "day_exhausted"
+
+
+async def test_tag_set_changes_a_daily_tags_width_and_zone_only(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tag set --width/--time-zone` on a daily tag; a plain or unknown tag is refused with the reason."""
+    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
+    assert await cli("migrate") == 0
+    assert await cli("tag", "add", "order", "--step", "5", "--daily", "--time-zone", "Asia/Shanghai") == 0
+    assert await cli("tag", "add", "plain", "--step", "5") == 0
+    capsys.readouterr()
+    assert await cli("tag", "set", "order", "--width", "8") == 0
+    assert "width 8, zone Asia/Shanghai" in capsys.readouterr().out
+    assert await cli("tag", "set", "order", "--time-zone", "UTC", "--step", "7") == 0
+    assert await cli("tag", "list") == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("order"))
+    assert row.split()[2:6] == ["7", "[daily:", "width", "8,"]
+    assert "UTC]" in row
+    assert await cli("tag", "set", "plain", "--width", "8") == 1
+    assert "not a daily tag" in capsys.readouterr().err
+    assert await cli("tag", "set", "nope", "--width", "8") == 1
+    assert "unknown tag" in capsys.readouterr().err

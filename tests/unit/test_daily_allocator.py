@@ -244,3 +244,19 @@ async def _two_workers_stepping(
             seen.add(i)
     for allocator in workers:
         await allocator.close()
+
+
+async def test_a_new_width_takes_effect_at_the_next_refresh_and_the_days_counter_goes_on() -> None:
+    """Width 6 to 8 mid-day: the next IDs have the new width, their counter continues the day's row."""
+    store = await daily_store(step=10)
+    clock = clock_at(-1000)
+    allocator = await worker(store, clock)
+    assert await take(allocator, clock, 2) == [20261128000001, 20261128000002]
+    await store.set_daily("order", DailyPolicy.checked(8, "Asia/Shanghai"))
+    await allocator.refresh()
+    (got,) = await take(allocator, clock, 1)
+    assert len(str(got)) == 16  # eight digits of date, eight of counter
+    day, counter = split(got, 8)
+    assert day == 20261128
+    assert counter > 2  # a new segment of the same row: the day's counter goes on
+    await allocator.close()

@@ -27,3 +27,20 @@ def test_a_bad_daily_tag_is_a_usage_error(
     monkeypatch.setenv("DISPENSER_POSTGRES_DSN", "postgresql://nobody@127.0.0.1:9/none")
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["tag", "set", "x"], "give --step, or a daily tag's --width or --time-zone"),
+        (["tag", "set", "x", "--width", "11"], "width must be between 1 and 10"),
+        (["tag", "set", "x", "--time-zone", "Nowhere/City"], "unknown time zone"),
+    ],
+)
+def test_a_bad_tag_set_is_a_usage_error(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `tag set` with nothing to set, or a width or zone no daily tag can have: exit 2, before connecting."""
+    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", "postgresql://nobody@127.0.0.1:9/none")
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err

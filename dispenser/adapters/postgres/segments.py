@@ -415,6 +415,21 @@ class PostgresSegmentStore:
             raise UnknownTag(tag)
         return info
 
+    async def set_daily(self, tag: str, daily: DailyPolicy) -> TagInfo:
+        """Change a daily tag's width or zone (workers take it in at their next tag refresh).
+
+        Raises:
+            UnknownTag: no such tag.
+            BadRequest: the tag is not daily.
+            StoreUnavailable: PostgreSQL could not be reached.
+        """
+        with self._errors(f"setting the daily policy of {tag!r}"):
+            async with lend(await self._ready(), self._timeout) as conn:
+                info = await tag_rows.set_daily(conn, tag, daily)
+        if info is None:
+            raise UnknownTag(tag)
+        return info
+
     async def remove_tag(self, tag: str) -> None:
         """Delete a tag's row; its ``max_id`` is kept (``dispenser_removed_tag``), so that a re-add below is refused.
 

@@ -15,7 +15,7 @@ from dispenser.ports import TagInfo
 if TYPE_CHECKING:
     from dispenser.adapters.postgres.pool import Pooled
 
-__all__ = ["add_tag", "list_tags", "open_day", "remove_tag", "set_step"]
+__all__ = ["add_tag", "list_tags", "open_day", "remove_tag", "set_daily", "set_step"]
 
 # update_time::timestamptz: a table carried over from Leaf may use ``timestamp`` (no zone); the cast is a
 # no-op on our own column and makes every TagInfo carry an aware datetime.
@@ -38,6 +38,9 @@ INSERT INTO dispenser_tag_daily (biz_tag, width, time_zone) VALUES ($1, $2, $3)
 ON CONFLICT (biz_tag) DO UPDATE SET width = EXCLUDED.width, time_zone = EXCLUDED.time_zone
 """
 _FORGET_DAILY = "DELETE FROM dispenser_tag_daily WHERE biz_tag = $1"
+_UPDATE_DAILY = (
+    "UPDATE dispenser_tag_daily SET width = $2, time_zone = $3 WHERE biz_tag = $1 RETURNING biz_tag"
+)
 _DAILY_STEP = f"""
 UPDATE leaf_alloc SET step = $2
  WHERE left(biz_tag, length($1::text) + 1) = $1::text || '@' AND biz_tag ~ {_DAY_ROW}
@@ -59,6 +62,8 @@ INSERT INTO leaf_alloc (biz_tag, max_id, step, description, update_time)
 VALUES ($1, $2, $3, $4, now())
 RETURNING {_COLUMNS}
 """
+
+_GET_TAG = f"SELECT {_COLUMNS} FROM leaf_alloc WHERE biz_tag = $1"
 
 _SET_STEP = f"UPDATE leaf_alloc SET step = $2, update_time = now() WHERE biz_tag = $1 RETURNING {_COLUMNS}"
 
@@ -177,6 +182,27 @@ async def set_step(conn: Pooled, tag: str, step: int) -> TagInfo | None:
     with contextlib.suppress(asyncpg.UndefinedTableError):  # before version 7: no daily tag exists
         await conn.execute(_DAILY_STEP, tag, step)
     return None if row is None else _tag_info(row)
+
+
+async def set_daily(conn: Pooled, tag: str, daily: DailyPolicy) -> TagInfo | None:
+    """Change a daily tag's policy; None when there is no such tag.
+
+    Raises:
+        BadRequest: the tag is not daily (or the schema predates daily tags).
+    """
+    try:
+        updated = await conn.fetchval(_UPDATE_DAILY, tag, daily.width, daily.time_zone)
+    except asyncpg.UndefinedTableError:
+        updated = None
+    row = await conn.fetchrow(_GET_TAG, tag)
+    if row is None or parse_day_tag(tag) is not None:  # a day row is a counter, not a tag
+        return None
+    if updated is None:
+        raise BadRequest(
+            f"tag {tag!r} is not a daily tag: its IDs could meet a daily tag's; add a new tag with --daily"
+        )
+    info = _tag_info(row)
+    return TagInfo(info.tag, info.max_id, info.step, info.description, info.update_time, daily)
 
 
 async def remove_tag(conn: Pooled, tag: str) -> bool:
