@@ -170,8 +170,7 @@ class _Supervisor:
             loop.remove_reader(slot.conn.fileno())
             slot.conn.close()
             slot.conn = None
-        process.join()
-        slot.report = None
+        process.join()  # its report stays (it said whether this process served) until the next spawn
         slot.exited.set()
 
     async def keep(self, slot: _Slot) -> None:
@@ -232,7 +231,14 @@ class _Supervisor:
                 os.kill(slot.process.pid, signal.SIGKILL)
         for slot in late:
             await slot.exited.wait()
-        clean = all(s.process is None or s.process.exitcode == 0 for s in live)
+        # A process still starting when the signal came dies of it before its handlers are in place: it had
+        # opened nothing, so that is a clean stop too.
+        clean = all(
+            s.process is None
+            or s.process.exitcode == 0
+            or (s.process.exitcode == -signal.SIGTERM and not s.report)
+            for s in live
+        )
         return 0 if clean and not late and self.failed_start is None else 1
 
     def probes(self) -> list[ChildProbe]:
