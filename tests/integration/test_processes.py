@@ -9,19 +9,25 @@ restarted (and logged); SIGTERM stops them all within the budget.
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
+import multiprocessing
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from dispenser.app.supervisor import supervise
 from dispenser.client import KafkaIdClient
 from dispenser.config import load_config
 from dispenser.registries import layout_of
 from dispenser_lab.servers import NatsServer, free_port
 from dispenser_lab.servers.kafka import KafkaBroker
+from dispenser_lab.servers.process import sigstop
 from tests.integration.kafka_support import create_topics, kafka_env, unique
 from tests.integration.segment_support import (
     ask,
@@ -30,6 +36,7 @@ from tests.integration.segment_support import (
     prepare,
     spawned,
     stopped_by_sigterm,
+    wait_serving,
     wait_until,
 )
 
@@ -203,3 +210,36 @@ async def test_two_processes_share_the_kafka_request_topic_with_ids_unique_acros
         per_tag.setdefault(n % len(tags), []).extend(ids)
     for ids in per_tag.values():
         assert len(ids) == len(set(ids))
+
+
+@pytest.mark.nats
+async def test_a_process_that_does_not_stop_within_the_budget_is_killed(
+    nats_server: NatsServer, pg_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGTERM with one process frozen: the other stops, the frozen one is killed at the budget, exit 1."""
+    await prepare(pg_dsn, [(_TAG, 1000)])
+    env = {
+        "DISPENSER_NATS_URL": nats_server.url,
+        "DISPENSER_NATS_SUBJECT_PREFIX": "budget",
+        "DISPENSER_NATS_SERVICE_NAME": "budget",
+        "DISPENSER_POSTGRES_DSN": pg_dsn,
+        "DISPENSER_SEGMENT_STATE_DIR": str(tmp_path / "state"),
+        "DISPENSER_SEGMENT_RESIDUE_CHECK_WINDOW": "0.05",
+    }
+    config = load_config(environ=env)
+    caplog.set_level(logging.INFO, "dispenser.supervisor")
+    # This process is the supervisor (its signal handlers on this loop), with a short budget to wait out.
+    prepare_logging = functools.partial(logging.basicConfig, level="WARNING")
+    supervising = asyncio.create_task(supervise(config, 2, prepare=prepare_logging, stop_budget=1.0))
+    async with client(nats_server.url) as nc:
+        await wait_serving(nc, 2, service="budget")
+    running = {p.name: p.pid for p in multiprocessing.active_children() if p.pid is not None}
+    workers = [running[f"dispenser-worker-{index}"] for index in (0, 1)]
+    sigstop(workers[1])
+    os.kill(os.getpid(), signal.SIGTERM)  # taken by the supervisor's handler on this loop
+    status = await asyncio.wait_for(supervising, 10)
+    assert status == 1
+    assert f"process 1 (pid {workers[1]}) did not stop within 1 s: killed" in caplog.text
+    for each in workers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(each, 0)
