@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from operator import length_hint
 from types import TracebackType
-from typing import Literal, Protocol, Self, overload
+from typing import Final, Literal, Protocol, Self, overload
 
 from dispenser.adapters.nats.client_transport import NatsIdTransport
 from dispenser.client.errors import DispenserUnavailable, IdRequestError
@@ -47,6 +49,10 @@ _PEAK_RETENTION = 60.0
 """...of the last minute)."""
 _START_BACKSTOP = 1.0
 """Seconds past ``timeout`` that :meth:`IdClient.start` waits for a transport that keeps no deadline itself."""
+
+
+_SEGMENT: Final = "segment"
+"""next_id's default kind, tested by identity on the hot path (an equal string built at run time goes slow)."""
 
 
 class IdTransport(Protocol):
@@ -127,12 +133,13 @@ class _Tag:
     """One tag's cursor, refill engine and refill shell (segment kind)."""
 
     __slots__ = (
+        "cursor",
+        "cursors",
         "end",
         "engine",
         "ids_dropped",
         "ids_received",
         "name",
-        "position",
         "refiller",
         "requests",
         "run",
@@ -143,8 +150,10 @@ class _Tag:
         settings = client.settings
         now = client.clock.monotonic()
         self.name = name
-        self.position = 1  # the cursor: position > end means empty
+        self.cursors = client._cursors
+        self.cursor: Iterator[int] = iter(())
         self.end = 0
+        self.set_cursor(1, 0)  # empty
         self.engine = Refill(
             RateMeter(now, window=_RATE_WINDOW, retention=_PEAK_RETENTION),
             prefetch_threshold=0.0,
@@ -166,11 +175,26 @@ class _Tag:
         self.ids_received = 0
         self.ids_dropped = 0
 
+    @property
+    def position(self) -> int:
+        """The next ID of the cursor; above :attr:`end` when it is empty."""
+        return self.end + 1 - length_hint(self.cursor)
+
+    @position.setter
+    def position(self, first: int) -> None:
+        self.set_cursor(first, self.end)
+
+    def set_cursor(self, first: int, last: int) -> None:
+        """The cursor hands out ``first`` to ``last`` next: a range iterator, whose ``__next__`` is next_id's."""
+        self.end = last
+        self.cursor = iter(range(first, last + 1))
+        self.cursors[self.name] = self.cursor.__next__
+
     def in_cursor(self) -> int:
-        return self.end - self.position + 1
+        return length_hint(self.cursor)
 
     def held(self) -> int:
-        return self.end - self.position + 1 + self.engine.remaining
+        return length_hint(self.cursor) + self.engine.remaining
 
 
 class _Workers:
@@ -286,6 +310,7 @@ class IdClient:
             segment_seconds=self.settings.buffer_seconds, max_step=self.settings.max_buffer, hysteresis=0.25
         )
         self._tags: dict[str, _Tag] = {}
+        self._cursors: dict[str, Callable[[], int]] = {}  # each tag's _Tag.cursor.__next__: next_id's
         self._closed = False
 
     @classmethod
@@ -356,19 +381,20 @@ class IdClient:
 
     # -- the hot path ------------------------------------------------------------------------------
 
-    async def next_id(self, tag: str, kind: Kind = "segment") -> int:
+    async def next_id(self, tag: str, kind: Kind = _SEGMENT) -> int:
         """The next ID of ``tag``: strictly above every ID this client handed out for ``tag`` before.
 
         Raises:
             DispenserUnavailable: the buffer is empty and no worker answers (retryable).
             IdRequestError: the workers refused (``unknown_tag``, ``invalid_tag``, …): not retryable.
         """
-        state = self._tags.get(tag)
-        if state is not None and kind == "segment":
-            position = state.position
-            if position <= state.end:
-                state.position = position + 1
-                return position
+        # The hot path: the cursor is a range iterator, whose C __next__ counts and checks the end in one
+        # call (~20 ns less than reading, comparing and writing back two ints; dispenser bench client).
+        try:
+            if kind is _SEGMENT:
+                return self._cursors[tag]()
+        except (KeyError, StopIteration):  # a tag not asked for before, or its cursor ran out
+            pass
         return await self._next_id_slow(tag, kind)
 
     @overload
@@ -476,7 +502,7 @@ class IdClient:
             self._start_refill(state)
         if run is NEED_SEGMENT:
             return False
-        state.position, state.end = run
+        state.set_cursor(*run)
         state.run_at = now
         return True
 
@@ -491,7 +517,7 @@ class IdClient:
                 if in_cursor > 0:
                     ranges.append((state.position, state.end))
                     rest -= in_cursor
-                    state.position = state.end + 1
+                    state.set_cursor(state.end + 1, state.end)
                 batch = engine.take(rest, self.clock.monotonic())
                 assert batch is not NEED_SEGMENT  # checked above
                 if engine.wants_fetch:
