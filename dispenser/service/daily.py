@@ -11,17 +11,14 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from dispenser.core.daily import DailyPolicy, check_counter, compose, day_tag, day_window
 from dispenser.core.errors import DayExhausted, DispenserError, StoreUnavailable, UnknownTag
 from dispenser.core.ids import IdBatch
 from dispenser.ports import Clock, TagInfo
 
-if TYPE_CHECKING:
-    from dispenser.service.segments import Sizer, TagAllocator
-
-__all__ = ["DailyTag", "DailyTags", "DayOver"]
+__all__ = ["DailyTag", "DailyTags", "DayAllocator", "DayOver"]
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +27,42 @@ MIDNIGHT_MARGIN = 2.0
 current rate (never below the configured step): the day that ends takes no large segment it cannot use."""
 
 
+class DayAllocator(Protocol):
+    """What a daily tag needs of its day row's allocator (:class:`~dispenser.service.segments.TagAllocator`)."""
+
+    tag: str
+    step: int | None
+
+    def try_take(self, count: int) -> IdBatch | None:
+        """Counters at once, or None."""
+        ...
+
+    async def take(self, count: int, deadline: float) -> IdBatch:
+        """Counters, waiting for a fetch until ``deadline``."""
+        ...
+
+    def consumption_rate(self) -> float:
+        """IDs/s handed out lately."""
+        ...
+
+    def refuse(self, error: DispenserError) -> None:
+        """Hand out nothing more: every take fails with ``error``."""
+        ...
+
+    async def close(self, reason: DispenserError | None = None) -> None:
+        """Stop fetching."""
+        ...
+
+
+A = TypeVar("A", bound=DayAllocator)
+"""The day rows' allocator type."""
+
+
 class DayOver(StoreUnavailable):
     """The day a request drew from ended under it; the request draws again from the new day."""
 
 
-class DailyTag:
+class DailyTag(Generic[A]):
     """One daily tag: the allocator of its current day's row, switched at the zone's midnight."""
 
     def __init__(
@@ -44,8 +72,8 @@ class DailyTag:
         step: int,
         clock: Clock,
         *,
-        make: Callable[[str, int, Sizer], TagAllocator],
-        sizer: Sizer | None = None,
+        make: Callable[[str, int, Callable[[A], int]], A],
+        sizer: Callable[[A], int] | None = None,
     ) -> None:
         """Serve ``tag`` under ``policy``.
 
@@ -70,7 +98,7 @@ class DailyTag:
         """The current day (``YYYYMMDD``; 0 before the first request)."""
         self._base = 0
         self._capacity = policy.capacity
-        self.current: TagAllocator | None = None
+        self.current: A | None = None
         """The current day row's allocator."""
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -122,7 +150,7 @@ class DailyTag:
                 continue
             return self._compose(allocator, day, base, batch)
 
-    def _compose(self, allocator: TagAllocator, day: int, base: int, batch: IdBatch) -> IdBatch:
+    def _compose(self, allocator: A, day: int, base: int, batch: IdBatch) -> IdBatch:
         ranges = batch.ranges
         if ranges[-1][1] > self._capacity:
             self._exhausted(allocator, day, ranges[-1][1])
@@ -131,7 +159,7 @@ class DailyTag:
             return IdBatch(((base + first, base + last),))
         return IdBatch(tuple((base + first, base + last) for first, last in ranges))
 
-    def _exhausted(self, allocator: TagAllocator, day: int, last: int) -> None:
+    def _exhausted(self, allocator: A, day: int, last: int) -> None:
         try:
             check_counter(self.tag, day, last, self.policy)
         except DayExhausted as exc:
@@ -150,14 +178,14 @@ class DailyTag:
         if old is not None:
             self._retire(old)
 
-    def _retire(self, allocator: TagAllocator) -> None:
+    def _retire(self, allocator: A) -> None:
         """A day that is over: no more takes from it (its waiters move on), no more fetches."""
         allocator.refuse(DayOver(f"the day of {allocator.tag!r} is over"))
         task = asyncio.ensure_future(allocator.close())
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    def _size(self, allocator: TagAllocator) -> int:
+    def _size(self, allocator: A) -> int:
         """The worker's rate-sized step, capped near midnight at what the rest of the day can use."""
         step = allocator.step or self.step
         if self._sizer is not None:
@@ -184,17 +212,17 @@ class DailyTag:
             await asyncio.gather(*self._retiring, return_exceptions=True)
 
 
-class DailyTags:
+class DailyTags(Generic[A]):
     """A worker's daily tags, by name, kept in step with the store's tag list."""
 
     def __init__(
         self,
         clock: Clock,
-        make: Callable[[str, str, int, Sizer], TagAllocator],
-        sizer: Sizer | None = None,
+        make: Callable[[str, str, int, Callable[[A], int]], A],
+        sizer: Callable[[A], int] | None = None,
     ) -> None:
         """Daily tags whose day rows' allocators come from ``make(tag, day row, step, sizer)``."""
-        self.tags: dict[str, DailyTag] = {}
+        self.tags: dict[str, DailyTag[A]] = {}
         self._clock = clock
         self._make = make
         self._sizer = sizer

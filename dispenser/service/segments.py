@@ -400,7 +400,7 @@ class SegmentAllocator:
         self._last_refresh = float("-inf")
         self._refresher: asyncio.Task[None] | None = None
         self._check: ResidueCheck | None = None
-        self.daily = DailyTags(clock, self._day_allocator, sizer)
+        self.daily: DailyTags[TagAllocator] = DailyTags(clock, self._day_allocator, sizer)
         """The daily tags this worker knows (docs/daily.md), apart from :attr:`tags`: the plain path never
         looks there."""
 
@@ -443,7 +443,7 @@ class SegmentAllocator:
         allocator = await self.resolve(tag, deadline)
         return await allocator.take(count, deadline)
 
-    async def resolve(self, tag: str, deadline: float | None = None) -> TagAllocator | DailyTag:
+    async def resolve(self, tag: str, deadline: float | None = None) -> TagAllocator | DailyTag[TagAllocator]:
         """The tag's allocator, looking the tag list up once if the tag is not known yet.
 
         Lookups for unknown tags are at most one per ``unknown_tag_refresh_interval``. A request that finds
