@@ -146,7 +146,10 @@ def _segment_ids(nats: NatsConfig) -> Part:
         id_subject(nats.subject_prefix, "segment", "{tag}"),
         "Segment IDs",
         "IDs of a tag from PostgreSQL segments (Leaf-segment). The workers share the subjects in a queue "
-        "group. Prefix: `nats.subject_prefix`; queue group: `nats.queue_group`.",
+        "group. Prefix: `nats.subject_prefix`; queue group: `nats.queue_group`. A daily tag's IDs are "
+        "`YYYYMMDD * 10**width + counter`, the counter from 1 each midnight in the tag's zone, and its "
+        "replies are the same messages (docs/daily.md); `day_exhausted` (507) when a day's counter has no "
+        "digits left.",
         server="nats",
         messages=("idRequest",),
         parameters={"tag": _TAG},
