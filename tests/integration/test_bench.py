@@ -27,6 +27,7 @@ def test_bench_nats_reports_every_case(
             "bench",
             "nats",
             *("--duration", "0.3", "--warmup", "0.1", "--min-switches", "1", "--quiet", "--daily"),
+            *("--processes", "2"),
             *("--nats-url", nats_server.url, "--postgres-dsn", pg_dsn, "--subject-prefix", "benchtest"),
             *("--json", str(path)),
         ]
@@ -51,8 +52,15 @@ def test_bench_nats_reports_every_case(
     expected |= {("echo", "sized", "ids", 100, inflight) for inflight in (1, 64)}
     # --daily: the plain tag and a daily one side by side (two cases per key).
     expected |= {("dispenser", "daily", "ids", 1, inflight) for inflight in (1, 64)}
+    # --processes 2: the throughput bodies on one worker and on two processes (two cases per key).
+    expected |= {
+        ("dispenser", "processes", fmt, count, inflight)
+        for fmt, count in (("ids", 1), ("ids", 100), ("ranges", 10_000))
+        for inflight in (1, 64)
+    }
     assert seen == expected
-    assert len(cases) == len(expected) + 2
+    assert len(cases) == len(expected) + 2 + 6
+    assert "segment ids/1 @64, 2 processes: " in out
     assert [c["name"].rsplit(" ", 1)[1] for c in cases if c["kind"] == "daily"] == ["plain", "daily"] * 2
     assert "daily @64:" in out
     for case in cases:
