@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import asyncpg
 
 from dispenser.adapters.postgres.returns import drop_taken, is_returned_key
+from dispenser.core.daily import parse_day_tag
 from dispenser.core.errors import StoreUnavailable
 from dispenser.ports import Clock, GrantMemory, SystemClock
 
@@ -48,6 +49,19 @@ UPDATE leaf_alloc AS a
   FROM unnest($1::text[], $2::bigint[]) AS r(tag, max_id)
  WHERE a.biz_tag = r.tag AND a.max_id < r.max_id
 RETURNING a.biz_tag, r.max_id
+"""
+
+# A daily tag's day row created just before a failover may be lost whole (its INSERT never replicated): no
+# UPDATE can raise it, and the next fetch would open it again at 1. So each remembered day row missing here
+# is created at what this worker was granted (or a removed row's high water, if higher), before any fetch.
+_REOPEN_DAYS = """
+INSERT INTO leaf_alloc (biz_tag, max_id, step, description, update_time)
+SELECT r.tag, GREATEST(r.max_id, (SELECT max_id FROM dispenser_removed_tag WHERE biz_tag = r.tag)),
+       COALESCE(a.step, 1), left('day counter of daily tag ' || left(r.tag, length(r.tag) - 9), 256), now()
+  FROM unnest($1::text[], $2::bigint[]) AS r(tag, max_id)
+  LEFT JOIN leaf_alloc a ON a.biz_tag = left(r.tag, length(r.tag) - 9)
+ON CONFLICT (biz_tag) DO NOTHING
+RETURNING biz_tag, max_id
 """
 
 log = logging.getLogger(__name__)
@@ -217,7 +231,18 @@ class PrimaryWatch:
             await _drop_taken(conn, system, timeline, taken)
         if remembered:
             tags = sorted(remembered)
+            days = [tag for tag in tags if parse_day_tag(tag) is not None]
             try:
+                if days:  # only daily tags have them, so the schema has dispenser_removed_tag
+                    reopened = await conn.fetch(_REOPEN_DAYS, days, [remembered[t] for t in days])
+                    if reopened:
+                        log.warning(
+                            "PostgreSQL primary (system %s, timeline %s) had lost day rows of daily tags "
+                            "granted on it: created again at %s before fetching",
+                            system,
+                            timeline,
+                            ", ".join(f"{r['biz_tag']!r} {r['max_id']}" for r in reopened[:10]),
+                        )
                 raised = await conn.fetch(_REPAIR, tags, [remembered[t] for t in tags])
             except asyncpg.UndefinedTableError:
                 return  # nothing to repair before `dispenser migrate`; try again on the next connection
