@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispenser.core.daily import DailyPolicy, day_of, split
-from dispenser.core.errors import DayExhausted
+from dispenser.core.errors import DayExhausted, UnknownTag
 from dispenser.core.ids import IdBatch
 from dispenser.ports import Allocation
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator, TagAllocator
@@ -201,7 +201,7 @@ class WallClock(ManualClock):
 
 
 steps = st.lists(
-    st.tuples(st.integers(0, 1), st.integers(-1500, 2500), st.integers(1, 12)), min_size=1, max_size=30
+    st.tuples(st.integers(0, 1), st.integers(-1500, 2500), st.integers(1, 12)), min_size=1, max_size=20
 )
 
 
@@ -259,4 +259,19 @@ async def test_a_new_width_takes_effect_at_the_next_refresh_and_the_days_counter
     day, counter = split(got, 8)
     assert day == 20261128
     assert counter > 2  # a new segment of the same row: the day's counter goes on
+    await allocator.close()
+
+
+async def test_a_daily_tag_removed_under_a_worker_is_unknown_at_its_next_day() -> None:
+    """Removed between two refreshes: today's row still serves; the next day's cannot open, and the tag is forgotten."""
+    store = await daily_store(step=2)
+    clock = clock_at(100)
+    allocator = await worker(store, clock)
+    assert await take(allocator, clock, 1) == [20261127000001]
+    await store.remove_tag("order")
+    await clock.advance(0.2)  # midnight: the new day's row would have to be opened
+    with pytest.raises(UnknownTag):
+        await finish(clock, allocator.take("order", 1, clock.monotonic() + 2.0))
+    assert "order" not in allocator.daily.tags
+    assert "order@20261128" not in {info.tag for info in await store.list_tags()}
     await allocator.close()
