@@ -243,3 +243,32 @@ async def test_a_process_that_does_not_stop_within_the_budget_is_killed(
     for each in workers:
         with pytest.raises(ProcessLookupError):
             os.kill(each, 0)
+
+
+async def test_the_processes_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    """SIGKILL to the supervisor: each process sees its socket to it close, says so and stops cleanly."""
+    http_port, metrics_port = free_port(), free_port()
+    env = {
+        "DISPENSER_NATS_ENABLED": "false",
+        "DISPENSER_SEGMENT_ENABLED": "false",
+        "DISPENSER_SNOWFLAKE_ENABLED": "true",
+        "DISPENSER_SNOWFLAKE_PER_PROCESS_WORKER_IDS": "true",  # static worker IDs 0 and 1
+        "DISPENSER_SNOWFLAKE_STATE_DIR": str(tmp_path / "state"),
+        "DISPENSER_HTTP_PORT": str(http_port),
+        "DISPENSER_METRICS_PORT": str(metrics_port),
+        "DISPENSER_LOG_LEVEL": "INFO",
+    }
+    log = tmp_path / "serve.log"
+    args = [sys.executable, "-m", "dispenser", "serve", "--processes", "2"]
+    async with spawned(args, env, log) as proc, aiohttp.ClientSession() as session:
+        await _all_ready(session, metrics_port, proc, log)
+        proc.kill()
+        await proc.wait()
+
+        def gone() -> bool:
+            text = log.read_text()
+            return text.count("the supervisor is gone: stopping") == 2 and text.count(": stopped") == 2
+
+        await wait_until(gone, what="both processes stopped")
+    with pytest.raises(aiohttp.ClientError):  # nothing listens on the port they shared
+        await _http_id(http_port, "snowflake")
