@@ -273,6 +273,42 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             FOR EACH STATEMENT EXECUTE FUNCTION dispenser_drop_returned_ranges()
         """,
     ),
+    Migration(
+        9,
+        "ordered tags: one owner at a time by a lease row, strictly increasing across the fleet (docs/ordered.md)",
+        # Beside leaf_alloc, which stays Leaf's column for column: a tag with a row here is ordered. The row is
+        # its lease: holder and epoch taken by a conditional UPDATE once expires_at (the database's clock) has
+        # passed; lease_ttl is the operator's (tag set --lease). A tag removed or renamed (DELETE, UPDATE of
+        # biz_tag, TRUNCATE) drops its row: a re-added tag is not ordered until told again.
+        """
+        CREATE TABLE IF NOT EXISTS dispenser_tag_ordered (
+            biz_tag    varchar(128) PRIMARY KEY,
+            lease_ttl  double precision NOT NULL DEFAULT 3.0 CHECK (lease_ttl >= 0.3 AND lease_ttl <= 600),
+            holder     text,
+            epoch      bigint       NOT NULL DEFAULT 0,
+            expires_at timestamptz  NOT NULL DEFAULT '-infinity'
+        );
+        CREATE OR REPLACE FUNCTION dispenser_drop_ordered() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_LEVEL = 'STATEMENT' THEN
+                DELETE FROM dispenser_tag_ordered;
+                RETURN NULL;
+            END IF;
+            DELETE FROM dispenser_tag_ordered WHERE biz_tag = OLD.biz_tag;
+            RETURN NULL;
+        END $$;
+        DROP TRIGGER IF EXISTS dispenser_drop_ordered ON leaf_alloc;
+        CREATE TRIGGER dispenser_drop_ordered AFTER DELETE ON leaf_alloc
+            FOR EACH ROW EXECUTE FUNCTION dispenser_drop_ordered();
+        DROP TRIGGER IF EXISTS dispenser_drop_renamed_ordered ON leaf_alloc;
+        CREATE TRIGGER dispenser_drop_renamed_ordered AFTER UPDATE OF biz_tag ON leaf_alloc
+            FOR EACH ROW WHEN (OLD.biz_tag IS DISTINCT FROM NEW.biz_tag)
+            EXECUTE FUNCTION dispenser_drop_ordered();
+        DROP TRIGGER IF EXISTS dispenser_drop_truncated_ordered ON leaf_alloc;
+        CREATE TRIGGER dispenser_drop_truncated_ordered BEFORE TRUNCATE ON leaf_alloc
+            FOR EACH STATEMENT EXECUTE FUNCTION dispenser_drop_ordered()
+        """,
+    ),
 )
 """Every migration, in version order. Append new versions; never edit a released one."""
 
