@@ -107,6 +107,9 @@ class SegmentConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     state_dir: str | None = None
     """Where ``remember_grants`` keeps its file; default ``snowflake.state_dir``, else
     ``~/.local/state/leaf-dispenser``. Never a temporary directory."""
+    return_unused: bool = True
+    """On a clean stop, give the unused rest of each tag's segments back to PostgreSQL, handed out again
+    before new IDs (docs/segment.md, "Unused IDs returned on a clean stop"); off: it is lost, as in Leaf."""
     residue_check_window: Positive = 0.3
     """Seconds a starting worker (with NATS) listens for the other databases' workers' residue classes
     before serving (docs/datacenters.md); none at all when no other worker listens."""

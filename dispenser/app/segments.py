@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from dispenser.ports import Clock
 from dispenser.redaction import redact
 from dispenser.service.rates import RateBook
 from dispenser.service.residues import ResidueGuard
+from dispenser.service.returns import return_unused
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 
 __all__ = [
@@ -119,7 +122,7 @@ async def start_segments(
         sizer=rates.size,
         meters=rates.segment_meter,
     )
-    stack.push_async_callback(allocator.close)
+    stack.push_async_callback(_stop_segments, config, clock, allocator, store)
     try:
         if store.connected:
             await allocator.refresh()
@@ -128,6 +131,26 @@ async def start_segments(
         log.warning("could not load the tag list yet (will retry): %s", exc)
     background(stack, allocator.run_refresh_loop(), "segment-refresh")
     return Segments(allocator, store)
+
+
+_RETURN_WITHIN = 2.0
+"""Seconds the return may take at most, out of the stop's 8 (a silent database must not hold the exit)."""
+
+
+async def _stop_segments(
+    config: Config, clock: Clock, allocator: SegmentAllocator, store: PostgresSegmentStore
+) -> None:
+    """Close the allocator; first, with ``segment.return_unused``, give its unused IDs back (docs/segment.md).
+
+    Run after every transport has stopped (the stack unwinds in reverse): the buffers are closed before
+    their rest is read, so no late answer carries a returned ID.
+    """
+    if config.segment.return_unused and store.connected:
+        worker = f"{socket.gethostname()}:{os.getpid()}"
+        await return_unused(
+            allocator, store, worker, clock, min(config.postgres.command_timeout, _RETURN_WITHIN)
+        )
+    await allocator.close()
 
 
 async def open_replay_store(

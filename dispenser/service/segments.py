@@ -132,6 +132,7 @@ class TagAllocator:
         self._clock = clock
         self._on_unknown = on_unknown
         self._closed = False
+        self._stopping = False
         self._refiller = Refiller(
             self.refill,
             _StoreSource(self),
@@ -239,7 +240,7 @@ class TagAllocator:
         except (ResidueOverlap, TagExhausted, UnknownTag) as exc:
             self._ended(exc)
             raise Refused(exc) from exc
-        if self.refusal is not None:
+        if self.refusal is not None and not self._stopping:
             raise Refused(self.refusal)  # refused while this fetch was in flight: nothing of it is served
         self.step = allocation.configured_step
         segment = allocation.segment
@@ -307,11 +308,20 @@ class TagAllocator:
                 log.exception("sizing the next segment of %r failed; using the configured step", self.tag)
         return step
 
-    def refuse(self, error: DispenserError) -> None:
-        """Hand out no more IDs of this tag, buffered ones included: every take fails with ``error``."""
+    def refuse(self, error: DispenserError, *, stopping: bool = False) -> None:
+        """Hand out no more IDs of this tag, buffered ones included: every take fails with ``error``.
+
+        ``stopping`` (a clean stop, service/returns.py): a segment in flight still lands in the buffer, to be
+        returned with the rest rather than lost (never handed out: every take is refused).
+        """
+        self._stopping = stopping
         self.refusal = self.last_error = error
         self._closed = True
         self._refiller.notify()
+
+    async def changed(self, deadline: float) -> bool:
+        """Wait for the buffer's next change (a segment installed, a fetch failed) until ``deadline``."""
+        return await self._refiller.wait(deadline)
 
     async def close(self, reason: DispenserError | None = None) -> None:
         """Stop fetching; later takes that find the buffer short fail with ``reason``."""

@@ -70,7 +70,7 @@ class MemorySegmentStore:
         self._removed: dict[str, int] = {}
         """Removed tags' high water (max_id), as the tombstone table keeps it."""
         self._returned: dict[str, list[tuple[int, int, Residue]]] = {}
-        """Ranges returned unused, by tag, lowest first: IDs and the class they were granted in."""
+        """Ranges returned unused, by tag, oldest return first: IDs and the class they were granted in."""
         self._now = now
         self._closed = False
         self.calls = 0
@@ -111,12 +111,12 @@ class MemorySegmentStore:
         if row is None:
             raise UnknownTag(tag)
         residue = self._residues.get(tag, LEAF)
-        returned = self._returned.get(tag, [])
-        for i, (first, last, its_class) in enumerate(returned):
-            if first > above and its_class == residue:
-                del returned[i]
-                granted = StridedRange(first, last, residue.stride)
-                return Allocation(residue.to_ordinals(granted), row.step, residue)
+        returned = self._returned.get(tag, [])  # oldest first: taken in that order only, as Postgres does
+        if returned and returned[0][0] > above and returned[0][2] == residue:
+            first, last, _ = returned.pop(0)
+            return Allocation(
+                residue.to_ordinals(StridedRange(first, last, residue.stride)), row.step, residue
+            )
         used = row.step if step is None else step
         if row.max_id > MAX_ID - residue.advance(used):
             raise no_room(tag, used)
@@ -135,12 +135,11 @@ class MemorySegmentStore:
         removed_below = self._removed.get(tag, 0)
         kept = 0
         returned = self._returned.setdefault(tag, [])
-        for first, last in ranges:
+        for first, last in sorted(ranges):
             ok = removed_below <= first <= last < row.max_id and residue.owns(first) and residue.owns(last)
             if ok:
                 returned.append((first, last, residue))
                 kept += StridedRange(first, last, residue.stride).count
-        returned.sort(key=lambda r: r[0])
         return kept
 
     def _open_day(self, name: str) -> _Row | None:

@@ -107,3 +107,19 @@ async def test_a_returned_range_keeps_its_tags_class(store: SegmentStore) -> Non
     )
     # A range of another class is not one of its grants.
     assert await store.return_unused("order", [(ids.first + 1, ids.first + 1)], "worker-a") == 0
+
+
+async def test_returned_ranges_are_taken_oldest_first_only(store: SegmentStore) -> None:
+    """A worker above the oldest returned range takes no newer one past it: both wait, in order, for another.
+
+    So every range at or below a ``seq`` some worker took has been taken: one a restore brings back is known.
+    Before, a live worker took the newer range, and its remembered ``seq`` then dropped the older one: lost.
+    """
+    await store.add_tag("order", step=100)
+    for _ in range(3):
+        await store.next_segment("order")  # [1, 100] and [201, 300] to a stopping worker, [101, 200] live
+    assert await store.return_unused("order", [(1, 100)], "worker-a") == 100
+    assert await store.return_unused("order", [(201, 300)], "worker-b") == 100
+    assert (await store.next_segment("order", above=200)).segment == Segment(301, 400)
+    assert (await store.next_segment("order")).segment == Segment(1, 100)
+    assert (await store.next_segment("order", above=100)).segment == Segment(201, 300)

@@ -1,7 +1,8 @@
 """Unused IDs returned on a clean stop (schema version 8): the return, the fetch that takes them first, the repair.
 
-A returned range is a row of ``dispenser_returned_range``; a fetch takes the lowest one above the IDs the
-worker holds, in the statement that would otherwise grant a new segment (one round trip, one transaction),
+A returned range is a row of ``dispenser_returned_range``; a fetch takes the oldest one (lowest ``seq``) if it
+lies above the IDs the worker holds, in the statement that would otherwise grant a new segment (one round
+trip, one transaction),
 and the worker remembers the row's ``seq`` beside its grants, so that a database restored from before that
 take cannot hand the range out again (:func:`drop_taken`). Why and what is guaranteed: ``docs/segment.md``
 ("Unused IDs returned on a clean stop").
@@ -41,25 +42,30 @@ _OFFSET = 'COALESCE((SELECT "offset" FROM dispenser_tag_residue WHERE biz_tag = 
 
 # The fetch (segments.py's, with returned ranges first). $1 tag, $2 step (NULL: configured), $3 the max_id
 # floor and $4 the cluster it and $6 were remembered in, $5 the newest ID the worker holds (-1: none), $6
-# the highest seq this worker took (its memory's). Rows at or below $6 were taken already: a restore
-# brought them back, so they are dropped, never handed out. A row locked by another fetch is skipped (SKIP
-# LOCKED): two fetches never take one row. Only when no row is taken does leaf_alloc move (NOT EXISTS on
-# the DELETE's RETURNING), in the same statement. Every CTE runs, referenced or not.
+# the highest seq this worker took (its memory's). Returned ranges are taken in seq order only, fleet-wide:
+# the lowest seq is locked (FOR UPDATE: a second fetch waits for it, then finds it gone and grants anew),
+# and taken if it lies above $5, else left for a worker holding less. So every row at or below a seq some
+# worker took has been taken: one found there again was brought back by a restore, and is dropped (stale),
+# never handed out. Only when no row is taken does leaf_alloc move (NOT EXISTS on the DELETE's RETURNING),
+# in the same statement. Every CTE runs, referenced or not.
 TAKE_OR_GRANT = f"""
 WITH seq_floor AS (SELECT CASE WHEN {_CLUSTER} = $4::text THEN $6::bigint END AS seq),
 stale AS (
     DELETE FROM dispenser_returned_range WHERE seq IN (
         SELECT seq FROM dispenser_returned_range
-         WHERE biz_tag = $1 AND seq <= (SELECT seq FROM seq_floor) FOR UPDATE SKIP LOCKED)
+         WHERE biz_tag = $1
+           AND (seq <= (SELECT seq FROM seq_floor) OR stride <> {_STRIDE} OR "offset" <> {_OFFSET})
+           FOR UPDATE SKIP LOCKED)
     RETURNING seq),
 pick AS (
-    SELECT seq FROM dispenser_returned_range
-     WHERE biz_tag = $1 AND first_id > $5::bigint AND seq > COALESCE((SELECT seq FROM seq_floor), 0)
+    SELECT seq, first_id FROM dispenser_returned_range
+     WHERE biz_tag = $1 AND seq > COALESCE((SELECT seq FROM seq_floor), 0)
        AND stride = {_STRIDE} AND "offset" = {_OFFSET}
-       AND EXISTS (SELECT 1 FROM leaf_alloc WHERE biz_tag = $1)
-     ORDER BY first_id LIMIT 1 FOR UPDATE SKIP LOCKED),
+     ORDER BY seq LIMIT 1 FOR UPDATE),
 taken AS (
-    DELETE FROM dispenser_returned_range d USING pick WHERE d.seq = pick.seq
+    DELETE FROM dispenser_returned_range d USING pick
+     WHERE d.seq = pick.seq AND pick.first_id > $5::bigint
+       AND EXISTS (SELECT 1 FROM leaf_alloc WHERE biz_tag = $1)
     RETURNING d.seq, d.first_id, d.last_id),
 bumped AS (
     UPDATE leaf_alloc
@@ -94,6 +100,7 @@ SELECT $1, g.first_id, g.last_id, t.stride, t."offset", $4
   FROM given g, tag t
  WHERE g.first_id <= g.last_id AND g.first_id >= t.removed AND g.last_id < t.max_id
    AND g.first_id % t.stride = t."offset" AND g.last_id % t.stride = t."offset"
+ ORDER BY g.first_id
 RETURNING (last_id - first_id) / stride + 1 AS count
 """
 

@@ -296,6 +296,9 @@ class PostgresSegmentStore:
                 await watch.granted(returned_key(tag), seq)
         residue = Residue(row["stride"], row["offset"]) if "stride" in row else LEAF
         if seq is not None:
+            log.info(
+                "IDs %d-%d of %r, returned unused, are handed out again", row["first_id"], row["last_id"], tag
+            )
             returned = StridedRange(row["first_id"], row["last_id"], residue.stride)
             return Allocation(residue.to_ordinals(returned), row["step"], residue)
         if residue.plain:
