@@ -272,3 +272,25 @@ async def test_the_processes_stop_when_their_supervisor_is_killed(tmp_path: Path
         await wait_until(gone, what="both processes stopped")
     with pytest.raises(aiohttp.ClientError):  # nothing listens on the port they shared
         await _http_id(http_port, "snowflake")
+
+
+async def test_a_process_that_cannot_start_stops_the_supervisor_with_exit_status_1(tmp_path: Path) -> None:
+    """A start refused (a snowflake layout of 72 bits): not restarted; the supervisor exits 1 as one worker would."""
+    env = {
+        "DISPENSER_NATS_ENABLED": "false",
+        "DISPENSER_SEGMENT_ENABLED": "false",
+        "DISPENSER_SNOWFLAKE_ENABLED": "true",
+        "DISPENSER_SNOWFLAKE_MODE": "postgres",
+        "DISPENSER_SNOWFLAKE_WORKER_BITS": "19",  # 41 + 19 + 12 bits: no 63-bit layout
+        "DISPENSER_SNOWFLAKE_STATE_DIR": str(tmp_path / "state"),
+        "DISPENSER_HTTP_PORT": str(free_port()),
+        "DISPENSER_LOG_LEVEL": "INFO",
+    }
+    log = tmp_path / "serve.log"
+    args = [sys.executable, "-m", "dispenser", "serve", "--processes", "2"]
+    async with spawned(args, env, log) as proc:
+        status = await asyncio.wait_for(proc.wait(), 30)
+    text = log.read_text()
+    assert status == 1, text
+    assert re.search(r"process \d could not start \(exited with status 1\): stopping", text), text
+    assert "restarting" not in text, text
