@@ -145,6 +145,7 @@ _EXTRA_OF = {
     "aiomysql": "leaf-import",
     "aiokafka": "server",
     "asyncpg": "server",
+    "ff3": "server",
     "kazoo": "server",
     "prometheus_client": "server",
     "uvloop": "server",

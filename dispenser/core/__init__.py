@@ -9,6 +9,7 @@ __all__ = [
     "leaf_import",
     "lru",
     "peers",
+    "permute",
     "rate",
     "refill",
     "segment",
