@@ -203,7 +203,9 @@ class WorkerCollector(Collector):
             "Seconds the buffers last at the peak rate without the database",
             labels=["tag"],
         )
-        for tag, tag_allocator in list(allocator.tags.items()):
+        # A daily tag by its own name, from its current day's allocator: its counters start again each
+        # day (a counter reset, as a restart is to Prometheus).
+        for tag, tag_allocator in [*allocator.tags.items(), *allocator.daily.current()]:
             fetches.add_metric([tag], tag_allocator.fetches)
             fetch_time.add_metric([tag], tag_allocator.fetch_seconds)
             fetch_errors.add_metric([tag], tag_allocator.fetch_errors)

@@ -256,6 +256,10 @@ class DailyTags(Generic[A]):
         )
         return True
 
+    def current(self) -> list[tuple[str, A]]:
+        """Each daily tag's name with its current day row's allocator (metrics show a daily tag by its name)."""
+        return [(tag, daily.current) for tag, daily in self.tags.items() if daily.current is not None]
+
     async def keep(self, listed: set[str]) -> None:
         """Close the daily tags the tag list no longer has."""
         for tag in [t for t in self.tags if t not in listed]:

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dispenser import __version__
 from dispenser.adapters.local.static_registry import StaticRegistry
 from dispenser.adapters.prometheus import EnricherCollector, add_standard_collectors
+from dispenser.core.daily import DailyPolicy
 from dispenser.core.errors import ClockMovedBackwards, LeaseLost, StoreUnavailable
 from dispenser.core.snowflake import SnowflakeLayout
 from dispenser.ports import WorkerLease
@@ -169,3 +170,21 @@ def test_the_standard_collectors_and_build_info_are_registered() -> None:
     assert any(name.startswith("python_gc_") for name in names)
     assert names["leaf_build_info"].labels == {"version": __version__}
     assert names["leaf_build_info"].value == 1
+
+
+async def test_a_daily_tag_shows_under_its_own_name() -> None:
+    """A daily tag's segment metrics are its current day row's, labelled with the tag (not 'order@YYYYMMDD')."""
+    clock = ManualClock()
+    store = MemorySegmentStore()
+    await store.add_tag("order", 10, daily=DailyPolicy.checked(6, "UTC"))
+    allocator = SegmentAllocator(store, clock, AllocatorSettings())
+    await allocator.refresh()
+    target = worker(clock, allocator=allocator)
+    taking = asyncio.ensure_future(allocator.take("order", 3, clock.monotonic() + 1))
+    await clock.run_until(taking.done)
+    await taking
+    scraped = scrape(target)
+    assert scraped[("leaf_segment_fetches_total", (("tag", "order"),))] >= 1
+    assert scraped[("leaf_ids_buffered", (("tag", "order"),))] >= 7
+    assert not [key for key in scraped if any("@" in value for _, value in key[1])]
+    await allocator.close()
