@@ -34,7 +34,7 @@ from dispenser.app.worker import Worker
 from dispenser.config import Config
 from dispenser.runner import run_async
 
-__all__ = ["ProcessReport", "supervise"]
+__all__ = ["ProcessReport", "restart_delay", "supervise"]
 
 log = logging.getLogger("dispenser.supervisor")
 
@@ -45,6 +45,17 @@ _STABLE = 30.0
 """Seconds a process must have run for its next death to restart it after the first delay again."""
 _CHILD_MARGIN = 0.5
 """Seconds of the stop budget the processes leave the supervisor (to see them exit, or kill them)."""
+
+
+def restart_delay(previous: float | None, ran: float) -> float:
+    """Seconds before restarting a process that died after running ``ran`` seconds.
+
+    ``previous``: the delay before its last restart (``None``: it never died before). The first death, or
+    one after a stable run (30 s), waits 0.5 s; each death in a row doubles the wait, up to 30 s.
+    """
+    if previous is None or ran >= _STABLE:
+        return _FIRST_DELAY
+    return min(previous * 2, _MAX_DELAY)
 
 
 class ProcessReport(msgspec.Struct, frozen=True):
@@ -175,7 +186,7 @@ class _Supervisor:
 
     async def keep(self, slot: _Slot) -> None:
         """Run the slot's process; restart it when it dies, after a back-off, until the stop."""
-        delay = _FIRST_DELAY
+        delay: float | None = None
         while not self.stop.is_set():
             self.spawn(slot)
             await slot.exited.wait()
@@ -189,7 +200,7 @@ class _Supervisor:
                 self.stop.set()
                 return
             ran = time.monotonic() - slot.started_at
-            delay = _FIRST_DELAY if ran >= _STABLE else delay
+            delay = restart_delay(delay, ran)
             slot.restarts += 1
             log.warning(
                 "process %d (pid %s) %s after %.1f s: restarting it in %.1f s (restart %d)",
@@ -202,7 +213,6 @@ class _Supervisor:
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), delay)
-            delay = min(delay * 2, _MAX_DELAY)
 
     async def wind_down(self) -> int:
         """SIGTERM to every live process, then wait for all within the budget; SIGKILL the rest."""

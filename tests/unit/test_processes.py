@@ -8,6 +8,7 @@ import pytest
 
 from dispenser.adapters.prometheus import merge_expositions
 from dispenser.app.processes import available_cpus, check_processes, process_config, resolve_processes
+from dispenser.app.supervisor import restart_delay
 from dispenser.cli import main
 from dispenser.config import Config, ConfigError, load_config
 
@@ -118,3 +119,15 @@ def test_the_host_exposition_labels_each_process_and_adds_the_supervisors() -> N
     assert "leaf_worker_processes 3.0" in merged
     assert 'leaf_worker_process_restarts_total{process="1"} 2.0' in merged
     assert 'leaf_worker_process_serving{process="2"} 0.0' in merged  # restarting: not among the texts
+
+
+def test_a_process_dying_in_a_row_waits_longer_each_time_and_a_stable_run_resets_it() -> None:
+    """0.5 s, doubling per death in a row up to 30 s; back to 0.5 s after a run of 30 s or more."""
+    delays: list[float] = []
+    delay = None
+    for _ in range(9):
+        delay = restart_delay(delay, ran=1.0)
+        delays.append(delay)
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert restart_delay(30.0, ran=30.0) == 0.5
+    assert restart_delay(4.0, ran=29.9) == 8.0
