@@ -10,6 +10,7 @@ __all__ = [
     "dispatch",
     "enrichment",
     "identity",
+    "permuted",
     "rates",
     "retry",
     "segments",

@@ -13,6 +13,7 @@ import asyncio
 import bisect
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dispenser.core.errors import (
@@ -24,6 +25,7 @@ from dispenser.core.errors import (
     StoreUnavailable,
     Unavailable,
 )
+from dispenser.core.permute import Permutation
 from dispenser.core.tags import validate_tag
 from dispenser.messages import (
     ErrorBody,
@@ -37,6 +39,7 @@ from dispenser.messages import (
 from dispenser.ports import Clock, IdSource, RangesBatch, ReplayStore, Settled
 from dispenser.service.answering import Answer, Answerer
 from dispenser.service.dedup import ReplayCache, reused_request_id
+from dispenser.service.permuted import PermutedBatch
 from dispenser.service.timing import Deadlines
 
 __all__ = ["LATENCY_BUCKETS", "Answer", "Answerer", "Dispatcher", "Limits"]
@@ -83,6 +86,7 @@ class Dispatcher:
         kind: Kind = "segment",
         replay_store: ReplayStore | None = None,
         refuse_unsettled: bool = True,
+        permuted: Mapping[str, Permutation] | None = None,
     ) -> None:
         """Answer requests from ``source``.
 
@@ -97,6 +101,8 @@ class Dispatcher:
             refuse_unsettled: answer ``unavailable`` rather than IDs when ``replay_store`` cannot record
                 the answer before the request's deadline (``limits.dedup_unsettled = "refuse"``, the
                 default); ``False``: answer from the buffer, idempotent on this worker only (``"answer"``).
+            permuted: the permuted tags' permutations (docs/permuted.md): their IDs are answered permuted,
+                one by one (at most ``limits.max_ids`` in either format), never from the remembered fast path.
         """
         self._source = source
         self._clock = clock
@@ -109,6 +115,8 @@ class Dispatcher:
         self._replays: ReplayCache[RangesBatch] = ReplayCache(dedup_ttl, clock.monotonic)
         self._bodies: dict[bytes, IdRequest] = {}
         self._tags: set[str] = set()
+        """Plain tags seen before (a permuted tag is never here: the fast path of :meth:`reply_now` skips it)."""
+        self._permuted: dict[str, Permutation] = dict(permuted or {})
         self._json = JsonReplies()
         self.inline = 0
         """Requests answered without waiting."""
@@ -137,7 +145,7 @@ class Dispatcher:
         self._check_tag(tag)
         self.check_size(body)
         request = decode_request(body, msgpack)
-        self._check_count(request)
+        self._check_count(request, tag)
         if not msgpack and request.request_id is None:  # a body with a request_id is not sent again soon
             if len(self._bodies) >= _REMEMBERED:
                 self._bodies.clear()
@@ -194,7 +202,7 @@ class Dispatcher:
         try:
             if tag not in self._tags:
                 self._check_tag(tag)
-            self._check_count(request)
+            self._check_count(request, tag)
             batch = self._source.try_take(tag, request.count)
         except DispenserError as exc:
             return self.error(tag, exc, msgpack)
@@ -202,6 +210,8 @@ class Dispatcher:
             return self._internal(tag, exc, msgpack)
         if batch is None:
             return None
+        if self._permuted and tag in self._permuted:
+            batch = self._permute(tag, batch)
         self.inline += 1
         return Answer(self._reply(tag, request, batch, msgpack) if encode else b"", ranges=batch.ranges)
 
@@ -215,10 +225,12 @@ class Dispatcher:
         started = self._clock.monotonic()
         try:
             self._check_tag(tag)
-            self._check_count(request)
+            self._check_count(request, tag)
             deadline = started + self.limits.deadline
             if request.request_id is None:
                 batch = await self._source.take(tag, request.count, deadline)
+                if self._permuted and tag in self._permuted:
+                    batch = self._permute(tag, batch)
             else:
                 batch = await self._replayed(tag, request, deadline)
         except DispenserError as exc:
@@ -254,6 +266,8 @@ class Dispatcher:
         batch = self._source.try_take(tag, request.count)
         if batch is None:
             batch = await self._source.take(tag, request.count, deadline)
+        if self._permuted and tag in self._permuted:  # the permuted IDs are the answer a retry gets
+            batch = self._permute(tag, batch)
         store = self._replay_store
         if store is None:
             return batch
@@ -332,18 +346,26 @@ class Dispatcher:
 
     def _check_tag(self, tag: str) -> None:
         validate_tag(tag)
+        if tag in self._permuted:
+            return
         if len(self._tags) >= _REMEMBERED:
             self._tags.clear()
         self._tags.add(tag)
 
-    def _check_count(self, request: IdRequest) -> None:
+    def _check_count(self, request: IdRequest, tag: str) -> None:
         count = request.count
         if count < 1:
             raise InvalidCount(count)
         limits = self.limits
-        limit = limits.max_ids if request.format == "ids" else limits.max_ranges
+        # A permuted tag's IDs are enciphered one by one: as many as an ids request, whatever the format.
+        ids = request.format == "ids" or tag in self._permuted
+        limit = limits.max_ids if ids else limits.max_ranges
         if count > limit:
             raise CountTooLarge(count, limit, request.format)
+
+    def _permute(self, tag: str, batch: RangesBatch) -> PermutedBatch:
+        """A permuted tag's IDs for the counters of ``batch``, each a range of its own."""
+        return PermutedBatch([(i, i) for i in self._permuted[tag].ids(batch.ranges)])
 
     def _reply(self, tag: str, request: IdRequest, batch: RangesBatch, msgpack: bool) -> bytes:
         ranges = batch.ranges

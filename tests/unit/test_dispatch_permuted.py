@@ -1,0 +1,83 @@
+"""The Dispatcher with a permuted tag: permuted IDs on every path, plain tags untouched, the key file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from dispenser.core.errors import BadRequest
+from dispenser.core.permute import SPAN, Permutation
+from dispenser.messages import Reply
+from dispenser.service.dispatch import Dispatcher, Limits
+from dispenser.service.permuted import load_permutation, load_permutations
+from dispenser.testing.clock import ManualClock
+from tests.unit.test_dispatcher import ScriptedSource
+
+KEY = "2DE79D232DF5585D68CE47882AE256D6"
+PERMUTATION = Permutation("order", {1: bytes.fromhex(KEY)})
+
+
+def dispatcher(source: ScriptedSource, **limits: int) -> Dispatcher:
+    return Dispatcher(source, ManualClock(), Limits(**limits), permuted={"order": PERMUTATION})
+
+
+def ids_of(body: bytes) -> list[int]:
+    reply = msgspec.json.decode(body, type=Reply)
+    if reply.ranges is not None:
+        return [first for first, last in reply.ranges if first == last]
+    assert reply.ids is not None
+    return reply.ids
+
+
+async def test_every_path_answers_the_permuted_ids_of_the_counters() -> None:
+    """reply_now, answer_now, answer and a request_id answer: permuted IDs of counters 1.., decodable."""
+    source = ScriptedSource()
+    d = dispatcher(source)
+    body = b'{"count": 3}'
+    assert d.reply_now("order", body) is None  # never on the remembered fast path
+    now = d.answer_now("order", d.decode("order", body))
+    assert now is not None
+    got = ids_of(now.body)
+    got += ids_of((await d.answer("order", d.decode("order", b'{"count": 2, "format": "ranges"}'))).body)
+    got += ids_of((await d.answer("order", d.decode("order", b'{"count": 2, "request_id": "r"}'))).body)
+    assert [PERMUTATION.decode(i) for i in got] == [(1, n) for n in range(1, 8)]
+    assert all(i >= SPAN for i in got)
+    assert got != sorted(got)
+
+
+async def test_plain_tags_beside_a_permuted_one_are_untouched() -> None:
+    """A plain tag keeps its counters as IDs and the remembered fast path."""
+    source = ScriptedSource()
+    d = dispatcher(source)
+    d.decode("plain", b'{"count": 2}')
+    fast = d.reply_now("plain", b'{"count": 2}')
+    assert isinstance(fast, bytes)
+    assert ids_of(fast) == [1, 2]
+
+
+async def test_a_permuted_tag_answers_at_most_max_ids_in_either_format() -> None:
+    """A ranges request for a permuted tag is limited like an ids one: each ID is enciphered."""
+    d = dispatcher(ScriptedSource(), max_ids=10, max_ranges=1000)
+    answer = d.answer_now("order", d.decode("plain", b'{"count": 11, "format": "ranges"}'))
+    assert answer is not None
+    assert answer.error is not None
+    assert answer.error.code == "count_too_large"
+
+
+def test_key_files_are_loaded_by_tag_name(tmp_path: Path) -> None:
+    """<dir>/<tag>.keys is the tag's; other files are ignored; a missing directory or bad file refuses."""
+    (tmp_path / "order.keys").write_text(f"1 {KEY}\n")
+    (tmp_path / "README").write_text("not a key file")
+    loaded = load_permutations(tmp_path)
+    assert list(loaded) == ["order"]
+    assert loaded["order"].encode(5) == PERMUTATION.encode(5)
+    assert load_permutations(None) == {}
+    with pytest.raises(BadRequest, match="not a directory"):
+        load_permutations(tmp_path / "missing")
+    with pytest.raises(BadRequest, match="no key file"):
+        load_permutation(tmp_path, "other")
+    (tmp_path / "bad.keys").write_text("1 00\n")
+    with pytest.raises(BadRequest, match=r"bad\.keys, line 1"):
+        load_permutations(tmp_path)
