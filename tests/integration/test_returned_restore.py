@@ -9,6 +9,7 @@ and the take (the row back) never hands it out a second time. A snapshot is ``CR
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import asyncpg
@@ -17,6 +18,7 @@ import pytest
 from dispenser.adapters.local.grants import GrantFile
 from dispenser.adapters.postgres.schema import migrate
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
+from dispenser.core.errors import UnknownTag
 from dispenser.core.segment import Segment
 from dispenser_lab.servers import PostgresServer
 from tests.integration.test_grant_floor import restore, snapshot
@@ -102,3 +104,33 @@ async def test_a_range_back_behind_the_takers_open_connection_is_dropped_by_its_
                 await conn.close()
     finally:
         grants.close()
+
+
+async def test_a_fetch_and_a_remove_of_the_tag_take_turns_without_a_deadlock(pg_dsn: str) -> None:
+    """A remove holding the tag's row, a fetch behind it with a returned range waiting: the remove goes through.
+
+    The fetch locks the tag's row before the returned range, as the remove does (its trigger deletes the
+    range after the row): before, the fetch held the range and waited for the row while the remove held the
+    row and waited for the range, and PostgreSQL broke the deadlock by failing one of them.
+    """
+    await migrate(pg_dsn)
+    async with await PostgresSegmentStore.connect(pg_dsn) as store:
+        await store.add_tag("order", 100)
+        await store.next_segment("order")
+        await store.next_segment("order")
+        assert await store.return_unused("order", [(1, 100)], "a") == 100
+        remover = await asyncpg.connect(pg_dsn)
+        try:
+            async with remover.transaction():
+                await remover.execute("SELECT 1 FROM leaf_alloc WHERE biz_tag = 'order' FOR UPDATE")
+                fetching = asyncio.create_task(store.next_segment("order", above=200))
+                for _ in range(500):  # until the fetch waits for the remover
+                    waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+                    if await remover.fetchval(waiting):
+                        break
+                    await asyncio.sleep(0.01)  # paces the polling of pg_locks
+                await remover.execute("DELETE FROM leaf_alloc WHERE biz_tag = 'order'")
+            with pytest.raises(UnknownTag):
+                await fetching
+        finally:
+            await remover.close()

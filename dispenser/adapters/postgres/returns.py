@@ -47,9 +47,12 @@ _OFFSET = 'COALESCE((SELECT "offset" FROM dispenser_tag_residue WHERE biz_tag = 
 # and taken if it lies above $5, else left for a worker holding less. So every row at or below a seq some
 # worker took has been taken: one found there again was brought back by a restore, and is dropped (stale),
 # never handed out. Only when no row is taken does leaf_alloc move (NOT EXISTS on the DELETE's RETURNING),
-# in the same statement. Every CTE runs, referenced or not.
+# in the same statement. The tag's row is locked first (tag_row), as a remove locks it before its trigger
+# deletes the tag's returned rows: the same order, so a fetch and a remove never deadlock. Every CTE runs,
+# referenced or not.
 TAKE_OR_GRANT = f"""
 WITH seq_floor AS (SELECT CASE WHEN {_CLUSTER} = $4::text THEN $6::bigint END AS seq),
+tag_row AS (SELECT 1 FROM leaf_alloc WHERE biz_tag = $1 FOR UPDATE),
 stale AS (
     DELETE FROM dispenser_returned_range WHERE seq IN (
         SELECT seq FROM dispenser_returned_range
@@ -59,13 +62,12 @@ stale AS (
     RETURNING seq),
 pick AS (
     SELECT seq, first_id FROM dispenser_returned_range
-     WHERE biz_tag = $1 AND seq > COALESCE((SELECT seq FROM seq_floor), 0)
+     WHERE EXISTS (SELECT 1 FROM tag_row) AND biz_tag = $1 AND seq > COALESCE((SELECT seq FROM seq_floor), 0)
        AND stride = {_STRIDE} AND "offset" = {_OFFSET}
      ORDER BY seq LIMIT 1 FOR UPDATE),
 taken AS (
     DELETE FROM dispenser_returned_range d USING pick
      WHERE d.seq = pick.seq AND pick.first_id > $5::bigint
-       AND EXISTS (SELECT 1 FROM leaf_alloc WHERE biz_tag = $1)
     RETURNING d.seq, d.first_id, d.last_id),
 bumped AS (
     UPDATE leaf_alloc
