@@ -26,11 +26,8 @@ from prometheus_client.samples import Sample
 
 from dispenser import __version__
 from dispenser.core.rate import runway_seconds
-from dispenser.ports import Clock
-from dispenser.service.dispatch import LATENCY_BUCKETS, Dispatcher
-from dispenser.service.rates import RateBook
-from dispenser.service.segments import SegmentAllocator
-from dispenser.service.snowflake import SnowflakeGenerator
+from dispenser.service.dispatch import LATENCY_BUCKETS
+from dispenser.service.observed import ObservedWorker
 
 __all__ = [
     "BuildInfoCollector",
@@ -63,33 +60,8 @@ class KafkaRequests(Protocol):
         ...
 
 
-class Worker(Protocol):
-    """What the metrics read of a worker (:class:`dispenser.app.Worker` has it all)."""
-
-    @property
-    def clock(self) -> Clock:
-        """The worker's clock."""
-        ...
-
-    @property
-    def rates(self) -> RateBook:
-        """Its rate meters."""
-        ...
-
-    @property
-    def dispatchers(self) -> Mapping[str, Dispatcher]:
-        """Its dispatchers by kind."""
-        ...
-
-    @property
-    def allocator(self) -> SegmentAllocator | None:
-        """Its segment allocator, if segments are on."""
-        ...
-
-    @property
-    def snowflake(self) -> SnowflakeGenerator | None:
-        """Its snowflake generator, if snowflake is on."""
-        ...
+class Worker(ObservedWorker, Protocol):
+    """What the metrics read of a worker: what every observer reads, and its Kafka request service."""
 
     @property
     def kafka(self) -> KafkaRequests | None:

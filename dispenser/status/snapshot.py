@@ -10,19 +10,17 @@ worker ID, lease and clock counters, the dispatchers' error counts, the readines
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import msgspec
 
 from dispenser import __version__
 from dispenser.core.segment import SegmentStats
 from dispenser.messages import Kind, RateEvent
-from dispenser.ports import Clock
-from dispenser.service.dispatch import Dispatcher
+from dispenser.service.observed import ObservedWorker
 from dispenser.service.rates import RateBook
-from dispenser.service.segments import SegmentAllocator, TagAllocator
+from dispenser.service.segments import TagAllocator
 from dispenser.service.snowflake import SnowflakeGenerator
 from dispenser.status.errors import LoggedError
 
@@ -56,33 +54,8 @@ class ClockCheck:
         self.offset_ms, self.peers, self.at_ms = offset_ms, peers, at_ms
 
 
-class StatusSources(Protocol):
-    """What the snapshot reads of a worker (``dispenser.app.operations.Observed``, as ``/metrics`` does)."""
-
-    @property
-    def clock(self) -> Clock:
-        """The worker's clock."""
-        ...
-
-    @property
-    def rates(self) -> RateBook:
-        """Its rate meters, its peers' events and the step rule."""
-        ...
-
-    @property
-    def dispatchers(self) -> Mapping[str, Dispatcher]:
-        """Its dispatchers by kind (their error counts)."""
-        ...
-
-    @property
-    def allocator(self) -> SegmentAllocator | None:
-        """Its segment allocator, if segments are on."""
-        ...
-
-    @property
-    def snowflake(self) -> SnowflakeGenerator | None:
-        """Its snowflake generator, if snowflake is on."""
-        ...
+StatusSources = ObservedWorker
+"""What the snapshot reads of a worker: what ``/metrics`` reads (``dispenser.app.operations.Observed``)."""
 
 
 class SegmentRun(msgspec.Struct, kw_only=True):
