@@ -3,35 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
-from dispenser.adapters.postgres.schema import migrate
-from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.daily import MAX_TAG_LENGTH, DailyPolicy
 from dispenser.core.errors import BadRequest, UnknownTag
 from dispenser.core.residue import Residue
 from dispenser.core.segment import Segment
 from dispenser.ports import SegmentStore
-from dispenser.testing.fakes import MemorySegmentStore
 
 POLICY = DailyPolicy.checked(6, "Asia/Shanghai")
-
-
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[SegmentStore]:
-    """Each implementation, empty: the fake, and the Postgres adapter on a fresh migrated database."""
-    if request.param == "memory":
-        memory = MemorySegmentStore()
-        yield memory
-        await memory.close()
-        return
-    dsn: str = request.getfixturevalue("pg_dsn")
-    await migrate(dsn)
-    postgres = await PostgresSegmentStore.connect(dsn, max_size=8)
-    yield postgres
-    await postgres.close()
 
 
 async def test_a_daily_tag_is_listed_with_its_policy_and_its_day_rows_are_not(store: SegmentStore) -> None:

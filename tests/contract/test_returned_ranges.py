@@ -7,31 +7,10 @@ new IDs, once: never twice, whoever fetches, and never after the tag was removed
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import pytest
-
-from dispenser.adapters.postgres.schema import migrate
-from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.residue import Residue
 from dispenser.core.segment import Segment
 from dispenser.ports import SegmentStore
-from dispenser.testing.fakes import MemorySegmentStore
-
-
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[SegmentStore]:
-    """Each implementation, empty: the fake, and the Postgres adapter on a fresh migrated database."""
-    if request.param == "memory":
-        memory = MemorySegmentStore()
-        yield memory
-        await memory.close()
-        return
-    dsn: str = request.getfixturevalue("pg_dsn")
-    await migrate(dsn)
-    postgres = await PostgresSegmentStore.connect(dsn, max_size=8)
-    yield postgres
-    await postgres.close()
 
 
 async def test_returned_ids_are_handed_out_before_new_ones_and_once(store: SegmentStore) -> None:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
 from datetime import datetime
 
 import pytest
 
-from dispenser.adapters.postgres.schema import migrate
-from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.core.errors import (
     BadRequest,
     InvalidTag,
@@ -22,24 +19,8 @@ from dispenser.core.errors import (
 )
 from dispenser.core.segment import Segment
 from dispenser.ports import SegmentStore
-from dispenser.testing.fakes import MemorySegmentStore
 
 MAX_ID = 2**63 - 1
-
-
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[SegmentStore]:
-    """Each implementation, empty: the fake, and the Postgres adapter on a fresh migrated database."""
-    if request.param == "memory":
-        memory = MemorySegmentStore()
-        yield memory
-        await memory.close()
-        return
-    dsn: str = request.getfixturevalue("pg_dsn")
-    await migrate(dsn)
-    postgres = await PostgresSegmentStore.connect(dsn)
-    yield postgres
-    await postgres.close()
 
 
 async def test_first_segment_starts_at_start(store: SegmentStore) -> None:
