@@ -31,6 +31,7 @@ from dispenser.app.http import start_http
 from dispenser.app.kafka import start_kafka_service
 from dispenser.app.nats import connect_nats, start_nats_service
 from dispenser.app.operations import Observed, metrics_on_http_port, operations, start_metrics, status_page
+from dispenser.app.ordered import Ordered, start_ordered
 from dispenser.app.parts import Off, present, settings_of, unless_off
 from dispenser.app.rates import Rates, rate_book, start_rates
 from dispenser.app.segments import (
@@ -132,6 +133,8 @@ class Worker:
         self.phase = "starting"
         """What the start is doing (said if a signal interrupts it)."""
         self._parts: Parts | None = None  # set by start() at its end: the parts exist from then on
+        self.ordered: Ordered | Off = Off("segment.enabled")
+        """The ordered tags (docs/ordered.md): their leases and routes on NATS."""
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Self:
@@ -226,6 +229,9 @@ class Worker:
         kafka: KafkaRequestService | Off = Off("serve" if not self.serve else "kafka.enabled")
         http: HttpServer | Off = Off("serve" if not self.serve else "http.port")
         if self.serve:
+            if segments is not None:  # before serving: an ordered tag is never answered on the plain path
+                self.phase = "reading the ordered tags"
+                await self._start_ordered(stack, got, segments)
             if not isinstance(got.nats, Off):
                 service = await start_nats_service(
                     stack, config, got.nats, got.dispatchers, special=got.special, snowflake=got.snowflake
@@ -303,6 +309,30 @@ class Worker:
             decode = decode_handler(snowflake.generator.layout, config.limits.max_body_bytes)
             got.special["snowflake"] = {DECODE_TAG: decode}
         return got
+
+    async def _start_ordered(
+        self, stack: contextlib.AsyncExitStack, got: _Sources, segments: Segments
+    ) -> None:
+        """The ordered tags (docs/ordered.md): routed on NATS by the ``segment`` endpoint's special tags."""
+        config, plain = self.config, got.dispatchers["segment"]
+
+        def answerer(source: IdSource) -> Dispatcher:
+            return Dispatcher(
+                source,
+                self.clock,
+                plain.limits,
+                config.limits.dedup_ttl,
+                kind="segment",
+                replay_store=unless_off(got.replay_store),
+                refuse_unsettled=plain.refuse_unsettled,
+            )
+
+        nc = unless_off(got.nats)
+        self.ordered = ordered = await start_ordered(
+            stack, config, self.clock, nc, segments, dispatcher=plain, answerer=answerer
+        )
+        if nc is not None:
+            got.special["segment"] = ordered.routes
 
     # The parts by name: each returns its object, and raises PartOff if the configuration leaves it off.
 

@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 
 from dispenser import __version__
 from dispenser.adapters.nats.micro import ERROR_CODE_HEADER, ERROR_HEADER, Endpoint, MicroService
+from dispenser.adapters.nats.ordered import OrderedRoute
 from dispenser.config import NatsConfig
 from dispenser.core.errors import DispenserError
 from dispenser.messages import MSGPACK, IdRequest, id_subject
@@ -31,8 +32,9 @@ log = logging.getLogger(__name__)
 _SILENT_SERVER = 2.0
 """Seconds a stop waits for the server to acknowledge a drain before it counts the server as silent."""
 
-SpecialHandler = Callable[[bytes, bool], Awaitable[Answer]]
-"""A tag with a handler of its own (``leaf.snowflake.decode``): body and msgpack flag in, answer out."""
+SpecialHandler = Callable[[bytes, bool], Awaitable[Answer]] | OrderedRoute
+"""A tag with a handler of its own (``leaf.snowflake.decode``): body and msgpack flag in, answer out; or an
+ordered tag's route, which takes the whole message (docs/ordered.md)."""
 
 CONTENT_TYPE = "Content-Type"
 """The request header whose value ``application/msgpack`` selects msgpack for the request and its reply."""
@@ -153,7 +155,11 @@ class NatsIdService:
         headers = msg.headers
         msgpack = headers is not None and headers.get(CONTENT_TYPE) == MSGPACK
         if tag in special:
-            await self._respond(msg, await special[tag](msg.data, msgpack), msgpack, endpoint)
+            handler = special[tag]
+            if isinstance(handler, OrderedRoute):
+                await handler.route(msg)
+                return
+            await self._respond(msg, await handler(msg.data, msgpack), msgpack, endpoint)
             return
         try:
             request = dispatcher.decode(tag, msg.data, msgpack)
