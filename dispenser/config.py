@@ -115,6 +115,9 @@ class SegmentConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     before serving (docs/datacenters.md); none at all when no other worker listens."""
     residue_recheck_interval: Positive = 10.0
     """Seconds between a worker's checks of its tags' classes against the other databases' workers'."""
+    permute_keys_dir: str | None = None
+    """A directory of permuted tags' key files, ``<tag>.keys`` (docs/permuted.md), read at start: those tags
+    are answered with keyed permutations of their counters; none: no tag is permuted."""
 
 
 class SnowflakeConfig(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -37,3 +37,7 @@ SECRETS["leaf_mysql_wrong_password"] = "my-Wrong-2c8f51e0a9d3-secret"
 
 # The DSN of an unreachable PostgreSQL (tests/integration/test_unavailable_bodies.py)
 SECRETS["whereabouts_postgres_password"] = "pg-Where-4b9e2d71c0a8-secret"
+
+# Permuted tags' keys (tests/integration/test_permuted.py): AES keys in hex, in the tag's key file
+SECRETS["permute_key"] = "5ec7e7a1b2c3d4e5f60718293a4b5c6d"
+SECRETS["permute_key_rotated"] = "9f8e7d6c5b4a39281706f5e4d3c2b1a0aa55cc33ee11dd22bb44ff6699887766"

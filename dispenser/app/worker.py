@@ -52,6 +52,7 @@ from dispenser.registries import SnowflakeRegistration
 from dispenser.service.decode import decode_handler
 from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.identity import IdentityGuard
+from dispenser.service.permuted import load_permutations
 from dispenser.service.residues import ResidueGuard
 from dispenser.service.segments import SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator
@@ -281,6 +282,9 @@ class Worker:
         self.phase = "opening the replay store"
         got.postgres, got.replay_store = await open_replay_store(stack, config, got.postgres, lazy=self.serve)
 
+        # Read before serving: a malformed key file stops the start rather than serve that tag's counters plain.
+        permuted = load_permutations(config.segment.permute_keys_dir) if config.segment.enabled else {}
+
         def dispatcher(source: IdSource, kind: Kind, kind_limits: Limits) -> Dispatcher:
             return Dispatcher(
                 source,
@@ -290,6 +294,7 @@ class Worker:
                 kind=kind,
                 replay_store=unless_off(got.replay_store),
                 refuse_unsettled=config.limits.dedup_unsettled == "refuse",
+                permuted=permuted if kind == "segment" else None,
             )
 
         if not isinstance(got.segments, Off):

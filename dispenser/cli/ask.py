@@ -87,12 +87,17 @@ def add_check(add_parser: AddParser) -> None:
 
 
 def add_decode(add_parser: AddParser) -> None:
-    """``dispenser decode``: one snowflake ID."""
+    """``dispenser decode``: one snowflake ID, or with ``--tag`` one permuted tag's ID."""
     decode = add_parser(
         "decode",
-        help="take a snowflake ID apart (time, datacenter, worker, sequence) with the configured layout",
+        help="take a snowflake ID apart (time, datacenter, worker, sequence) with the configured layout, "
+        "or with --tag a permuted tag's ID (its key epoch and counter, with the key file)",
     )
-    decode.add_argument("id", type=int, help="a snowflake ID, in decimal")
+    decode.add_argument("id", type=int, help="a snowflake ID, in decimal (with --tag: a permuted tag's ID)")
+    decode.add_argument(
+        "--tag",
+        help="a permuted tag: decode with its key file in segment.permute_keys_dir (docs/permuted.md)",
+    )
 
 
 def run_get(args: argparse.Namespace, config: Config) -> int:
@@ -168,10 +173,12 @@ def run_check(_args: argparse.Namespace, config: Config) -> int:
 
 
 def run_decode(args: argparse.Namespace, config: Config) -> int:
-    """Print the parts of a snowflake ID."""
+    """Print the parts of a snowflake ID, or a permuted tag's key epoch and counter (``--tag``)."""
     from dispenser.registries import layout_of  # noqa: PLC0415
     from dispenser.service.decode import decode_id  # noqa: PLC0415
 
+    if args.tag is not None:
+        return _decode_permuted(args.tag, args.id, config)
     reply = decode_id(layout_of(config.snowflake), args.id)
     print(f"id:        {reply.id}")
     print(f"time:      {reply.time}  ({reply.timestamp_ms} ms since 1970)")
@@ -179,4 +186,20 @@ def run_decode(args: argparse.Namespace, config: Config) -> int:
         print(f"datacenter: {reply.datacenter_id}")
     print(f"worker:    {reply.worker_id}")
     print(f"sequence:  {reply.sequence}")
+    return 0
+
+
+def _decode_permuted(tag: str, permuted_id: int, config: Config) -> int:
+    """Print a permuted tag's ID's key epoch and counter, read with the tag's key file."""
+    from dispenser.core.errors import BadRequest  # noqa: PLC0415
+    from dispenser.service.permuted import load_permutation  # noqa: PLC0415
+
+    directory = config.segment.permute_keys_dir
+    if directory is None:
+        raise BadRequest("segment.permute_keys_dir is not set: no tag is permuted")
+    epoch, counter = load_permutation(directory, tag).decode(permuted_id)
+    print(f"id:        {permuted_id}")
+    print(f"tag:       {tag}")
+    print(f"key epoch: {epoch}")
+    print(f"counter:   {counter}")
     return 0
