@@ -24,6 +24,7 @@ from dispenser.cli.admin import (
     add_migrate,
     add_tag,
     daily_of,
+    ordered_of,
     residue_of,
     run_import_leaf,
     run_migrate,
@@ -225,6 +226,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
             check_new_tag(
                 args.tag, args.step, args.start, args.description, residue=residue, daily=daily_of(args)
             )
+            ordered_of(args)
         elif args.tag_command == "set":
             if args.step is not None:
                 check_step(args.step)

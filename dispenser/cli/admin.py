@@ -27,6 +27,7 @@ __all__ = [
     "add_migrate",
     "add_tag",
     "daily_of",
+    "ordered_of",
     "residue_of",
     "run_import_leaf",
     "run_migrate",
@@ -120,6 +121,7 @@ def add_tag(add_parser: AddParser, common: argparse.ArgumentParser) -> None:
         metavar="ZONE",
         help="with --daily: the IANA zone whose midnight starts a new day, e.g. Asia/Shanghai (default UTC)",
     )
+    _add_ordered(add)
     tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
     set_ = tag_sub.add_parser(
         "set",
@@ -135,6 +137,12 @@ def add_tag(add_parser: AddParser, common: argparse.ArgumentParser) -> None:
     )
     set_.add_argument(
         "--time-zone", metavar="ZONE", help="a daily tag's zone (from the workers' next tag refresh)"
+    )
+    _add_ordered(set_)
+    set_.add_argument(
+        "--plain",
+        action="store_true",
+        help="an ordered tag no more (the workers serving it restart to serve it plain)",
     )
     remove = tag_sub.add_parser(
         "remove",
@@ -177,6 +185,47 @@ def add_import_leaf(add_parser: AddParser) -> None:
     )
 
 
+def _add_ordered(parser: argparse.ArgumentParser) -> None:
+    """``--ordered`` and ``--lease`` (docs/ordered.md)."""
+    parser.add_argument(
+        "--ordered",
+        action="store_true",
+        help="strictly increasing across the fleet (docs/ordered.md): one worker at a time answers it over "
+        "NATS, the others forward; HTTP and Kafka refuse it",
+    )
+    parser.add_argument(
+        "--lease",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --ordered: the owner's lease (default 3): a killed owner's successor answers after it",
+    )
+
+
+async def _ordered(store: Any, tag: str, ttl: float | None) -> None:
+    """Make ``tag`` ordered (a daily tag refused: its IDs restart each day) or, ``ttl`` None, plain."""
+    from dispenser.adapters.postgres.ordered import set_ordered  # noqa: PLC0415 - imports asyncpg
+
+    if ttl is not None:
+        info = next((i for i in await store.list_tags() if i.tag == tag), None)
+        if info is None:
+            raise UnknownTag(tag)
+        if info.daily is not None:
+            raise BadRequest(f"tag {tag!r} is a daily tag: its counters start again each day, never ordered")
+    await set_ordered(store, tag, ttl)
+
+
+def ordered_of(args: argparse.Namespace) -> float | None:
+    """``--ordered`` and ``--lease`` as the lease's seconds (None: not ordered; BadRequest when they clash)."""
+    if not args.ordered:
+        if args.lease is not None:
+            raise BadRequest("--lease is an ordered tag's: add --ordered")
+        return None
+    if getattr(args, "daily", False) or getattr(args, "plain", False):
+        raise BadRequest("--ordered goes with neither --daily nor --plain")
+    return 3.0 if args.lease is None else args.lease
+
+
 def _with_store(config: Config, action: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``action`` on a PostgreSQL segment store of ``postgres.dsn``, connected for it alone."""
     from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
@@ -213,9 +262,14 @@ def run_tag(args: argparse.Namespace, config: Config) -> int:
             print(f"{info.tag:<32} {info.max_id:>20} {info.step:>10}  {kind}{info.description}")
         return 0
     if args.tag_command == "add":
-        daily = daily_of(args)
+        daily, lease = daily_of(args), ordered_of(args)
         info = _with_store(config, lambda store: _add_or_resume(store, args, daily))
-        if daily is None:
+        if lease is not None:
+            _with_store(config, lambda store: _ordered(store, args.tag, lease))
+            print(
+                f"added ordered tag {info.tag!r}: first ID {info.max_id}, step {info.step}, lease {lease:g} s"
+            )
+        elif daily is None:
             print(f"added tag {info.tag!r}: first ID {info.max_id}, step {info.step}")
         else:
             print(
@@ -224,6 +278,14 @@ def run_tag(args: argparse.Namespace, config: Config) -> int:
             )
     elif args.tag_command == "set":
         set_policy(args)  # checked before connecting
+        lease = ordered_of(args)
+        if lease is not None or args.plain:
+            _with_store(config, lambda store: _ordered(store, args.tag, lease))
+            print(
+                f"tag {args.tag!r} is plain from the workers' next start (docs/ordered.md)"
+                if lease is None
+                else f"tag {args.tag!r} is ordered, lease {lease:g} s (within a second on every worker)"
+            )
         if args.step is not None:
             info = _with_store(config, lambda store: store.set_step(args.tag, args.step))
             print(f"tag {info.tag!r}: step is now {info.step} (from its next segment)")
@@ -305,8 +367,16 @@ def residue_of(args: argparse.Namespace) -> Residue:
 
 def set_policy(args: argparse.Namespace) -> None:
     """``tag set``: something to set, a width and a zone that are valid (BadRequest otherwise)."""
-    if args.step is None and args.width is None and args.time_zone is None:
-        raise BadRequest("tag set: give --step, or a daily tag's --width or --time-zone")
+    ordered_of(args)
+    if (
+        args.step is None
+        and args.width is None
+        and args.time_zone is None
+        and not (args.ordered or args.plain)
+    ):
+        raise BadRequest(
+            "tag set: give --step, or a daily tag's --width or --time-zone, or --ordered or --plain"
+        )
     DailyPolicy.checked(1 if args.width is None else args.width, args.time_zone or "UTC")
 
 

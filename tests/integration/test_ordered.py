@@ -26,6 +26,7 @@ from dispenser.adapters.postgres.ordered import set_ordered
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.app import Worker
 from dispenser.app.ordered import Ordered
+from dispenser.cli import main
 from dispenser.config import Config, load_config
 from dispenser.messages import Reply
 from dispenser_lab.servers import NatsServer
@@ -36,6 +37,10 @@ pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
 TAG = "ord"
 SUBJECT = f"leaf.segment.{TAG}"
+
+
+async def cli(*args: str) -> int:
+    return await asyncio.to_thread(main, list(args))
 
 
 def config(nats_url: str, dsn: str) -> Config:
@@ -200,3 +205,39 @@ async def test_sigterm_hands_the_tag_over(nats_server: NatsServer, pg_dsn: str, 
     """SIGTERM to the owner: it gives the lease up and exits 0; the next owner continues strictly above."""
     before, after = await failover(nats_server, pg_dsn, tmp_path, signal.SIGTERM)
     assert after == before + 1
+
+
+async def lease_ttl(dsn: str, tag: str) -> float | None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        ttl: float | None = await conn.fetchval(
+            "SELECT lease_ttl FROM dispenser_tag_ordered WHERE biz_tag = $1", tag
+        )
+    finally:
+        await conn.close()
+    return ttl
+
+
+async def test_tag_add_and_set_ordered(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tag add --ordered --lease`, `tag set --ordered --lease`, `tag set --plain`; the clashes are refused."""
+    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
+    assert await cli("migrate") == 0
+    assert await cli("tag", "add", "o", "--step", "10", "--ordered", "--lease", "1.5") == 0
+    assert "added ordered tag 'o'" in capsys.readouterr().out
+    assert await lease_ttl(pg_dsn, "o") == 1.5
+    assert await cli("tag", "set", "o", "--ordered", "--lease", "2") == 0
+    assert await lease_ttl(pg_dsn, "o") == 2.0
+    assert await cli("tag", "set", "o", "--plain") == 0
+    assert await lease_ttl(pg_dsn, "o") is None
+    assert await cli("tag", "add", "d", "--step", "10", "--daily") == 0
+    assert await cli("tag", "set", "d", "--ordered") != 0
+    assert "daily tag" in capsys.readouterr().err
+    assert await cli("tag", "set", "o", "--lease", "2") == 2
+    assert "add --ordered" in capsys.readouterr().err
+    assert await cli("tag", "add", "x", "--step", "10", "--ordered", "--daily") == 2
+    assert await cli("tag", "set", "o", "--ordered", "--lease", "0.1") != 0
+    assert "--lease must be between" in capsys.readouterr().err
+    assert await cli("tag", "set", "nope", "--ordered") != 0
+    assert "unknown tag" in capsys.readouterr().err
