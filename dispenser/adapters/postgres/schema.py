@@ -309,6 +309,39 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             FOR EACH STATEMENT EXECUTE FUNCTION dispenser_drop_ordered()
         """,
     ),
+    Migration(
+        10,
+        "permuted tags: a tag with a row is answered permuted, never plain (docs/permuted.md)",
+        # Beside leaf_alloc, which stays Leaf's column for column: a tag with a row here is permuted, and a
+        # worker without its key file refuses it rather than hand out its counters plain. The keys are in
+        # the workers' key files, never here. A tag removed or renamed (DELETE, UPDATE of biz_tag, TRUNCATE)
+        # drops its row: a re-added tag is not permuted unless told again.
+        """
+        CREATE TABLE IF NOT EXISTS dispenser_tag_permuted (
+            biz_tag  varchar(128) PRIMARY KEY,
+            added_at timestamptz  NOT NULL DEFAULT now()
+        );
+        CREATE OR REPLACE FUNCTION dispenser_drop_permuted() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_LEVEL = 'STATEMENT' THEN
+                DELETE FROM dispenser_tag_permuted;
+                RETURN NULL;
+            END IF;
+            DELETE FROM dispenser_tag_permuted WHERE biz_tag = OLD.biz_tag;
+            RETURN NULL;
+        END $$;
+        DROP TRIGGER IF EXISTS dispenser_drop_permuted ON leaf_alloc;
+        CREATE TRIGGER dispenser_drop_permuted AFTER DELETE ON leaf_alloc
+            FOR EACH ROW EXECUTE FUNCTION dispenser_drop_permuted();
+        DROP TRIGGER IF EXISTS dispenser_drop_renamed_permuted ON leaf_alloc;
+        CREATE TRIGGER dispenser_drop_renamed_permuted AFTER UPDATE OF biz_tag ON leaf_alloc
+            FOR EACH ROW WHEN (OLD.biz_tag IS DISTINCT FROM NEW.biz_tag)
+            EXECUTE FUNCTION dispenser_drop_permuted();
+        DROP TRIGGER IF EXISTS dispenser_drop_truncated_permuted ON leaf_alloc;
+        CREATE TRIGGER dispenser_drop_truncated_permuted BEFORE TRUNCATE ON leaf_alloc
+            FOR EACH STATEMENT EXECUTE FUNCTION dispenser_drop_permuted()
+        """,
+    ),
 )
 """Every migration, in version order. Append new versions; never edit a released one."""
 
