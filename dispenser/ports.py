@@ -68,6 +68,8 @@ class TagInfo:
     update_time: datetime
     daily: DailyPolicy | None = None
     """A daily tag's format (docs/daily.md): its IDs are the date and a counter per day; None: a plain tag."""
+    permuted: bool = False
+    """A permuted tag (docs/permuted.md): served only by a worker with its key file, never plain."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +147,12 @@ class SegmentStore(Protocol):
         *,
         residue: Residue = LEAF,
         daily: DailyPolicy | None = None,
+        permuted: bool = False,
     ) -> TagInfo:
         """Create a tag whose first ID will be ``start`` (or the first of ``residue``'s class from there).
+
+        With ``permuted``, a permuted tag (docs/permuted.md), marked in the same transaction: no worker
+        serves its counters plain.
 
         With ``daily``, a daily tag (docs/daily.md): its IDs come from one counter row per day
         (``<tag>@YYYYMMDD``, created on its first fetch at 1, each day row granted as a tag's segments are),

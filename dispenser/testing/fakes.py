@@ -67,6 +67,8 @@ class MemorySegmentStore:
         """Tags of a residue class (the dispenser_tag_residue table); absent: Leaf's."""
         self._daily: dict[str, DailyPolicy] = {}
         """Daily tags' policies (the dispenser_tag_daily table); their day rows are rows of ``_rows``."""
+        self._permuted: set[str] = set()
+        """Permuted tags (the dispenser_tag_permuted table)."""
         self._removed: dict[str, int] = {}
         """Removed tags' high water (max_id), as the tombstone table keeps it."""
         self._returned: dict[str, list[tuple[int, int, Residue]]] = {}
@@ -169,6 +171,7 @@ class MemorySegmentStore:
         *,
         residue: Residue = LEAF,
         daily: DailyPolicy | None = None,
+        permuted: bool = False,
     ) -> TagInfo:
         """Create a tag whose first segment starts at ``start`` (its class's first ID from there), or a daily one."""
         check_new_tag(tag, step, start, description, residue=residue, daily=daily)
@@ -188,6 +191,8 @@ class MemorySegmentStore:
             self._daily.pop(tag, None)
         else:
             self._daily[tag] = daily
+        if permuted:
+            self._permuted.add(tag)
         return self._info(tag, row)
 
     async def set_step(self, tag: str, step: int) -> TagInfo:
@@ -231,13 +236,22 @@ class MemorySegmentStore:
         self._returned.pop(tag, None)  # returned ranges go with the tag: never after a re-add
         self._residues.pop(tag, None)
         self._daily.pop(tag, None)  # its day rows stay: the same daily tag added again goes on with them
+        self._permuted.discard(tag)  # a re-added tag is not permuted unless told again, as in PostgreSQL
 
     async def close(self) -> None:
         """Refuse further calls, as a closed pool does. Idempotent."""
         self._closed = True
 
     def _info(self, tag: str, row: _Row) -> TagInfo:
-        return TagInfo(tag, row.max_id, row.step, row.description, row.update_time, self._daily.get(tag))
+        return TagInfo(
+            tag,
+            row.max_id,
+            row.step,
+            row.description,
+            row.update_time,
+            self._daily.get(tag),
+            tag in self._permuted,
+        )
 
 
 class MemoryReplayStore:

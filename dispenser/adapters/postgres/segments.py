@@ -380,12 +380,14 @@ class PostgresSegmentStore:
         *,
         residue: Residue = LEAF,
         daily: DailyPolicy | None = None,
+        permuted: bool = False,
     ) -> TagInfo:
         """Create a tag whose first segment starts at ``start`` (stored as Leaf's ``max_id``).
 
         With a ``residue`` other than Leaf's, the tag hands out only the IDs ``offset`` modulo ``stride``
         (a database per datacenter, docs/datacenters.md), recorded in ``dispenser_tag_residue``. With
-        ``daily``, a daily tag (docs/daily.md), recorded in ``dispenser_tag_daily``.
+        ``daily``, a daily tag (docs/daily.md), recorded in ``dispenser_tag_daily``. With ``permuted``, a
+        permuted tag (docs/permuted.md), recorded in ``dispenser_tag_permuted`` in the same transaction.
 
         Raises:
             TagExists: the tag is already there.
@@ -399,7 +401,7 @@ class PostgresSegmentStore:
         with self._errors(f"adding tag {tag!r}"):
             async with lend(await self._ready(), self._timeout) as conn:
                 return await tag_rows.add_tag(
-                    conn, tag, step, start, description, residue=residue, daily=daily
+                    conn, tag, step, start, description, residue=residue, daily=daily, permuted=permuted
                 )
 
     async def set_step(self, tag: str, step: int) -> TagInfo:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -33,6 +34,15 @@ SELECT {_COLUMNS}, d.width, d.time_zone
  WHERE biz_tag !~ {_DAY_ROW}
  ORDER BY biz_tag COLLATE "C"
 """
+# Schema version 10: each tag's permuted mark too (docs/permuted.md).
+_LIST_TAGS_PERMUTED = f"""
+SELECT {_COLUMNS}, d.width, d.time_zone, p.biz_tag IS NOT NULL AS permuted
+  FROM leaf_alloc LEFT JOIN dispenser_tag_daily d USING (biz_tag)
+       LEFT JOIN dispenser_tag_permuted p USING (biz_tag)
+ WHERE biz_tag !~ {_DAY_ROW}
+ ORDER BY biz_tag COLLATE "C"
+"""
+_SET_PERMUTED = "INSERT INTO dispenser_tag_permuted (biz_tag) VALUES ($1) ON CONFLICT (biz_tag) DO NOTHING"
 _SET_DAILY = """
 INSERT INTO dispenser_tag_daily (biz_tag, width, time_zone) VALUES ($1, $2, $3)
 ON CONFLICT (biz_tag) DO UPDATE SET width = EXCLUDED.width, time_zone = EXCLUDED.time_zone
@@ -83,9 +93,12 @@ _HIGH_WATER = "SELECT max_id FROM dispenser_removed_tag WHERE biz_tag = $1"
 async def list_tags(conn: Pooled) -> list[TagInfo]:
     """All tags ordered by name (code point order), daily ones with their policy, without day rows."""
     try:
-        rows = await conn.fetch(_LIST_TAGS_DAILY)
-    except asyncpg.UndefinedTableError:  # before version 7: no tag is daily
-        rows = await conn.fetch(_LIST_TAGS)
+        rows = await conn.fetch(_LIST_TAGS_PERMUTED)
+    except asyncpg.UndefinedTableError:  # before version 10: no tag is permuted
+        try:
+            rows = await conn.fetch(_LIST_TAGS_DAILY)
+        except asyncpg.UndefinedTableError:  # before version 7: no tag is daily
+            rows = await conn.fetch(_LIST_TAGS)
     return [_tag_info(row) for row in rows]
 
 
@@ -114,14 +127,28 @@ async def add_tag(
     *,
     residue: Residue = LEAF,
     daily: DailyPolicy | None = None,
+    permuted: bool = False,
 ) -> TagInfo:
     """Insert a tag whose first segment starts at ``start`` (checked by the caller), of ``residue``'s class.
+
+    ``permuted``: marked permuted in the same transaction (docs/permuted.md).
 
     Raises:
         TagExists: the tag is already there.
         TagStartTooLow: the tag was removed, and ``start`` is below the IDs it handed out.
-        BadRequest: a strided tag on a schema before version 5, a daily tag before version 7.
+        BadRequest: a strided tag on a schema before version 5, a daily tag before version 7, a permuted
+            tag before version 10.
     """
+    if permuted:
+        async with conn.transaction():  # never a permuted tag served plain
+            info = await add_tag(conn, tag, step, start, description, residue=residue, daily=daily)
+            try:
+                await conn.execute(_SET_PERMUTED, tag)
+            except asyncpg.UndefinedTableError:
+                raise BadRequest(
+                    "the database's schema predates permuted tags (version 10): run `dispenser migrate` first"
+                ) from None
+        return dataclasses.replace(info, permuted=True)
     if daily is not None:
         return await _add_daily(conn, tag, step, description, daily)
     if residue.plain:
@@ -224,4 +251,5 @@ def _tag_info(row: asyncpg.Record) -> TagInfo:
         description=row["description"],
         update_time=row["update_time"],
         daily=DailyPolicy(row["width"], row["time_zone"]) if row.get("width") is not None else None,
+        permuted=bool(row.get("permuted")),
     )
