@@ -320,7 +320,9 @@ async def test_a_restart_at_peak_starts_from_the_saved_peak(nats_server: NatsSer
     """
     rate = 2000.0
     await prepare(pg_dsn, [("order", 100)])
-    config = rate_config(nats_server.url, pg_dsn)
+    # The stopped worker's unused rest, given back (segment.return_unused), would be the restarted one's first
+    # segment: off, so that its first fetch is the sized one this test is about.
+    config = rate_config(nats_server.url, pg_dsn, segment_return_unused="false")
     clock = ManualClock()
     async with client(nats_server.url) as nc:
         async with running_worker(config, clock) as worker:
@@ -342,7 +344,7 @@ async def test_two_workers_restarted_as_one_start_from_the_fleets_peak(
     """
     rate = 3000.0
     await prepare(pg_dsn, [("order", 100)])
-    config = rate_config(nats_server.url, pg_dsn)
+    config = rate_config(nats_server.url, pg_dsn, segment_return_unused="false")  # as in the test above
     clock = ManualClock()
     async with client(nats_server.url) as nc:
         async with running_worker(config, clock) as a, running_worker(config, clock) as b:
