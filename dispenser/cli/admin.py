@@ -124,9 +124,7 @@ def add_tag(add_parser: AddParser, common: argparse.ArgumentParser) -> None:
     _add_ordered(add)
     tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
     set_ = tag_sub.add_parser(
-        "set",
-        help="change a tag's step (from its next segment), or a daily tag's width or zone",
-        parents=[common],
+        "set", help="change a tag's step, ordering, or a daily tag's width or zone", parents=[common]
     )
     set_.add_argument("tag", help="the tag's name")
     set_.add_argument("--step", type=positive_int, help="IDs per segment (at least 1)")
@@ -138,12 +136,7 @@ def add_tag(add_parser: AddParser, common: argparse.ArgumentParser) -> None:
     set_.add_argument(
         "--time-zone", metavar="ZONE", help="a daily tag's zone (from the workers' next tag refresh)"
     )
-    _add_ordered(set_)
-    set_.add_argument(
-        "--plain",
-        action="store_true",
-        help="an ordered tag no more (the workers serving it restart to serve it plain)",
-    )
+    _add_ordered(set_, plain=True)
     remove = tag_sub.add_parser(
         "remove",
         help="delete a tag (its high water is kept: adding it again below is refused)",
@@ -185,8 +178,8 @@ def add_import_leaf(add_parser: AddParser) -> None:
     )
 
 
-def _add_ordered(parser: argparse.ArgumentParser) -> None:
-    """``--ordered`` and ``--lease`` (docs/ordered.md)."""
+def _add_ordered(parser: argparse.ArgumentParser, *, plain: bool = False) -> None:
+    """``--ordered`` and ``--lease`` (docs/ordered.md); ``plain``: ``--plain`` too (``tag set``)."""
     parser.add_argument(
         "--ordered",
         action="store_true",
@@ -200,6 +193,10 @@ def _add_ordered(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="with --ordered: the owner's lease (default 3): a killed owner's successor answers after it",
     )
+    if plain:
+        parser.add_argument(
+            "--plain", action="store_true", help="an ordered tag no more (from the workers' next start)"
+        )
 
 
 async def _ordered(store: Any, tag: str, ttl: float | None) -> None:
