@@ -14,6 +14,7 @@ __all__ = [
     "nats_load",
     "nats_plan",
     "nats_report",
+    "ordered_bench",
     "permuted_inproc",
     "servers",
     "snowflake_inproc",
