@@ -1,8 +1,8 @@
-"""A worker's ordered tags: found in the store, refused on the plain path, owned in turn over NATS.
+"""A worker's ordered tags: found in the store, forwarded from the plain path, owned in turn over NATS.
 
-Every ``POLL`` seconds the worker reads ``dispenser_tag_ordered``: a tag found there is refused by the
-worker's own allocator (HTTP, Kafka and the plain path answer ``unavailable``, retryable), contended for by
-its lease and routed on NATS (its owner answers, the others forward): docs/ordered.md.
+Every ``POLL`` seconds the worker reads ``dispenser_tag_ordered``: a tag found there gets a stand-in in the
+worker's own allocator (HTTP and Kafka ask the owner over NATS; without NATS, ``unavailable``), is
+contended for by its lease, and routed on NATS (its owner answers, the others forward): docs/ordered.md.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Final
 
 from dispenser.adapters.nats.connection import Connection
-from dispenser.adapters.nats.ordered import OrderedRoute, owner_subject
+from dispenser.adapters.nats.ordered import OrderedRoute, forward_over_nats, owner_subject
 from dispenser.adapters.postgres.ordered import PostgresLeases
 from dispenser.app.parts import settings_of
 from dispenser.app.segments import Segments
@@ -27,7 +27,7 @@ from dispenser.core.errors import DispenserError
 from dispenser.core.lease import Term
 from dispenser.ports import Clock, IdSource
 from dispenser.service.dispatch import Dispatcher
-from dispenser.service.ordered import NotOwner, OneTag, OrderedTag, term_allocator
+from dispenser.service.ordered import Forwarded, NotOwner, OneTag, OrderedTag, term_allocator
 from dispenser.service.segments import AllocatorSettings, TagAllocator
 
 __all__ = ["POLL", "Ordered", "start_ordered"]
@@ -58,7 +58,7 @@ class Ordered:
         """By tag: what the NATS endpoint does with its requests (a live mapping: tags join it)."""
         self.tags: dict[str, OrderedTag] = {}
         self.known: set[str] = set()
-        """Every ordered tag seen (refused on the plain path), with or without NATS."""
+        """Every ordered tag seen (off the plain path), with or without NATS."""
         self.terms: dict[str, TagAllocator] = {}
         """The current term's allocator of each tag this worker owns."""
         self._config, self._clock, self._nc = config, clock, nc
@@ -68,19 +68,26 @@ class Ordered:
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     async def adopt(self, tag: str) -> None:
-        """Refuse ``tag`` on the plain path, then (with NATS) route it and contend for its lease."""
-        nc = self._nc
-        why = (
-            "served over NATS by its owner only"
-            if nc is not None
-            else "this worker has no NATS (nats.enabled)"
-        )
+        """Take ``tag`` off the plain path, then (with NATS) route it and contend for its lease.
+
+        Without NATS the plain path refuses it; with NATS the plain path (HTTP, Kafka) asks the owner over
+        NATS, through a :class:`Forwarded` stand-in in the worker's allocator.
+        """
+        nc, plain = self._nc, self._segments.allocator
         with contextlib.suppress(DispenserError):
-            await self._segments.allocator.resolve(tag)
-        self._segments.allocator.refuse(tag, NotOwner(tag, why))
-        self.known.add(tag)
+            await plain.resolve(tag)
         if nc is None:
+            plain.refuse(tag, NotOwner(tag, "this worker has no NATS (nats.enabled) to reach its owner"))
+            self.known.add(tag)
             return
+        old = plain.tags.get(tag)
+        forward = forward_over_nats(nc, self._config.nats.subject_prefix)
+        # The allocator's own table: its refreshes keep the stand-in, a removal of the tag drops it.
+        plain.tags[tag] = Forwarded(tag, self._segments.store, self._clock, self._settings, forward)
+        if old is not None:  # anything it held is a gap: never handed out
+            old.refuse(NotOwner(tag, "the tag is ordered"))
+            await old.close()
+        self.known.add(tag)
         lease = OrderedTag(
             tag, self.holder, self._leases, self._clock, on_term=lambda term: self._on_term(tag, term)
         )

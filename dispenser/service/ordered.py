@@ -18,7 +18,7 @@ from dispenser.core.lease import LeaseTiming, Term
 from dispenser.ports import Allocation, Clock, SegmentStore, TagInfo
 from dispenser.service.segments import AllocatorSettings, TagAllocator
 
-__all__ = ["ABOVE_EVERY_RETURN", "FencedStore", "NotOwner", "OneTag", "OrderedTag", "TagLeases"]
+__all__ = ["ABOVE_EVERY_RETURN", "FencedStore", "Forwarded", "NotOwner", "OneTag", "OrderedTag", "TagLeases"]
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,39 @@ class OneTag:
         if tag != self.allocator.tag:
             raise NotOwner(tag, "not this term's tag")
         return await self.allocator.take(count, deadline)
+
+
+Forward = Callable[[str, int, float], Awaitable[list[tuple[int, int]]]]
+"""Asks the owner for ``count`` IDs of a tag within ``timeout`` seconds: inclusive ranges, in order."""
+
+
+class Forwarded(TagAllocator):
+    """An ordered tag on the worker's plain path (HTTP, Kafka): never a buffer, each take asks the owner.
+
+    It stands in the worker's :class:`~dispenser.service.segments.SegmentAllocator` for the tag, so that the
+    dispatcher's hot path is unchanged for every other tag: :meth:`try_take` is always short, and
+    :meth:`take` forwards (over NATS, where the owner answers in order).
+    """
+
+    def __init__(
+        self, tag: str, store: SegmentStore, clock: Clock, settings: AllocatorSettings, forward: Forward
+    ) -> None:
+        """Forward ``tag``'s takes with ``forward``."""
+        super().__init__(tag, store, clock, settings)
+        self._forward = forward
+        self._clock_of = clock
+
+    def try_take(self, count: int) -> IdBatch | None:
+        """Never at hand: the owner's buffer is elsewhere."""
+        del count
+        return None
+
+    async def take(self, count: int, deadline: float) -> IdBatch:
+        """Ask the owner (Unavailable when it does not answer before ``deadline``)."""
+        if self.refusal is not None:
+            raise self.refusal
+        ranges = await self._forward(self.tag, count, deadline - self._clock_of.monotonic())
+        return IdBatch(tuple(ranges))
 
 
 def term_allocator(

@@ -15,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 import msgspec
 import nats
@@ -30,6 +31,7 @@ from dispenser.cli import main
 from dispenser.config import Config, load_config
 from dispenser.messages import Reply
 from dispenser_lab.servers import NatsServer
+from dispenser_lab.servers.process import free_port
 
 from .segment_support import ask, client, ids_of, prepare, running_worker, spawned, wait_until
 
@@ -109,14 +111,23 @@ async def test_concurrent_callers_through_three_workers_get_strictly_increasing_
 ) -> None:
     """Six callers at once, spread over three workers: each reply's IDs lie above all received before.
 
-    The two workers that do not own the tag forwarded to the owner, which alone answered.
+    The two workers that do not own the tag forwarded to the owner, which alone answered; HTTP requests
+    (Leaf's API) go to the owner over NATS too.
     """
     await ordered_tag(pg_dsn, lease=3.0)
     cfg = config(nats_server.url, pg_dsn)
+    port = free_port()
+    with_http = load_config(
+        environ={
+            "DISPENSER_NATS_URL": nats_server.url,
+            "DISPENSER_POSTGRES_DSN": pg_dsn,
+            "DISPENSER_HTTP_PORT": str(port),
+        }
+    )
     async with (
         running_worker(cfg) as a,
         running_worker(cfg) as b,
-        running_worker(cfg) as c,
+        running_worker(with_http) as c,
         client(nats_server.url) as nc,
     ):
         workers = [routes(w) for w in (a, b, c)]
@@ -133,10 +144,16 @@ async def test_concurrent_callers_through_three_workers_get_strictly_increasing_
         owner = next(w for w in workers if w.tags[TAG].serving())
         assert owner.routes[TAG].answered == 240
         assert sum(w.routes[TAG].forwarded for w in workers if w is not owner) > 0
-        # The plain path of a non-owner refuses the tag (HTTP and Kafka go there): unavailable, retryable.
-        other = next(w for w in (a, b, c) if not routes(w).tags[TAG].serving())
-        with pytest.raises(Exception, match="ordered tag"):
-            await other.allocator.take(TAG, 1, other.clock.monotonic() + 1)
+
+        # HTTP (Leaf's API on worker c, whichever owns the tag) and NATS, one after the other: still above.
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
+            for _ in range(5):
+                async with session.get(f"/api/segment/get/{TAG}") as response:
+                    assert response.status == 200, await response.text()
+                    received.append([int(await response.text())])
+                received.append(ids_of(await ask(nc, SUBJECT, b'{"count": 2}')))
+        assert_strictly_increasing(received)
+        assert owner.routes[TAG].answered == 250
 
 
 async def owned_by(dsn: str, pid: int) -> bool:

@@ -11,18 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
 
 from dispenser.adapters.nats.micro import ERROR_CODE_HEADER, ERROR_HEADER
-from dispenser.core.errors import DispenserError
-from dispenser.messages import MSGPACK
+from dispenser.core.errors import DispenserError, Unavailable
+from dispenser.messages import MSGPACK, IdRequest, Reply, id_subject
 from dispenser.service.answering import Answer, Answerer
 
-__all__ = ["OrderedRoute", "owner_subject"]
+__all__ = ["OrderedRoute", "forward_over_nats", "owner_subject"]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +162,39 @@ class OrderedRoute:
         if error is not None:
             headers = {**(headers or {}), ERROR_HEADER: error.message, ERROR_CODE_HEADER: str(error.status)}
         await self._nc.publish(msg.reply, answer.body, headers=headers)
+
+
+_REPLY = msgspec.json.Decoder(Reply)
+
+
+def forward_over_nats(
+    nc: Client, prefix: str
+) -> Callable[[str, int, float], Awaitable[list[tuple[int, int]]]]:
+    """Ask the fleet's owner of an ordered tag for ``count`` IDs over NATS (for HTTP and Kafka requests).
+
+    The returned function sends ``{"count": n, "format": "ranges"}`` on the tag's public subject, where the
+    queue group routes it to the owner like any NATS caller's, and waits up to ``timeout`` seconds.
+
+    Raises (from the returned function):
+        Unavailable: no answer in time, nobody listening, or the owner's error reply (its message kept).
+    """
+
+    async def forward(tag: str, count: int, timeout: float) -> list[tuple[int, int]]:
+        body = msgspec.json.encode(IdRequest(count=count, format="ranges"))
+        try:
+            msg = await nc.request(id_subject(prefix, "segment", tag), body, timeout=max(timeout, 0.001))
+        except (NatsError, TimeoutError) as exc:
+            raise Unavailable(
+                f"ordered tag {tag!r}: its owner did not answer over NATS ({type(exc).__name__})"
+            ) from None
+        if msg.headers and ERROR_HEADER in msg.headers:
+            raise Unavailable(msg.headers[ERROR_HEADER])
+        reply = _REPLY.decode(msg.data)
+        if reply.ranges is not None:
+            return reply.ranges
+        return [(i, i) for i in reply.ids or []]
+
+    return forward
 
 
 def _msgpack(msg: Msg) -> bool:
