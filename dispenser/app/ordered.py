@@ -66,6 +66,7 @@ class Ordered:
         self._leases = PostgresLeases(segments.store)
         self._settings = settings_of(AllocatorSettings, config.segment)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._route_of: dict[str, OrderedRoute] = {}  # ``routes`` as the lease loop sees them (see release)
 
     async def adopt(self, tag: str) -> None:
         """Take ``tag`` off the plain path, then (with NATS) route it and contend for its lease.
@@ -91,7 +92,7 @@ class Ordered:
         lease = OrderedTag(
             tag, self.holder, self._leases, self._clock, on_term=lambda term: self._on_term(tag, term)
         )
-        self.routes[tag] = OrderedRoute(
+        self.routes[tag] = self._route_of[tag] = OrderedRoute(
             nc,
             tag,
             owner_subject(self._config.nats.subject_prefix, tag),
@@ -105,7 +106,7 @@ class Ordered:
     async def _on_term(self, tag: str, term: Term | None) -> None:
         """A term begins (a fresh allocator, answered from) or ends (its allocator closed: a gap)."""
         old = self.terms.pop(tag, None)
-        route = self.routes[tag]
+        route = self._route_of[tag]
         if term is None:
             await route.end()
         else:
@@ -126,12 +127,35 @@ class Ordered:
     async def poll(self) -> None:
         """Read the ordered tags and their holders: adopt new ones, say whether another worker owns each."""
         rows = await self._leases.ordered()
+        for tag in self.known - rows.keys():
+            await self.release(tag)
         for tag, row in rows.items():
             if tag not in self.known:
                 await self.adopt(tag)
             route = self.routes.get(tag)
             if route is not None:
                 route.elsewhere = row.held and row.holder != self.holder
+
+    async def release(self, tag: str) -> None:
+        """``tag`` is ordered no more (``tag set --plain``, or removed): back to the plain path, at once.
+
+        Its requests go to the worker's dispatcher again, which learns the tag anew (a fresh allocator, its
+        first segment above every grant); the term's allocator, if this worker owned the tag, is closed.
+        """
+        route = self.routes.pop(tag, None)  # first: the NATS endpoint stops routing to it
+        task = self._tasks.pop(tag, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if route is not None:
+            await route.stop()
+            await self.tags.pop(tag).give_up()  # ends the term (its row is gone: nothing to give up)
+            del self._route_of[tag]
+        stand_in = self._segments.allocator.tags.pop(tag, None)
+        if stand_in is not None:
+            await stand_in.close()
+        self.known.discard(tag)
+        log.info("tag %r is no longer ordered: served on the plain path", tag)
 
     async def keep_polling(self) -> None:
         """:meth:`poll` every :data:`POLL` seconds."""

@@ -16,7 +16,7 @@ from dispenser.arguments import non_negative_int, positive_float, positive_int
 from dispenser.cli.common import AddParser
 from dispenser.config import Config
 from dispenser.core.daily import MAX_WIDTH, DailyPolicy, compose
-from dispenser.core.errors import BadRequest, TagStartTooLow, UnknownTag
+from dispenser.core.errors import BadRequest, DispenserError, TagStartTooLow, UnknownTag
 from dispenser.core.residue import Residue
 from dispenser.ports import SegmentStore, TagInfo
 from dispenser.runner import run_async
@@ -195,7 +195,7 @@ def _add_ordered(parser: argparse.ArgumentParser, *, plain: bool = False) -> Non
     )
     if plain:
         parser.add_argument(
-            "--plain", action="store_true", help="an ordered tag no more (from the workers' next start)"
+            "--plain", action="store_true", help="an ordered tag no more (every worker within a second)"
         )
 
 
@@ -210,6 +210,18 @@ async def _ordered(store: Any, tag: str, ttl: float | None) -> None:
         if info.daily is not None:
             raise BadRequest(f"tag {tag!r} is a daily tag: its counters start again each day, never ordered")
     await set_ordered(store, tag, ttl)
+
+
+async def _tags_and_leases(store: Any) -> tuple[list[TagInfo], dict[str, float]]:
+    """The tags, and the ordered ones' lease seconds (none before schema version 9)."""
+    from dispenser.adapters.postgres.ordered import PostgresLeases  # noqa: PLC0415 - imports asyncpg
+
+    tags = await store.list_tags()
+    try:
+        rows = await PostgresLeases(store).ordered()
+    except DispenserError:
+        rows = {}
+    return tags, {tag: row.ttl for tag, row in rows.items()}
 
 
 def ordered_of(args: argparse.Namespace) -> float | None:
@@ -251,11 +263,12 @@ def run_migrate(args: argparse.Namespace, config: Config) -> int:
 def run_tag(args: argparse.Namespace, config: Config) -> int:
     """Add, list, change or remove segment tags."""
     if args.tag_command == "list":
-        infos = _with_store(config, lambda store: store.list_tags())
+        infos, leases = _with_store(config, _tags_and_leases)
         print(f"{'TAG':<32} {'NEXT ID':>20} {'STEP':>10}  DESCRIPTION")
         for info in infos:
             daily = info.daily
             kind = "" if daily is None else f"[daily: width {daily.width}, {daily.time_zone}] "
+            kind += f"[ordered, lease {leases[info.tag]:g} s] " if info.tag in leases else ""
             print(f"{info.tag:<32} {info.max_id:>20} {info.step:>10}  {kind}{info.description}")
         return 0
     if args.tag_command == "add":

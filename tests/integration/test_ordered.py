@@ -246,6 +246,11 @@ async def test_tag_add_and_set_ordered(
     assert await lease_ttl(pg_dsn, "o") == 1.5
     assert await cli("tag", "set", "o", "--ordered", "--lease", "2") == 0
     assert await lease_ttl(pg_dsn, "o") == 2.0
+    capsys.readouterr()
+    assert await cli("tag", "list") == 0
+    assert "[ordered, lease 2 s]" in next(
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("o ")
+    )
     assert await cli("tag", "set", "o", "--plain") == 0
     assert await lease_ttl(pg_dsn, "o") is None
     assert await cli("tag", "add", "d", "--step", "10", "--daily") == 0
@@ -258,3 +263,22 @@ async def test_tag_add_and_set_ordered(
     assert "--lease must be between" in capsys.readouterr().err
     assert await cli("tag", "set", "nope", "--ordered") != 0
     assert "unknown tag" in capsys.readouterr().err
+
+
+async def test_a_tag_made_plain_is_served_plain_within_a_poll(nats_server: NatsServer, pg_dsn: str) -> None:
+    """`tag set --plain` on a running fleet: each worker takes the tag back to its plain path, above."""
+    await ordered_tag(pg_dsn, lease=1.0)
+    async with (
+        running_worker(config(nats_server.url, pg_dsn)) as worker,
+        client(nats_server.url) as nc,
+    ):
+        ordered = routes(worker)
+        await wait_until(ordered.tags[TAG].serving, what="the worker owns the tag")
+        before = ids_of(await ask(nc, SUBJECT, b'{"count": 2}'))
+        async with await PostgresSegmentStore.connect(pg_dsn) as store:
+            await set_ordered(store, TAG, None)
+        await wait_until(lambda: TAG not in ordered.known, what="the tag back on the plain path")
+        assert TAG not in ordered.routes
+        after = ids_of(await ask(nc, SUBJECT, b'{"count": 2}'))
+        assert after[0] > before[-1]
+        assert TAG not in ordered.terms
