@@ -30,12 +30,17 @@ from dispenser.service.dispatch import Dispatcher
 from dispenser.service.ordered import Forwarded, NotOwner, OneTag, OrderedTag, term_allocator
 from dispenser.service.segments import AllocatorSettings, TagAllocator
 
-__all__ = ["POLL", "Ordered", "start_ordered"]
+__all__ = ["FIRST_READ", "POLL", "Ordered", "start_ordered"]
 
 log = logging.getLogger("dispenser.app")
 
 POLL: Final = 1.0
 """Seconds between reads of the ordered tags and their holders (a new ordered tag is taken in within this)."""
+
+FIRST_READ: Final = 0.05
+"""Seconds between tries of the first read, after a start without PostgreSQL: the plain path learns the tags
+from the same database, so this keeps the window in which it could answer an ordered tag short
+(docs/ordered.md, "What is not built yet")."""
 
 
 class Ordered:
@@ -66,6 +71,8 @@ class Ordered:
         self._leases = PostgresLeases(segments.store)
         self._settings = settings_of(AllocatorSettings, config.segment)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.read = False
+        """Whether the ordered tags were read once (until then a start without PostgreSQL knows none)."""
         self._route_of: dict[str, OrderedRoute] = {}  # ``routes`` as the lease loop sees them (see release)
 
     async def adopt(self, tag: str) -> None:
@@ -127,6 +134,7 @@ class Ordered:
     async def poll(self) -> None:
         """Read the ordered tags and their holders: adopt new ones, say whether another worker owns each."""
         rows = await self._leases.ordered()
+        self.read = True
         for tag in self.known - rows.keys():
             await self.release(tag)
         for tag, row in rows.items():
@@ -158,9 +166,9 @@ class Ordered:
         log.info("tag %r is no longer ordered: served on the plain path", tag)
 
     async def keep_polling(self) -> None:
-        """:meth:`poll` every :data:`POLL` seconds."""
+        """:meth:`poll` every :data:`POLL` seconds (every :data:`FIRST_READ` until one read has succeeded)."""
         while True:
-            await self._clock.sleep(POLL)
+            await self._clock.sleep(POLL if self.read else FIRST_READ)
             try:
                 await self.poll()
             except DispenserError as exc:
