@@ -105,6 +105,7 @@ class Ordered:
             owner_subject(self._config.nats.subject_prefix, tag),
             errors=self._dispatcher,
             serving=lease.serving,
+            elsewhere=lambda: lease.elsewhere,
             refusal=lambda: NotOwner(tag, "no worker owns it at this moment"),
         )
         self.tags[tag] = lease
@@ -140,9 +141,9 @@ class Ordered:
         for tag, row in rows.items():
             if tag not in self.known:
                 await self.adopt(tag)
-            route = self.routes.get(tag)
-            if route is not None:
-                route.elsewhere = row.held and row.holder != self.holder
+            lease = self.tags.get(tag)
+            if lease is not None:
+                lease.elsewhere = row.held and row.holder != self.holder
 
     async def release(self, tag: str) -> None:
         """``tag`` is ordered no more (``tag set --plain``, or removed): back to the plain path, at once.

@@ -205,6 +205,8 @@ class OrderedTag:
         self.timing = LeaseTiming(3.0)
         """The lease's timing (its seconds from the row, once read)."""
         self.stopped = False
+        self.elsewhere = False
+        """Whether another worker held the lease when last seen (this worker's last take, or a read)."""
 
     def serving(self) -> bool:
         """Whether this worker may answer the tag now (it holds an unexpired term, by its own clock)."""
@@ -218,6 +220,7 @@ class OrderedTag:
         try:
             if term is None:
                 taken = await self._leases.take(self.tag, self.holder)
+                self.elsewhere = taken is None
                 if taken is not None and not self.stopped:
                     epoch, ttl = taken
                     self.timing = LeaseTiming(ttl)

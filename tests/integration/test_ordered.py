@@ -32,7 +32,9 @@ from dispenser.config import Config, load_config
 from dispenser.messages import Reply
 from dispenser_lab.servers import NatsServer
 from dispenser_lab.servers.process import free_port
+from tests.secret_values import SECRETS
 
+from .nats_auth_support import documented_permissions
 from .segment_support import ask, client, ids_of, prepare, running_worker, spawned, wait_until
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
@@ -135,7 +137,7 @@ async def test_concurrent_callers_through_three_workers_get_strictly_increasing_
             lambda: sum(w.tags[TAG].serving() for w in workers) == 1, what="one owner", timeout=10
         )
         await wait_until(
-            lambda: sum(w.routes[TAG].elsewhere for w in workers) == 2, what="the others know it", timeout=5
+            lambda: sum(w.tags[TAG].elsewhere for w in workers) == 2, what="the others know it", timeout=5
         )
         received: list[list[int]] = []
         await asyncio.gather(*(caller(nc, received, 40) for _ in range(6)))
@@ -188,7 +190,7 @@ async def failover(nats_server: NatsServer, dsn: str, tmp_path: Path, sig: signa
         before = (await lease_row(dsn))["epoch"]
         async with running_worker(config(nats_server.url, dsn)) as second:
             mine = routes(second)
-            await wait_until(lambda: mine.routes[TAG].elsewhere, what="the second worker sees the owner")
+            await wait_until(lambda: mine.tags[TAG].elsewhere, what="the second worker sees the owner")
             received: list[list[int]] = []
             stop = asyncio.Event()
             callers = [asyncio.create_task(keep_asking(nc, received, stop)) for _ in range(3)]
@@ -282,3 +284,52 @@ async def test_a_tag_made_plain_is_served_plain_within_a_poll(nats_server: NatsS
         after = ids_of(await ask(nc, SUBJECT, b'{"count": 2}'))
         assert after[0] > before[-1]
         assert TAG not in ordered.terms
+
+
+async def test_the_documented_permissions_let_the_workers_forward(pg_dsn: str, tmp_path: Path) -> None:
+    """docs/security.md's NATS config verbatim: an ordered tag's requests are forwarded and answered in order.
+
+    The order service's requests reach either of two workers; the owner answers (forwarded on
+    leaf.ordered.<tag>, replies through allow_responses); no permissions violation in the server's log.
+    """
+    await prepare(pg_dsn, [("order", 20)])
+    async with await PostgresSegmentStore.connect(pg_dsn) as store:
+        await set_ordered(store, "order", 3.0)
+    server = NatsServer(
+        tmp_path / "nats",
+        config=documented_permissions(),
+        env={
+            "DISPENSER_PASS": SECRETS["nats_dispenser_password"],
+            "ORDERS_PASS": SECRETS["nats_orders_password"],
+            "OPS_PASS": SECRETS["nats_ops_password"],
+        },
+    )
+    with server:
+        cfg = load_config(
+            environ={
+                "DISPENSER_NATS_URL": server.url,
+                "DISPENSER_NATS_USER": "dispenser",
+                "DISPENSER_NATS_PASSWORD": SECRETS["nats_dispenser_password"],
+                "DISPENSER_POSTGRES_DSN": pg_dsn,
+            }
+        )
+        async with running_worker(cfg) as a, running_worker(cfg) as b:
+            both = [routes(a), routes(b)]
+            await wait_until(
+                lambda: sum(w.tags["order"].elsewhere for w in both) == 1, what="an owner, known"
+            )
+            orders = await nats.connect(
+                server.url,
+                user="orders",
+                password=SECRETS["nats_orders_password"],
+                inbox_prefix="_INBOX_orders",
+            )
+            try:
+                received = [
+                    ids_of(await ask(orders, "leaf.segment.order", b'{"count": 2}')) for _ in range(20)
+                ]
+            finally:
+                await orders.close()
+            assert sum(w.routes["order"].forwarded for w in both) > 0
+    assert_strictly_increasing(received)
+    assert "Violation" not in server.log_path.read_text()

@@ -47,6 +47,7 @@ class OrderedRoute:
         *,
         errors: Answerer,
         serving: Callable[[], bool],
+        elsewhere: Callable[[], bool],
         refusal: Callable[[], DispenserError],
     ) -> None:
         """Route ``tag``'s requests.
@@ -57,14 +58,13 @@ class OrderedRoute:
             subject: the owner's subject (:func:`owner_subject`).
             errors: formats error answers (the worker's segment dispatcher).
             serving: whether this worker may answer now (its term unexpired, by its own clock).
+            elsewhere: whether another worker holds the lease, as last seen (requests are forwarded to it).
             refusal: the error a request gets when no worker can answer it here.
         """
         self._nc, self.tag, self.subject = nc, tag, subject
         self._errors = errors
-        self._serving, self._refusal = serving, refusal
+        self._serving, self._elsewhere, self._refusal = serving, elsewhere, refusal
         self._answerer: Answerer | None = None
-        self.elsewhere = False
-        """Whether another worker holds the lease (requests are forwarded to it)."""
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
         self._loop: asyncio.Task[None] | None = None
         self._sub: Subscription | None = None
@@ -75,7 +75,7 @@ class OrderedRoute:
         """A request for the tag, from the worker's queue-group endpoint."""
         if self._answerer is not None:
             self._queue.put_nowait(msg)
-        elif self.elsewhere and msg.reply:
+        elif msg.reply and self._elsewhere():
             self.forwarded += 1
             await self._nc.publish(self.subject, msg.data, reply=msg.reply, headers=msg.headers)
         else:
