@@ -149,7 +149,9 @@ def _segment_ids(nats: NatsConfig) -> Part:
         "group. Prefix: `nats.subject_prefix`; queue group: `nats.queue_group`. A daily tag's IDs are "
         "`YYYYMMDD * 10**width + counter`, the counter from 1 each midnight in the tag's zone, and its "
         "replies are the same messages (docs/daily.md); `day_exhausted` (507) when a day's counter has no "
-        "digits left.",
+        "digits left. An ordered tag is answered by its lease holder alone: the other workers republish its "
+        "requests, reply subject kept, on `<prefix>.ordered.<tag>`, which only the holder subscribes; "
+        "`unavailable` (503) while no worker holds it (docs/ordered.md).",
         server="nats",
         messages=("idRequest",),
         parameters={"tag": _TAG},
