@@ -213,7 +213,9 @@ async def start_ordered(
     try:
         await ordered.poll()
     except DispenserError as exc:
-        log.warning("could not read the ordered tags yet (will retry every %g s): %s", POLL, exc)
+        # Without PostgreSQL at start the pool has said so once already (app.segments.open_postgres).
+        say = log.warning if segments.store.connected else log.debug
+        say("could not read the ordered tags yet (will retry every %g s): %s", FIRST_READ, exc)
     if ordered.known:
         log.info("ordered tags (one owner at a time, docs/ordered.md): %s", ", ".join(sorted(ordered.known)))
     background(stack, ordered.keep_polling(), "ordered-tags")
