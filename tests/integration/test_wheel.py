@@ -147,8 +147,9 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
     assert served.stdout == ""
     assert served.stderr.count("\n") == 1, served.stderr
     assert "pip install 'leaf-dispenser[server]'" in served.stderr
-    schemas = await asyncio.to_thread(_run, bin_dir / "dispenser", "schemas")
-    assert schemas.returncode == 2
+    # Outside a checkout (the test's directory, not the repository's: from there it would write into it).
+    schemas = await asyncio.to_thread(_run, bin_dir / "dispenser", "schemas", cwd=tmp_path)
+    assert schemas.returncode == 2, schemas.stdout + schemas.stderr
     assert "Traceback" not in schemas.stderr
     # Given where to write, it writes them with the base install alone (no PyYAML, no Kafka driver).
     written = await asyncio.to_thread(
