@@ -29,6 +29,7 @@ from dispenser.core.residue_claims import Database, ResidueClaim
 from dispenser.messages import residue_check_subject, residue_subject
 from dispenser.ports import Clock
 from dispenser.redaction import redact
+from dispenser.service.permuted import MarkingStore, PermutedMarks
 from dispenser.service.rates import RateBook
 from dispenser.service.residues import ResidueGuard
 from dispenser.service.returns import return_unused
@@ -111,12 +112,17 @@ async def start_segments(
     clock: Clock,
     rates: RateBook,
     store: PostgresSegmentStore,
+    *,
+    marks: PermutedMarks | None = None,
 ) -> Segments:
-    """The segment allocator, its tag list loaded if PostgreSQL answers, and its refresh loop."""
+    """The segment allocator, its tag list loaded if PostgreSQL answers, and its refresh loop.
+
+    ``marks`` takes in the permuted tags of every tag list before the allocator learns a tag from it.
+    """
     if store.connected:  # else said once already (see open_postgres); the allocator retries by itself
         await _restore_peaks(store, rates)
     allocator = SegmentAllocator(
-        store,
+        store if marks is None else MarkingStore(store, marks),
         clock,
         settings_of(AllocatorSettings, config.segment),
         sizer=rates.size,

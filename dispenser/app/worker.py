@@ -52,7 +52,7 @@ from dispenser.registries import SnowflakeRegistration
 from dispenser.service.decode import decode_handler
 from dispenser.service.dispatch import Dispatcher, Limits
 from dispenser.service.identity import IdentityGuard
-from dispenser.service.permuted import load_permutations
+from dispenser.service.permuted import PermutedMarks, load_permutations
 from dispenser.service.residues import ResidueGuard
 from dispenser.service.segments import SegmentAllocator
 from dispenser.service.snowflake import SnowflakeGenerator
@@ -275,15 +275,17 @@ class Worker:
         """The generators and what they need: PostgreSQL, the replay store, NATS, the worker ID."""
         config, got = self.config, _Sources()
         limits = settings_of(Limits, config.limits, deadline=config.segment.fetch_deadline)
+        # Read first: a malformed key file stops the start rather than serve that tag's counters plain.
+        permuted = load_permutations(config.segment.permute_keys_dir) if config.segment.enabled else {}
+        marks = PermutedMarks()  # the tags the store marks permuted, from every tag list (docs/permuted.md)
         if config.segment.enabled:
             self.phase = "connecting to PostgreSQL"
             got.postgres = await open_postgres(stack, config, lazy=self.serve)
-            got.segments = await start_segments(stack, config, self.clock, self.rates, got.postgres.pool)
+            got.segments = await start_segments(
+                stack, config, self.clock, self.rates, got.postgres.pool, marks=marks
+            )
         self.phase = "opening the replay store"
         got.postgres, got.replay_store = await open_replay_store(stack, config, got.postgres, lazy=self.serve)
-
-        # Read before serving: a malformed key file stops the start rather than serve that tag's counters plain.
-        permuted = load_permutations(config.segment.permute_keys_dir) if config.segment.enabled else {}
 
         def dispatcher(source: IdSource, kind: Kind, kind_limits: Limits) -> Dispatcher:
             return Dispatcher(
@@ -295,6 +297,7 @@ class Worker:
                 replay_store=unless_off(got.replay_store),
                 refuse_unsettled=config.limits.dedup_unsettled == "refuse",
                 permuted=permuted if kind == "segment" else None,
+                marks=marks if kind == "segment" else None,
             )
 
         if not isinstance(got.segments, Off):

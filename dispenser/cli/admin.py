@@ -122,6 +122,7 @@ def add_tag(add_parser: AddParser, common: argparse.ArgumentParser) -> None:
         help="with --daily: the IANA zone whose midnight starts a new day, e.g. Asia/Shanghai (default UTC)",
     )
     _add_ordered(add)
+    _add_permuted(add)
     tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
     set_ = tag_sub.add_parser(
         "set", help="change a tag's step, ordering, or a daily tag's width or zone", parents=[common]
@@ -175,6 +176,16 @@ def add_import_leaf(add_parser: AddParser) -> None:
         type=non_negative_int,
         metavar="N",
         help="IDs to start above Leaf's max_id (default: max(step, 1000000), one largest Leaf segment)",
+    )
+
+
+def _add_permuted(parser: argparse.ArgumentParser) -> None:
+    """``--permuted`` (docs/permuted.md)."""
+    parser.add_argument(
+        "--permuted",
+        action="store_true",
+        help="IDs that hide volume and order (docs/permuted.md): each worker answers a keyed permutation of "
+        "the counter with the tag's key file in segment.permute_keys_dir, and one without it refuses the tag",
     )
 
 
@@ -269,10 +280,13 @@ def run_tag(args: argparse.Namespace, config: Config) -> int:
             daily = info.daily
             kind = "" if daily is None else f"[daily: width {daily.width}, {daily.time_zone}] "
             kind += f"[ordered, lease {leases[info.tag]:g} s] " if info.tag in leases else ""
+            kind += "[permuted] " if info.permuted else ""
             print(f"{info.tag:<32} {info.max_id:>20} {info.step:>10}  {kind}{info.description}")
         return 0
     if args.tag_command == "add":
         daily, lease = daily_of(args), ordered_of(args)
+        if args.permuted and (daily is not None or lease is not None):
+            raise BadRequest("--permuted goes with neither --daily nor --ordered")
         info = _with_store(config, lambda store: _add_or_resume(store, args, daily))
         if lease is not None:
             _with_store(config, lambda store: _ordered(store, args.tag, lease))
@@ -280,7 +294,8 @@ def run_tag(args: argparse.Namespace, config: Config) -> int:
                 f"added ordered tag {info.tag!r}: first ID {info.max_id}, step {info.step}, lease {lease:g} s"
             )
         elif daily is None:
-            print(f"added tag {info.tag!r}: first ID {info.max_id}, step {info.step}")
+            permuted = " (permuted: docs/permuted.md)" if info.permuted else ""
+            print(f"added tag {info.tag!r}: first ID {info.max_id}, step {info.step}{permuted}")
         else:
             print(
                 f"added daily tag {info.tag!r}: IDs YYYYMMDD then {daily.width} digits from 1 each midnight "
@@ -415,14 +430,26 @@ def daily_of(args: argparse.Namespace) -> DailyPolicy | None:
 
 async def _add_or_resume(store: SegmentStore, args: argparse.Namespace, daily: DailyPolicy | None) -> TagInfo:
     """``tag add``: with ``--resume``, a removed tag starts at its high water (or ``--start``, if higher)."""
-    residue_class = residue_of(args)
+    residue_class, permuted = residue_of(args), args.permuted
     try:
         return await store.add_tag(
-            args.tag, args.step, args.start, args.description, residue=residue_class, daily=daily
+            args.tag,
+            args.step,
+            args.start,
+            args.description,
+            residue=residue_class,
+            daily=daily,
+            permuted=permuted,
         )
     except TagStartTooLow as exc:
         if not args.resume:
             raise
         return await store.add_tag(
-            args.tag, args.step, exc.high_water, args.description, residue=residue_class, daily=daily
+            args.tag,
+            args.step,
+            exc.high_water,
+            args.description,
+            residue=residue_class,
+            daily=daily,
+            permuted=permuted,
         )

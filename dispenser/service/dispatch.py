@@ -39,7 +39,7 @@ from dispenser.messages import (
 from dispenser.ports import Clock, IdSource, RangesBatch, ReplayStore, Settled
 from dispenser.service.answering import Answer, Answerer
 from dispenser.service.dedup import ReplayCache, reused_request_id
-from dispenser.service.permuted import PermutedBatch
+from dispenser.service.permuted import PermutedBatch, PermutedMarks
 from dispenser.service.timing import Deadlines
 
 __all__ = ["LATENCY_BUCKETS", "Answer", "Answerer", "Dispatcher", "Limits"]
@@ -87,6 +87,7 @@ class Dispatcher:
         replay_store: ReplayStore | None = None,
         refuse_unsettled: bool = True,
         permuted: Mapping[str, Permutation] | None = None,
+        marks: PermutedMarks | None = None,
     ) -> None:
         """Answer requests from ``source``.
 
@@ -103,6 +104,8 @@ class Dispatcher:
                 default); ``False``: answer from the buffer, idempotent on this worker only (``"answer"``).
             permuted: the permuted tags' permutations (docs/permuted.md): their IDs are answered permuted,
                 one by one (at most ``limits.max_ids`` in either format), never from the remembered fast path.
+            marks: the tags the store marks permuted: one without a key here is refused (``unavailable``),
+                never answered plain.
         """
         self._source = source
         self._clock = clock
@@ -117,6 +120,9 @@ class Dispatcher:
         self._tags: set[str] = set()
         """Plain tags seen before (a permuted tag is never here: the fast path of :meth:`reply_now` skips it)."""
         self._permuted: dict[str, Permutation] = dict(permuted or {})
+        self._marked: set[str] = set() if marks is None else marks.tags  # the same set, kept current
+        if marks is not None:
+            marks.on_marked.append(self._tags.discard)  # a tag remembered as plain, then marked
         self._json = JsonReplies()
         self.inline = 0
         """Requests answered without waiting."""
@@ -204,14 +210,14 @@ class Dispatcher:
                 self._check_tag(tag)
             self._check_count(request, tag)
             batch = self._source.try_take(tag, request.count)
+            if batch is not None and (self._permuted or self._marked):  # one falsy test without them
+                batch = self._permute(tag, batch)
         except DispenserError as exc:
             return self.error(tag, exc, msgpack)
         except Exception as exc:
             return self._internal(tag, exc, msgpack)
         if batch is None:
             return None
-        if self._permuted and tag in self._permuted:
-            batch = self._permute(tag, batch)
         self.inline += 1
         return Answer(self._reply(tag, request, batch, msgpack) if encode else b"", ranges=batch.ranges)
 
@@ -229,7 +235,7 @@ class Dispatcher:
             deadline = started + self.limits.deadline
             if request.request_id is None:
                 batch = await self._source.take(tag, request.count, deadline)
-                if self._permuted and tag in self._permuted:
+                if self._permuted or self._marked:
                     batch = self._permute(tag, batch)
             else:
                 batch = await self._replayed(tag, request, deadline)
@@ -266,7 +272,7 @@ class Dispatcher:
         batch = self._source.try_take(tag, request.count)
         if batch is None:
             batch = await self._source.take(tag, request.count, deadline)
-        if self._permuted and tag in self._permuted:  # the permuted IDs are the answer a retry gets
+        if self._permuted or self._marked:  # the permuted IDs are the answer a retry gets
             batch = self._permute(tag, batch)
         store = self._replay_store
         if store is None:
@@ -346,7 +352,7 @@ class Dispatcher:
 
     def _check_tag(self, tag: str) -> None:
         validate_tag(tag)
-        if tag in self._permuted:
+        if tag in self._permuted or tag in self._marked:
             return
         if len(self._tags) >= _REMEMBERED:
             self._tags.clear()
@@ -363,9 +369,21 @@ class Dispatcher:
         if count > limit:
             raise CountTooLarge(count, limit, request.format)
 
-    def _permute(self, tag: str, batch: RangesBatch) -> PermutedBatch:
-        """A permuted tag's IDs for the counters of ``batch``, each a range of its own."""
-        return PermutedBatch([(i, i) for i in self._permuted[tag].ids(batch.ranges)])
+    def _permute(self, tag: str, batch: RangesBatch) -> RangesBatch:
+        """A permuted tag's IDs for the counters of ``batch``, each a range of its own; a plain tag's as they are.
+
+        Raises:
+            Unavailable: the store marks the tag permuted and this worker has no key for it (the counters
+                drawn are a gap).
+        """
+        permutation = self._permuted.get(tag)
+        if permutation is not None:
+            return PermutedBatch([(i, i) for i in permutation.ids(batch.ranges)])
+        if tag in self._marked:
+            raise Unavailable(
+                f"tag {tag!r} is permuted and this worker has no key file for it (segment.permute_keys_dir)"
+            )
+        return batch
 
     def _reply(self, tag: str, request: IdRequest, batch: RangesBatch, msgpack: bool) -> bytes:
         ranges = batch.ranges

@@ -7,15 +7,27 @@ it first sees a tag, so plain tags pay nothing per request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dispenser.core.daily import DailyPolicy
 from dispenser.core.errors import BadRequest
 from dispenser.core.permute import KeyFileError, Permutation, parse_key_file
+from dispenser.core.residue import LEAF, Residue
 from dispenser.core.tags import TAG_PATTERN
+from dispenser.messages import Kind
+from dispenser.ports import Allocation, SegmentStore, TagInfo
 
-__all__ = ["KEY_SUFFIX", "PermutedBatch", "key_file", "load_permutation", "load_permutations"]
+__all__ = [
+    "KEY_SUFFIX",
+    "MarkingStore",
+    "PermutedBatch",
+    "PermutedMarks",
+    "key_file",
+    "load_permutation",
+    "load_permutations",
+]
 
 KEY_SUFFIX = ".keys"
 """A permuted tag's key file is ``<segment.permute_keys_dir>/<tag>.keys``."""
@@ -71,3 +83,90 @@ def load_permutations(directory: str | Path | None) -> dict[str, Permutation]:
             raise BadRequest(f"{path}: {tag!r} is no valid tag name")
         permutations[tag] = load_permutation(root, tag)
     return permutations
+
+
+class PermutedMarks:
+    """The tags the store marks permuted (``TagInfo.permuted``), learnt from each tag list before the allocator.
+
+    :class:`MarkingStore` updates it from every ``list_tags`` the allocator makes, before the allocator learns
+    a tag from that list; the dispatcher refuses a marked tag it has no key for, and forgets a tag it had
+    remembered as plain once it is marked (``on_marked``).
+    """
+
+    def __init__(self) -> None:
+        """No tag marked yet."""
+        self.tags: set[str] = set()
+        """The marked tags (updated in place)."""
+        self.on_marked: list[Callable[[str], object]] = []
+        """Called with each newly marked tag."""
+
+    def observe(self, infos: Iterable[TagInfo]) -> None:
+        """Take in a tag list: its marked tags replace the known ones."""
+        marked = {info.tag for info in infos if info.permuted}
+        for tag in marked - self.tags:
+            for call in self.on_marked:
+                call(tag)
+        self.tags.intersection_update(marked)
+        self.tags.update(marked)
+
+
+class MarkingStore:
+    """A :class:`~dispenser.ports.SegmentStore` that shows every tag list to :class:`PermutedMarks` first."""
+
+    def __init__(self, store: SegmentStore, marks: PermutedMarks) -> None:
+        """Wrap ``store``."""
+        self._store = store
+        self._marks = marks
+
+    async def list_tags(self) -> list[TagInfo]:
+        """The store's tags, their marks taken in before they are returned."""
+        infos = await self._store.list_tags()
+        self._marks.observe(infos)
+        return infos
+
+    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
+        """The store's."""
+        return await self._store.next_segment(tag, step, above=above)
+
+    async def return_unused(self, tag: str, ranges: Sequence[tuple[int, int]], worker: str) -> int:
+        """The store's."""
+        return await self._store.return_unused(tag, ranges, worker)
+
+    async def add_tag(
+        self,
+        tag: str,
+        step: int,
+        start: int = 1,
+        description: str = "",
+        *,
+        residue: Residue = LEAF,
+        daily: DailyPolicy | None = None,
+        permuted: bool = False,
+    ) -> TagInfo:
+        """The store's."""
+        return await self._store.add_tag(
+            tag, step, start, description, residue=residue, daily=daily, permuted=permuted
+        )
+
+    async def set_step(self, tag: str, step: int) -> TagInfo:
+        """The store's."""
+        return await self._store.set_step(tag, step)
+
+    async def set_daily(self, tag: str, daily: DailyPolicy) -> TagInfo:
+        """The store's."""
+        return await self._store.set_daily(tag, daily)
+
+    async def remove_tag(self, tag: str) -> None:
+        """The store's."""
+        await self._store.remove_tag(tag)
+
+    async def save_peaks(self, kind: Kind, peaks: dict[str, tuple[float, float]]) -> None:
+        """The store's."""
+        await self._store.save_peaks(kind, peaks)
+
+    async def load_peaks(self, kind: Kind) -> dict[str, tuple[float, float]]:
+        """The store's."""
+        return await self._store.load_peaks(kind)
+
+    async def close(self) -> None:
+        """The store is the worker's: left open."""

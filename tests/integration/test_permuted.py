@@ -69,8 +69,12 @@ async def test_a_permuted_tag_over_nats_and_http_then_a_key_rotation(
     monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
     monkeypatch.setenv("DISPENSER_SEGMENT_PERMUTE_KEYS_DIR", str(tmp_path))
     assert await cli("migrate") == 0
-    assert await cli("tag", "add", "order", "--step", "50") == 0
+    assert await cli("tag", "add", "order", "--step", "50", "--permuted") == 0
     assert await cli("tag", "add", "plain", "--step", "50") == 0
+    assert await cli("tag", "list") == 0
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "[permuted]" in listed["order"]
+    assert "[permuted]" not in listed["plain"]
     keys = tmp_path / "order.keys"
     keys.write_text(f"1 {KEY1}\n")
 
@@ -106,3 +110,34 @@ async def test_decode_without_the_key_file_is_refused(
     monkeypatch.setenv("DISPENSER_SEGMENT_PERMUTE_KEYS_DIR", str(tmp_path))
     assert await cli("decode", "--tag", "order", str(SPAN + 5)) == 1
     assert "no key file" in capsys.readouterr().err
+
+
+async def test_a_worker_without_the_key_file_refuses_a_marked_tag_never_plain(
+    nats_server: NatsServer, pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tag add --permuted` while a worker without its key runs: unavailable over NATS and HTTP, no plain ID."""
+    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
+    assert await cli("migrate") == 0
+    async with (
+        running_worker(config(nats_server.url, pg_dsn, tmp_path)) as worker,
+        client(nats_server.url) as nc,
+    ):
+        assert (
+            await cli("tag", "add", "order", "--step", "50", "--permuted") == 0
+        )  # learnt at its first request
+        for body in (
+            b'{"count": 2}',
+            b'{"count": 2, "format": "ranges"}',
+            b'{"count": 2, "request_id": "r"}',
+        ):
+            reply = await ask(nc, "leaf.segment.order", body)
+            assert reply.error is not None
+            assert (reply.error.code, reply.error.retryable) == ("unavailable", True)
+            assert "no key file" in reply.error.message
+        assert worker.http is not None
+        async with (
+            aiohttp.ClientSession(worker.http.url) as session,
+            session.get("/api/segment/get/order") as response,
+        ):
+            assert response.status >= 500
+            assert response.headers["Dispenser-Error-Code"] == "unavailable"

@@ -1,7 +1,8 @@
-"""The Dispatcher with a permuted tag: permuted IDs on every path, plain tags untouched, the key file."""
+"""The Dispatcher with a permuted tag: permuted IDs on every path, plain tags untouched, the store's marks."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
@@ -10,8 +11,11 @@ import pytest
 from dispenser.core.errors import BadRequest
 from dispenser.core.permute import SPAN, Permutation
 from dispenser.messages import Reply
+from dispenser.ports import SystemClock, TagInfo
 from dispenser.service.dispatch import Dispatcher, Limits
-from dispenser.service.permuted import load_permutation, load_permutations
+from dispenser.service.permuted import MarkingStore, PermutedMarks, load_permutation, load_permutations
+from dispenser.service.segments import AllocatorSettings, SegmentAllocator
+from dispenser.testing import MemorySegmentStore
 from dispenser.testing.clock import ManualClock
 from tests.unit.test_dispatcher import ScriptedSource
 
@@ -81,3 +85,60 @@ def test_key_files_are_loaded_by_tag_name(tmp_path: Path) -> None:
     (tmp_path / "bad.keys").write_text("1 00\n")
     with pytest.raises(BadRequest, match=r"bad\.keys, line 1"):
         load_permutations(tmp_path)
+
+
+async def test_a_marked_tag_without_its_key_is_refused_on_every_path_never_plain() -> None:
+    """The store marks 'secret' permuted and this worker has no key: unavailable (retryable), no ID."""
+    marks = PermutedMarks()
+    marks.observe([info("secret", permuted=True)])
+    d = Dispatcher(ScriptedSource(), ManualClock(), Limits(), marks=marks)
+    body = b'{"count": 2}'
+    assert d.reply_now("secret", body) is None
+    answers = [
+        d.answer_now("secret", d.decode("secret", body)),
+        await d.answer("secret", d.decode("secret", body)),
+        await d.answer("secret", d.decode("secret", b'{"count": 2, "request_id": "r"}')),
+    ]
+    for answer in answers:
+        assert answer is not None
+        assert answer.error is not None
+        assert (answer.error.code, answer.error.retryable) == ("unavailable", True)
+        assert "no key file" in answer.error.message
+
+
+async def test_a_tag_remembered_plain_then_marked_leaves_the_fast_path() -> None:
+    """Removed and added again as permuted: once the mark is seen, the plain fast path no longer answers it."""
+    marks = PermutedMarks()
+    d = Dispatcher(ScriptedSource(), ManualClock(), Limits(), marks=marks)
+    body = b'{"count": 1}'
+    d.decode("order", body)
+    assert isinstance(d.reply_now("order", body), bytes)
+    marks.observe([info("order", permuted=True)])
+    assert d.reply_now("order", body) is None
+    answer = d.answer_now("order", d.decode("order", body))
+    assert answer is not None
+    assert answer.error is not None
+    marks.observe([info("order")])  # the mark removed (the tag removed and re-added plain)
+    assert marks.tags == set()
+
+
+async def test_a_new_marked_tag_is_never_answered_plain_even_on_its_first_request() -> None:
+    """A tag added permuted while the worker runs: the tag list that teaches the allocator marks it first."""
+    store = MemorySegmentStore()
+    marks = PermutedMarks()
+    clock = SystemClock()  # the allocator's fetch loop waits on its clock: the memory store answers at once
+    allocator = SegmentAllocator(MarkingStore(store, marks), clock, AllocatorSettings())
+    await allocator.refresh()
+    d = Dispatcher(allocator, clock, Limits(), marks=marks)
+    await store.add_tag("late", 10, permuted=True)
+    answer = await d.answer("late", d.decode("late", b'{"count": 1}'))
+    assert answer.error is not None
+    assert answer.error.code == "unavailable"
+    keyed = Dispatcher(allocator, clock, Limits(), permuted={"late": PERMUTATION}, marks=marks)
+    ok = await keyed.answer("late", keyed.decode("late", b'{"count": 1}'))
+    assert ok.error is None
+    assert ids_of(ok.body)[0] >= SPAN
+
+
+def info(tag: str, *, permuted: bool = False) -> TagInfo:
+    return TagInfo(tag, 1, 10, "", datetime.now(UTC), permuted=permuted)
