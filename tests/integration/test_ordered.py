@@ -333,3 +333,22 @@ async def test_the_documented_permissions_let_the_workers_forward(pg_dsn: str, t
             assert sum(w.routes["order"].forwarded for w in both) > 0
     assert_strictly_increasing(received)
     assert "Violation" not in server.log_path.read_text()
+
+
+async def test_a_removed_tag_is_ordered_no_more(pg_dsn: str) -> None:
+    """Removing, renaming or truncating drops the lease row (schema version 9): a re-added tag is plain."""
+    await prepare(pg_dsn, [("a", 10), ("b", 10), ("c", 10)])
+    async with await PostgresSegmentStore.connect(pg_dsn) as store:
+        for tag in ("a", "b", "c"):
+            await set_ordered(store, tag, 2.0)
+        await store.remove_tag("a")
+        await store.add_tag("a", 10, 100)
+    assert await lease_ttl(pg_dsn, "a") is None
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute("UPDATE leaf_alloc SET biz_tag = 'b2' WHERE biz_tag = 'b'")
+        assert await conn.fetchval("SELECT count(*) FROM dispenser_tag_ordered") == 1  # c's
+        await conn.execute("TRUNCATE leaf_alloc")
+        assert await conn.fetchval("SELECT count(*) FROM dispenser_tag_ordered") == 0
+    finally:
+        await conn.close()
