@@ -151,7 +151,10 @@ def _segment_ids(nats: NatsConfig) -> Part:
         "replies are the same messages (docs/daily.md); `day_exhausted` (507) when a day's counter has no "
         "digits left. An ordered tag is answered by its lease holder alone: the other workers republish its "
         "requests, reply subject kept, on `<prefix>.ordered.<tag>`, which only the holder subscribes; "
-        "`unavailable` (503) while no worker holds it (docs/ordered.md).",
+        "`unavailable` (503) while no worker holds it (docs/ordered.md). A permuted tag's IDs are "
+        "`epoch * 10**18 + FF3-1(key, counter)`, 19 digits in no order, given one by one (in `ranges`, one "
+        "`[id, id]` range per ID; at most `limits.max_ids` a request in either format); `unavailable` (503) "
+        "from a worker without the tag's key file (docs/permuted.md).",
         server="nats",
         messages=("idRequest",),
         parameters={"tag": _TAG},
