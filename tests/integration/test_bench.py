@@ -26,7 +26,17 @@ def test_bench_nats_reports_every_case(
         [
             "bench",
             "nats",
-            *("--duration", "0.3", "--warmup", "0.1", "--min-switches", "1", "--quiet", "--daily"),
+            *(
+                "--duration",
+                "0.3",
+                "--warmup",
+                "0.1",
+                "--min-switches",
+                "1",
+                "--quiet",
+                "--daily",
+                "--permuted",
+            ),
             *("--processes", "2"),
             *("--nats-url", nats_server.url, "--postgres-dsn", pg_dsn, "--subject-prefix", "benchtest"),
             *("--json", str(path)),
@@ -52,6 +62,8 @@ def test_bench_nats_reports_every_case(
     expected |= {("echo", "sized", "ids", 100, inflight) for inflight in (1, 64)}
     # --daily: the plain tag and a daily one side by side (two cases per key).
     expected |= {("dispenser", "daily", "ids", 1, inflight) for inflight in (1, 64)}
+    # --permuted: the plain tag and a permuted one side by side (two cases per key).
+    expected |= {("dispenser", "permuted", "ids", 1, inflight) for inflight in (1, 64)}
     # --processes 2: the throughput bodies on one worker and on two processes (two cases per key).
     expected |= {
         ("dispenser", "processes", fmt, count, inflight)
@@ -59,10 +71,13 @@ def test_bench_nats_reports_every_case(
         for inflight in (1, 64)
     }
     assert seen == expected
-    assert len(cases) == len(expected) + 2 + 6
+    assert len(cases) == len(expected) + 2 + 6 + 2
     assert "segment ids/1 @64, 2 processes: " in out
     assert [c["name"].rsplit(" ", 1)[1] for c in cases if c["kind"] == "daily"] == ["plain", "daily"] * 2
     assert "daily @64:" in out
+    permuted = [c["name"].rsplit(" ", 1)[1] for c in cases if c["kind"] == "permuted"]
+    assert permuted == ["plain", "permuted"] * 2
+    assert "permuted ids/1 @64:" in out
     for case in cases:
         assert case["requests"] > 0, case
         assert case["requests_per_s"] > 0, case

@@ -30,6 +30,7 @@ from dispenser_lab.bench.nats_cases import (
     Session,
     better,
     daily_cases,
+    permuted_cases,
     reply_sizes,
     request_id_cases,
     say,
@@ -59,7 +60,14 @@ from dispenser_lab.bench.nats_plan import (
 )
 from dispenser_lab.bench.nats_processes import processes_cases
 from dispenser_lab.bench.nats_report import Report, evaluate_targets, profile_summary, render_report
-from dispenser_lab.bench.servers import bench_servers, prepare_daily_tag, prepare_tags, remove_tags
+from dispenser_lab.bench.servers import (
+    bench_servers,
+    prepare_daily_tag,
+    prepare_permuted_tag,
+    prepare_tags,
+    remove_tags,
+    write_bench_key,
+)
 from dispenser_lab.bench.stats import CaseResult, write_json
 
 __all__ = ["BenchError", "BenchOptions", "main", "parse_options", "run"]
@@ -107,6 +115,8 @@ def _worker_child(
     }
     if dsn is not None:
         env["DISPENSER_POSTGRES_DSN"] = dsn
+    if plan.permuted_tag is not None:
+        env["DISPENSER_SEGMENT_PERMUTE_KEYS_DIR"] = str(workdir / "keys")
     env |= {k: v.replace(STATE_DIR_IN_WORKDIR, str(workdir / "state")) for k, v in plan.worker_env.items()}
     return Child(
         "dispenser worker",
@@ -144,9 +154,7 @@ async def _measure(
         if options.request_id:
             for inflight in options.inflight:
                 cases += await request_id_cases(session, inflight)
-        if plan.daily_tag is not None:
-            for inflight in options.inflight:
-                cases += await daily_cases(session, inflight)
+        cases += await _policy_cases(session, options, plan)
         if plan.switch_tag is not None and plan.switch_step is not None:
             cases += await switch_cases(session, plan.switch_tag, plan.switch_step)
         if options.processes > 1:
@@ -161,6 +169,17 @@ async def _measure(
         echo.stop()
         if worker_status not in (None, 0):
             say(options, f"dispenser worker exited with status {worker_status}:\n{worker.tail()}")
+    return cases
+
+
+async def _policy_cases(session: Session, options: BenchOptions, plan: ModePlan) -> list[CaseResult]:
+    """The daily and permuted tags' cases (``--daily``, ``--permuted``), each beside the plain tag."""
+    cases: list[CaseResult] = []
+    for inflight in options.inflight:
+        if plan.daily_tag is not None:
+            cases += await daily_cases(session, inflight)
+        if plan.permuted_tag is not None:
+            cases += await permuted_cases(session, inflight)
     return cases
 
 
@@ -197,6 +216,10 @@ def run(options: BenchOptions) -> Report:
                 if dsn is not None and plan.daily_tag is not None and plan.steady_step is not None:
                     run_async(prepare_daily_tag(dsn, plan.daily_tag, plan.steady_step, DAILY_WIDTH))
                     tags.append((plan.daily_tag, plan.steady_step, 1))
+                if dsn is not None and plan.permuted_tag is not None and plan.steady_step is not None:
+                    write_bench_key(workdir / "keys", plan.permuted_tag)
+                    run_async(prepare_permuted_tag(dsn, plan.permuted_tag, plan.steady_step))
+                    tags.append((plan.permuted_tag, plan.steady_step, 1))
                 try:
                     cases = run_async(_measure(options, nats_url, dsn, workdir, plan, nats_pid=nats_pid))
                 finally:

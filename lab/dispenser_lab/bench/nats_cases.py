@@ -35,6 +35,7 @@ __all__ = [
     "Session",
     "better",
     "daily_cases",
+    "permuted_cases",
     "reply_sizes",
     "request_id_cases",
     "say",
@@ -281,6 +282,44 @@ async def daily_cases(session: Session, inflight: int) -> list[CaseResult]:
             ("daily", daily_subject, daily),
         )
     ]
+
+
+async def permuted_cases(session: Session, inflight: int) -> list[CaseResult]:
+    """``ids/1`` on the plain steady tag and on a permuted tag of its step, alternating; the best of each.
+
+    One ID a request: a reply of 100 permuted IDs takes ~10 ms of the worker's (each enciphered), longer than
+    a tiny run's window at 64 in flight; the cost per ID is ``python -m dispenser_lab.bench.permuted_inproc``'s.
+    """
+    permuted_tag = session.plan.permuted_tag
+    assert permuted_tag is not None
+    permuted_subject = f"{session.prefix}.segment.{permuted_tag}"
+    cases: list[CaseResult] = []
+    for body in THROUGHPUT_BODIES[:1]:
+        plain: Sample | None = None
+        permuted: Sample | None = None
+        for _ in range(session.options.repeat):
+            plain = better(plain, await session.window(session.steady_subject, body, inflight, None))
+            check = sampled_count_check(body.count)
+            permuted = better(permuted, await session.window(permuted_subject, body, inflight, check))
+        assert plain is not None
+        assert permuted is not None
+        cases += [
+            session.record(
+                f"segment {body.label} @{inflight} {suffix}",
+                responder="dispenser",
+                kind="permuted",
+                subject=subject,
+                body=body,
+                inflight=inflight,
+                step=session.plan.steady_step,
+                sample=sample,
+            )
+            for suffix, subject, sample in (
+                ("plain", session.steady_subject, plain),
+                ("permuted", permuted_subject, permuted),
+            )
+        ]
+    return cases
 
 
 async def best_windows(

@@ -94,6 +94,7 @@ class BenchOptions:
     worker_command: str | None = None
     request_id: bool = False
     daily: bool = False
+    permuted: bool = False
     strict: bool = False
     quiet: bool = False
     processes: int = 1
@@ -117,6 +118,8 @@ class ModePlan:
     worker_env: dict[str, str] = field(default_factory=dict)
     daily_tag: str | None = None
     """A daily tag (docs/daily.md) of the steady tag's step, created with ``--daily``; None: not measured."""
+    permuted_tag: str | None = None
+    """A permuted tag (docs/permuted.md) of the steady tag's step, created with ``--permuted``; None: not measured."""
 
 
 DAILY_WIDTH = 10
@@ -145,6 +148,7 @@ def plan_for_mode(options: BenchOptions, run_id: str) -> ModePlan:
             switch_step=options.switch_step,
             tags=[(steady, options.step, STEADY_START), (switch, options.switch_step, SWITCH_START)],
             daily_tag=f"bench-{run_id}-daily" if options.daily else None,
+            permuted_tag=f"bench-{run_id}-permuted" if options.permuted else None,
             worker_env={
                 "DISPENSER_SEGMENT_ENABLED": "true",
                 "DISPENSER_SNOWFLAKE_ENABLED": "false",
@@ -258,6 +262,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also measure ids/1 on a daily tag (docs/daily.md) of the steady tag's step, alternating with "
         "the plain steady tag (segment mode, local only)",
     )
+    parser.add_argument(
+        "--permuted",
+        action="store_true",
+        help="also measure ids/1 on a permuted tag (docs/permuted.md) of the steady tag's step, "
+        "alternating with the plain steady tag (segment mode, local only)",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument(
@@ -283,6 +293,8 @@ def parse_options(argv: Sequence[str]) -> BenchOptions:
         parser.error("--processes starts workers here: not with --tag/--create-tag or --worker-command")
     if args.daily and (deployment is not None or args.mode != "segment"):
         parser.error("--daily creates a daily tag here: segment mode, not with --tag/--create-tag")
+    if args.permuted and (deployment is not None or args.mode != "segment"):
+        parser.error("--permuted creates a permuted tag here: segment mode, not with --tag/--create-tag")
     if deployment is not None and args.mode == "snowflake":
         parser.error("a deployment is measured in segment mode only (--mode snowflake starts its own worker)")
     if args.profile_worker is not None:

@@ -202,6 +202,15 @@ def render_report(report: Report) -> str:
             f"{fmt_us(case.responder_us_per_request)} vs {fmt_us(plain.responder_us_per_request)} µs per "
             f"request; p999 {fmt_ms(case.p999_ms)} ms vs {fmt_ms(plain.p999_ms)} ms\n"
         )
+    permuted = [c for c in cases if c.kind == "permuted"]
+    for plain, case in zip(permuted[::2], permuted[1::2], strict=True):
+        share = ratio(case.requests_per_s, plain.requests_per_s)
+        out.write(
+            f"permuted {case.format}/{case.count} @{case.inflight}: {fmt_rate(case.requests_per_s)} req/s on a permuted tag, "
+            f"{fmt_rate(plain.requests_per_s)} on a plain one ({fmt_ratio(share, percent=True)}); worker "
+            f"{fmt_us(case.responder_us_per_request)} vs {fmt_us(plain.responder_us_per_request)} µs per "
+            f"request; p999 {fmt_ms(case.p999_ms)} ms vs {fmt_ms(plain.p999_ms)} ms\n"
+        )
     switch_rows = [
         [
             c.name,

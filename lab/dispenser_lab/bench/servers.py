@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["bench_servers", "prepare_daily_tag", "prepare_tags", "remove_tags"]
+__all__ = [
+    "bench_servers",
+    "prepare_daily_tag",
+    "prepare_permuted_tag",
+    "prepare_tags",
+    "remove_tags",
+    "write_bench_key",
+]
 
 
 async def prepare_tags(dsn: str, tags: Sequence[tuple[str, int, int]], *, migrate: bool = True) -> None:
@@ -32,6 +40,22 @@ async def prepare_daily_tag(dsn: str, tag: str, step: int, width: int) -> None:
             step,
             description="created by dispenser bench; safe to remove",
             daily=DailyPolicy(width, "UTC"),
+        )
+
+
+def write_bench_key(keys_dir: Path, tag: str) -> None:
+    """A key file of a fresh random key for ``tag`` in ``keys_dir`` (docs/permuted.md)."""
+    keys_dir.mkdir(mode=0o700, exist_ok=True)
+    (keys_dir / f"{tag}.keys").write_text(f"1 {secrets.token_hex(16)}\n")
+
+
+async def prepare_permuted_tag(dsn: str, tag: str, step: int) -> None:
+    """Add a permuted tag to ``dsn`` (migrated already); its key: :func:`write_bench_key`."""
+    from dispenser.adapters.postgres.segments import PostgresSegmentStore  # noqa: PLC0415
+
+    async with await PostgresSegmentStore.connect(dsn) as store:
+        await store.add_tag(
+            tag, step, description="created by dispenser bench; safe to remove", permuted=True
         )
 
 
