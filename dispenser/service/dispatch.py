@@ -42,7 +42,7 @@ from dispenser.service.dedup import ReplayCache, reused_request_id
 from dispenser.service.permuted import PermutedBatch, PermutedMarks
 from dispenser.service.timing import Deadlines
 
-__all__ = ["LATENCY_BUCKETS", "Answer", "Answerer", "Dispatcher", "Limits"]
+__all__ = ["LATENCY_BUCKETS", "MAX_PERMUTED_IDS", "Answer", "Answerer", "Dispatcher", "Limits"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,11 @@ path more than the answer itself."""
 
 _UNSETTLED_LOG_INTERVAL = 10.0
 """Seconds between warnings that the replay store is down (one per outage-ish, not one per request)."""
+
+MAX_PERMUTED_IDS = 1000
+"""The most IDs of a permuted tag one request gets, in either format (or ``limits.max_ids`` if lower): each
+is enciphered in the event loop (~70-150 µs on the development machine), so 1,000 hold the worker's other
+requests for ~0.1 s at most (docs/permuted.md)."""
 
 _REMEMBERED = 1024
 """How many request bodies and tag names the hot path remembers as valid (cleared when full)."""
@@ -103,7 +108,8 @@ class Dispatcher:
                 the answer before the request's deadline (``limits.dedup_unsettled = "refuse"``, the
                 default); ``False``: answer from the buffer, idempotent on this worker only (``"answer"``).
             permuted: the permuted tags' permutations (docs/permuted.md): their IDs are answered permuted,
-                one by one (at most ``limits.max_ids`` in either format), never from the remembered fast path.
+                one by one (at most :data:`MAX_PERMUTED_IDS` in either format), never from the remembered fast
+                path.
             marks: the tags the store marks permuted: one without a key here is refused (``unavailable``),
                 never answered plain.
         """
@@ -363,9 +369,10 @@ class Dispatcher:
         if count < 1:
             raise InvalidCount(count)
         limits = self.limits
-        # A permuted tag's IDs are enciphered one by one: as many as an ids request, whatever the format.
-        ids = request.format == "ids" or tag in self._permuted
-        limit = limits.max_ids if ids else limits.max_ranges
+        if tag in self._permuted:  # enciphered one by one, in the event loop: see MAX_PERMUTED_IDS
+            limit = min(limits.max_ids, MAX_PERMUTED_IDS)
+        else:
+            limit = limits.max_ids if request.format == "ids" else limits.max_ranges
         if count > limit:
             raise CountTooLarge(count, limit, request.format)
 

@@ -12,7 +12,7 @@ from dispenser.core.errors import BadRequest
 from dispenser.core.permute import SPAN, Permutation
 from dispenser.messages import Reply
 from dispenser.ports import SystemClock, TagInfo
-from dispenser.service.dispatch import Dispatcher, Limits
+from dispenser.service.dispatch import MAX_PERMUTED_IDS, Dispatcher, Limits
 from dispenser.service.permuted import MarkingStore, PermutedMarks, load_permutation, load_permutations
 from dispenser.service.segments import AllocatorSettings, SegmentAllocator
 from dispenser.testing import MemorySegmentStore
@@ -68,6 +68,23 @@ async def test_a_permuted_tag_answers_at_most_max_ids_in_either_format() -> None
     assert answer is not None
     assert answer.error is not None
     assert answer.error.code == "count_too_large"
+
+
+@pytest.mark.parametrize("fmt", ["ids", "ranges"])
+async def test_a_permuted_tag_answers_at_most_max_permuted_ids(fmt: str) -> None:
+    """Past MAX_PERMUTED_IDS (the event loop's budget), whatever max_ids says; at it, the IDs."""
+    d = dispatcher(ScriptedSource(), max_ids=10_000, max_ranges=1_000_000)
+    over = d.answer_now(
+        "order", d.decode("plain", b'{"count": %d, "format": "%s"}' % (MAX_PERMUTED_IDS + 1, fmt.encode()))
+    )
+    assert over is not None
+    assert over.error is not None
+    assert over.error.code == "count_too_large"
+    body = b'{"count": %d, "format": "%s"}' % (MAX_PERMUTED_IDS, fmt.encode())
+    at = d.answer_now("order", d.decode("order", body))
+    assert at is not None
+    assert at.error is None
+    assert len(set(ids_of(at.body))) == MAX_PERMUTED_IDS
 
 
 def test_key_files_are_loaded_by_tag_name(tmp_path: Path) -> None:
