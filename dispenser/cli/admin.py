@@ -220,6 +220,8 @@ async def _ordered(store: Any, tag: str, ttl: float | None) -> None:
             raise UnknownTag(tag)
         if info.daily is not None:
             raise BadRequest(f"tag {tag!r} is a daily tag: its counters start again each day, never ordered")
+        if info.permuted:
+            raise BadRequest(f"tag {tag!r} is permuted: its IDs are in no order by design (docs/permuted.md)")
     await set_ordered(store, tag, ttl)
 
 

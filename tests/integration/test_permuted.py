@@ -75,6 +75,10 @@ async def test_a_permuted_tag_over_nats_and_http_then_a_key_rotation(
     listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
     assert "[permuted]" in listed["order"]
     assert "[permuted]" not in listed["plain"]
+    assert await cli("tag", "set", "order", "--ordered") == 1  # in no order by design: never an ordered tag
+    assert "is permuted" in capsys.readouterr().err
+    assert await cli("tag", "add", "both", "--step", "5", "--permuted", "--daily") == 1
+    assert "neither --daily nor --ordered" in capsys.readouterr().err
     keys = tmp_path / "order.keys"
     keys.write_text(f"1 {KEY1}\n")
 
