@@ -273,8 +273,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
 # Stages ---------------------------------------------------------------------------------------------------
 
 LONG_TESTS = (
-    # Each over ~9 s of its own on an idle 2-core machine (fresh-clone run of 2026-11-25, --durations): they
-    # run in CI's second stage (.ci/run: `scripts/test -m long`), with the clustered suite (tests/ha), so
+    # Each over ~9 s of its own on an idle 2-core machine (fresh-clone run of 2026-11-25, --durations), and
+    # the slowest others when the suite outgrows its budget (below): they run in CI's second stage (.ci/run: `scripts/test -m long`), with the clustered suite (tests/ha), so
     # that `scripts/test`, the suite developers wait on, stays under 4 minutes.
     "tests/integration/test_kafka_restarts.py",
     # Leaf's 39 captured requests (three unknown tags, each waiting for the store's refresh) and a JVM of
@@ -295,6 +295,20 @@ LONG_TESTS = (
     "tests/integration/test_kafka_requests.py::test_broker_down_while_serving_then_back",
     "tests/integration/test_kafka_server.py::test_restart_keeps_ports_and_data_and_kill_is_survived",
     "tests/integration/test_client_buffer.py::test_eight_clients_draw_a_million_ids_each_through_a_worker_kill",
+    # Moved on 2026-11-28, when issues 30-32 had added ~260 tests and stage 1 took 216 s of pytest on an idle
+    # machine (over 4 minutes with the install and the static checks): the slowest of stage 1 (4-7 s each,
+    # --durations), ~75 s of test time. Each is a fault or a server's edge case that CI's second stage runs
+    # on every submission all the same.
+    "tests/integration/test_slow_postgres.py::test_a_slow_postgres_costs_fetches_not_buffered_requests",
+    "tests/integration/test_postgres_hung_host.py::test_the_first_request_at_start_is_answered_within_its_deadline_while_postgres_never_answers",
+    "tests/integration/test_leaf_zookeeper_layout.py::test_dispenser_workers_take_the_next_ids_beside_leafs_and_leaf_can_read_their_nodes",
+    "tests/integration/test_snowflake_workers.py::test_crash_then_restart_with_clock_back_never_repeats",
+    "tests/integration/test_zookeeper_registry.py::test_a_reconnect_that_gets_no_handshake_answer_is_retried",
+    "tests/integration/test_zookeeper_registry.py::test_partitioned_holder_stops_before_its_id_can_be_taken",
+    "tests/integration/test_zookeeper_registry.py::test_lease_survives_a_short_zookeeper_restart",
+    "tests/integration/test_kafka_security.py",
+    "tests/integration/test_nats_auth.py::test_documented_permissions_authorise_per_tag",
+    "tests/integration/test_leaf_live_node.py::test_a_worker_given_a_live_leaf_servers_address_refuses_its_worker_id",
 )
 """Node ID prefixes of the tests marked ``long`` (besides every test in ``tests/ha/``)."""
 
