@@ -9,6 +9,7 @@ restarted (and logged); SIGTERM stops them all within the budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import multiprocessing
@@ -16,6 +17,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -43,6 +45,7 @@ from tests.integration.segment_support import (
 pytestmark = [pytest.mark.postgres]
 
 _TAG = "order"
+_SERVE = [sys.executable, "-m", "dispenser", "serve", "--processes", "2"]
 
 
 def _env(nats_url: str, dsn: str, tmp_path: Path, http_port: int, metrics_port: int) -> dict[str, str]:
@@ -84,6 +87,16 @@ async def _all_ready(
     raise AssertionError(f"not both ready: {log.read_text()}")  # noqa: ASYNC240 - failing anyway
 
 
+@contextlib.asynccontextmanager
+async def _serving(
+    env: dict[str, str], log: Path, metrics_port: int
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, aiohttp.ClientSession]]:
+    """``dispenser serve --processes 2`` spawned, and a session to it once both processes are ready."""
+    async with spawned(_SERVE, env, log) as proc, aiohttp.ClientSession() as session:
+        await _all_ready(session, metrics_port, proc, log)
+        yield proc, session
+
+
 async def _http_id(http_port: int, kind: str) -> int:
     """One ID over HTTP on a connection of its own (the kernel picks the process per connection)."""
     connector = aiohttp.TCPConnector(force_close=True)
@@ -108,9 +121,7 @@ async def test_two_processes_share_the_http_port_and_the_queue_group_with_ids_un
     http_port, metrics_port = free_port(), free_port()
     env = _env(nats_server.url, pg_dsn, tmp_path, http_port, metrics_port)
     log = tmp_path / "serve.log"
-    args = [sys.executable, "-m", "dispenser", "serve", "--processes", "2"]
-    async with spawned(args, env, log) as proc, aiohttp.ClientSession() as session:
-        await _all_ready(session, metrics_port, proc, log)
+    async with _serving(env, log, metrics_port) as (proc, session):
         segment_ids = [await _http_id(http_port, "segment") for _ in range(20)]
         snowflake_ids = [await _http_id(http_port, "snowflake") for _ in range(20)]
         async with client(nats_server.url) as nc:
@@ -142,9 +153,7 @@ async def test_a_process_killed_is_restarted_and_sigterm_stops_them_all(
     http_port, metrics_port = free_port(), free_port()
     env = _env(nats_server.url, pg_dsn, tmp_path, http_port, metrics_port)
     log = tmp_path / "serve.log"
-    args = [sys.executable, "-m", "dispenser", "serve", "--processes", "2"]
-    async with spawned(args, env, log) as proc, aiohttp.ClientSession() as session:
-        await _all_ready(session, metrics_port, proc, log)
+    async with _serving(env, log, metrics_port) as (proc, session):
         before = [await _http_id(http_port, "segment") for _ in range(10)]
         pid = int(re.findall(r"process 1 \(pid (\d+)\) serving", log.read_text())[0])
         os.kill(pid, 9)
@@ -190,10 +199,8 @@ async def test_two_processes_share_the_kafka_request_topic_with_ids_unique_acros
     config = load_config(environ=env)
     await create_topics(kafka_broker.bootstrap, {config.kafka.request_topic: 4})
     log = tmp_path / "serve.log"
-    args = [sys.executable, "-m", "dispenser", "serve", "--processes", "2"]
     replies: list[list[int]] = []
-    async with spawned(args, env, log) as proc, aiohttp.ClientSession() as session:
-        await _all_ready(session, metrics_port, proc, log)
+    async with _serving(env, log, metrics_port) as (proc, session):
         async with KafkaIdClient(config.kafka, timeout=30.0) as kafka_client:
             for _ in range(50):  # until both have answered: the group settles on both members by itself
                 replies += await asyncio.gather(*(kafka_client.ids(tag, 7) for tag in tags))
@@ -259,9 +266,7 @@ async def test_the_processes_stop_when_their_supervisor_is_killed(tmp_path: Path
         "DISPENSER_LOG_LEVEL": "INFO",
     }
     log = tmp_path / "serve.log"
-    args = [sys.executable, "-m", "dispenser", "serve", "--processes", "2"]
-    async with spawned(args, env, log) as proc, aiohttp.ClientSession() as session:
-        await _all_ready(session, metrics_port, proc, log)
+    async with _serving(env, log, metrics_port) as (proc, _session):
         proc.kill()
         await proc.wait()
 
@@ -287,8 +292,7 @@ async def test_a_process_that_cannot_start_stops_the_supervisor_with_exit_status
         "DISPENSER_LOG_LEVEL": "INFO",
     }
     log = tmp_path / "serve.log"
-    args = [sys.executable, "-m", "dispenser", "serve", "--processes", "2"]
-    async with spawned(args, env, log) as proc:
+    async with spawned(_SERVE, env, log) as proc:
         status = await asyncio.wait_for(proc.wait(), 30)
     text = log.read_text()
     assert status == 1, text
