@@ -38,6 +38,38 @@ class Migration:
 TAG_LOCK_CLASS: Final = 0x6C65_6166
 """First key of the per-tag ``pg_advisory_xact_lock(TAG_LOCK_CLASS, hashtext(biz_tag))`` (the bytes of ``leaf``)."""
 
+
+def _dropped_with_tag(table: str, name: str) -> str:
+    """The SQL that deletes a tag's rows of ``table`` when the tag leaves ``leaf_alloc``.
+
+    DELETE and UPDATE of ``biz_tag`` drop its rows, TRUNCATE drops every row, in the same transaction; the
+    function and its triggers are ``dispenser_drop_<name>``, ``dispenser_drop_renamed_<name>`` and
+    ``dispenser_drop_truncated_<name>``. The text is part of released migrations: keep it byte for byte.
+    """
+    function = f"dispenser_drop_{name}"
+    return f"""
+        CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_LEVEL = 'STATEMENT' THEN
+                DELETE FROM {table};
+                RETURN NULL;
+            END IF;
+            DELETE FROM {table} WHERE biz_tag = OLD.biz_tag;
+            RETURN NULL;
+        END $$;
+        DROP TRIGGER IF EXISTS {function} ON leaf_alloc;
+        CREATE TRIGGER {function} AFTER DELETE ON leaf_alloc
+            FOR EACH ROW EXECUTE FUNCTION {function}();
+        DROP TRIGGER IF EXISTS dispenser_drop_renamed_{name} ON leaf_alloc;
+        CREATE TRIGGER dispenser_drop_renamed_{name} AFTER UPDATE OF biz_tag ON leaf_alloc
+            FOR EACH ROW WHEN (OLD.biz_tag IS DISTINCT FROM NEW.biz_tag)
+            EXECUTE FUNCTION {function}();
+        DROP TRIGGER IF EXISTS dispenser_drop_truncated_{name} ON leaf_alloc;
+        CREATE TRIGGER dispenser_drop_truncated_{name} BEFORE TRUNCATE ON leaf_alloc
+            FOR EACH STATEMENT EXECUTE FUNCTION {function}()
+        """
+
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(
         1,
@@ -251,27 +283,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             returned_at timestamptz  NOT NULL DEFAULT now(),
             CHECK (last_id >= first_id)
         );
-        CREATE INDEX IF NOT EXISTS dispenser_returned_range_tag ON dispenser_returned_range (biz_tag, first_id);
-        CREATE OR REPLACE FUNCTION dispenser_drop_returned_ranges() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF TG_LEVEL = 'STATEMENT' THEN
-                DELETE FROM dispenser_returned_range;
-                RETURN NULL;
-            END IF;
-            DELETE FROM dispenser_returned_range WHERE biz_tag = OLD.biz_tag;
-            RETURN NULL;
-        END $$;
-        DROP TRIGGER IF EXISTS dispenser_drop_returned_ranges ON leaf_alloc;
-        CREATE TRIGGER dispenser_drop_returned_ranges AFTER DELETE ON leaf_alloc
-            FOR EACH ROW EXECUTE FUNCTION dispenser_drop_returned_ranges();
-        DROP TRIGGER IF EXISTS dispenser_drop_renamed_returned_ranges ON leaf_alloc;
-        CREATE TRIGGER dispenser_drop_renamed_returned_ranges AFTER UPDATE OF biz_tag ON leaf_alloc
-            FOR EACH ROW WHEN (OLD.biz_tag IS DISTINCT FROM NEW.biz_tag)
-            EXECUTE FUNCTION dispenser_drop_returned_ranges();
-        DROP TRIGGER IF EXISTS dispenser_drop_truncated_returned_ranges ON leaf_alloc;
-        CREATE TRIGGER dispenser_drop_truncated_returned_ranges BEFORE TRUNCATE ON leaf_alloc
-            FOR EACH STATEMENT EXECUTE FUNCTION dispenser_drop_returned_ranges()
-        """,
+        CREATE INDEX IF NOT EXISTS dispenser_returned_range_tag ON dispenser_returned_range (biz_tag, first_id);"""
+        + _dropped_with_tag("dispenser_returned_range", "returned_ranges"),
     ),
     Migration(
         9,
@@ -287,27 +300,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             holder     text,
             epoch      bigint       NOT NULL DEFAULT 0,
             expires_at timestamptz  NOT NULL DEFAULT '-infinity'
-        );
-        CREATE OR REPLACE FUNCTION dispenser_drop_ordered() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF TG_LEVEL = 'STATEMENT' THEN
-                DELETE FROM dispenser_tag_ordered;
-                RETURN NULL;
-            END IF;
-            DELETE FROM dispenser_tag_ordered WHERE biz_tag = OLD.biz_tag;
-            RETURN NULL;
-        END $$;
-        DROP TRIGGER IF EXISTS dispenser_drop_ordered ON leaf_alloc;
-        CREATE TRIGGER dispenser_drop_ordered AFTER DELETE ON leaf_alloc
-            FOR EACH ROW EXECUTE FUNCTION dispenser_drop_ordered();
-        DROP TRIGGER IF EXISTS dispenser_drop_renamed_ordered ON leaf_alloc;
-        CREATE TRIGGER dispenser_drop_renamed_ordered AFTER UPDATE OF biz_tag ON leaf_alloc
-            FOR EACH ROW WHEN (OLD.biz_tag IS DISTINCT FROM NEW.biz_tag)
-            EXECUTE FUNCTION dispenser_drop_ordered();
-        DROP TRIGGER IF EXISTS dispenser_drop_truncated_ordered ON leaf_alloc;
-        CREATE TRIGGER dispenser_drop_truncated_ordered BEFORE TRUNCATE ON leaf_alloc
-            FOR EACH STATEMENT EXECUTE FUNCTION dispenser_drop_ordered()
-        """,
+        );"""
+        + _dropped_with_tag("dispenser_tag_ordered", "ordered"),
     ),
     Migration(
         10,
@@ -320,27 +314,8 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         CREATE TABLE IF NOT EXISTS dispenser_tag_permuted (
             biz_tag  varchar(128) PRIMARY KEY,
             added_at timestamptz  NOT NULL DEFAULT now()
-        );
-        CREATE OR REPLACE FUNCTION dispenser_drop_permuted() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF TG_LEVEL = 'STATEMENT' THEN
-                DELETE FROM dispenser_tag_permuted;
-                RETURN NULL;
-            END IF;
-            DELETE FROM dispenser_tag_permuted WHERE biz_tag = OLD.biz_tag;
-            RETURN NULL;
-        END $$;
-        DROP TRIGGER IF EXISTS dispenser_drop_permuted ON leaf_alloc;
-        CREATE TRIGGER dispenser_drop_permuted AFTER DELETE ON leaf_alloc
-            FOR EACH ROW EXECUTE FUNCTION dispenser_drop_permuted();
-        DROP TRIGGER IF EXISTS dispenser_drop_renamed_permuted ON leaf_alloc;
-        CREATE TRIGGER dispenser_drop_renamed_permuted AFTER UPDATE OF biz_tag ON leaf_alloc
-            FOR EACH ROW WHEN (OLD.biz_tag IS DISTINCT FROM NEW.biz_tag)
-            EXECUTE FUNCTION dispenser_drop_permuted();
-        DROP TRIGGER IF EXISTS dispenser_drop_truncated_permuted ON leaf_alloc;
-        CREATE TRIGGER dispenser_drop_truncated_permuted BEFORE TRUNCATE ON leaf_alloc
-            FOR EACH STATEMENT EXECUTE FUNCTION dispenser_drop_permuted()
-        """,
+        );"""
+        + _dropped_with_tag("dispenser_tag_permuted", "permuted"),
     ),
 )
 """Every migration, in version order. Append new versions; never edit a released one."""
