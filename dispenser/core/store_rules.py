@@ -7,7 +7,7 @@ from dispenser.core.errors import BadRequest, TagExhausted
 from dispenser.core.residue import LEAF, Residue
 from dispenser.core.tags import validate_tag
 
-__all__ = ["MAX_DESCRIPTION", "MAX_ID", "MAX_STEP", "check_new_tag", "check_step", "no_room"]
+__all__ = ["MAX_DESCRIPTION", "MAX_ID", "MAX_STEP", "check_new_tag", "check_step", "no_room", "not_daily"]
 
 MAX_STEP = 2**31 - 1
 """``leaf_alloc.step`` is an ``int`` column (Leaf's ``int(11)``)."""
@@ -66,4 +66,11 @@ def no_room(tag: str, step: int | None) -> TagExhausted:
         tag,
         f"tag {tag!r} has no room for a segment of {size}: max_id would pass {MAX_ID}; "
         "a smaller step or a new tag is needed",
+    )
+
+
+def not_daily(tag: str) -> BadRequest:
+    """The error for setting a daily policy on a tag that is not daily (docs/daily.md)."""
+    return BadRequest(
+        f"tag {tag!r} is not a daily tag: its IDs could meet a daily tag's; add a new tag with --daily"
     )

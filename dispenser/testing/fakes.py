@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 
 from dispenser.core.daily import DailyPolicy, parse_day_tag
 from dispenser.core.errors import (
-    BadRequest,
     CoordinatorUnavailable,
     LeaseLost,
     StoreUnavailable,
@@ -20,7 +19,7 @@ from dispenser.core.errors import (
 )
 from dispenser.core.ids import Kind
 from dispenser.core.residue import LEAF, Residue, StridedRange
-from dispenser.core.store_rules import MAX_ID, check_new_tag, check_step, no_room
+from dispenser.core.store_rules import MAX_ID, check_new_tag, check_step, no_room, not_daily
 from dispenser.ports import Allocation, Settled, TagInfo, WorkerLease
 
 __all__ = [
@@ -219,9 +218,7 @@ class MemorySegmentStore:
         if row is None or parse_day_tag(tag) is not None:
             raise UnknownTag(tag)
         if tag not in self._daily:
-            raise BadRequest(
-                f"tag {tag!r} is not a daily tag: its IDs could meet a daily tag's; add a new tag with --daily"
-            )
+            raise not_daily(tag)
         self._daily[tag] = daily
         return self._info(tag, row)
 
