@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from dispenser.core.errors import StoreUnavailable
+from dispenser.core.residue import StridedRange
 from dispenser.ports import Clock, SegmentStore
 from dispenser.service.segments import SegmentAllocator, TagAllocator
 from dispenser.service.timing import run_within
@@ -107,4 +108,4 @@ async def return_unused(
 
 def _count(allocator: TagAllocator, rest: list[tuple[int, int]]) -> int:
     stride = allocator.residue.stride
-    return sum((last - first) // stride + 1 for first, last in rest)
+    return sum(StridedRange(first, last, stride).count for first, last in rest)
