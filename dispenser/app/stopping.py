@@ -11,7 +11,7 @@ from typing import Any
 
 from dispenser.core.errors import DispenserError
 
-__all__ = ["STOP_BUDGET", "Run", "background", "run_until_signal"]
+__all__ = ["STOP_BUDGET", "Run", "background", "run_until_signal", "stop_on_signal"]
 
 log = logging.getLogger("dispenser.app")  # the lines the worker's wiring has always logged under
 
@@ -35,7 +35,7 @@ cut short there): within the 10 s every process must stop in, Kubernetes' grace 
 
 
 @contextlib.contextmanager
-def _stop_on_signal(on_signal: Callable[[], None]) -> Iterator[asyncio.Event]:
+def stop_on_signal(on_signal: Callable[[], None]) -> Iterator[asyncio.Event]:
     """An event set by SIGTERM or SIGINT while the block runs, which also calls ``on_signal`` (removed after)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -84,7 +84,7 @@ async def run_until_signal(
 
     try:
         async with budget:
-            with _stop_on_signal(signalled) as stop:
+            with stop_on_signal(signalled) as stop:
                 async with contextlib.AsyncExitStack() as stack:
                     starting = asyncio.ensure_future(start(stack))
                     signal_came = asyncio.ensure_future(stop.wait())

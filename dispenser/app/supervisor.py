@@ -29,7 +29,7 @@ from dispenser.adapters.http.host import ChildProbe, HostOperations
 from dispenser.adapters.prometheus import merge_expositions
 from dispenser.app.commands import run_worker
 from dispenser.app.processes import process_config
-from dispenser.app.stopping import STOP_BUDGET
+from dispenser.app.stopping import STOP_BUDGET, stop_on_signal
 from dispenser.app.worker import Worker
 from dispenser.config import Config
 from dispenser.runner import run_async
@@ -284,33 +284,29 @@ async def supervise(
         stop_budget: seconds from the signal to the end of every process (SIGKILL past it).
     """
     supervisor = _Supervisor(config, processes, prepare, fast, stop_budget)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, supervisor.stop.set)
     host: HostOperations | None = None
     keeping: list[asyncio.Task[None]] = []
-    try:
-        if config.metrics.port is not None:
-            host = HostOperations(
-                config.metrics.host, config.metrics.port, supervisor.probes, _merged(supervisor)
-            )
-            await host.start()
-            log.info("serving the host's /metrics (and /healthz, /readyz) on %s", host.url)
-        log.info("starting %d worker processes", processes)
-        keeping = [asyncio.create_task(supervisor.keep(slot)) for slot in supervisor.slots]
-        await supervisor.stop.wait()
-        log.info("stopping %d worker processes", processes)
-        status = await supervisor.wind_down()
-        for task in keeping:
-            task.cancel()
-        await asyncio.gather(*keeping, return_exceptions=True)
-        log.info("stopped" if status == 0 else "stopped, not cleanly (exit status 1)")
-        return status
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        if host is not None:
-            await host.stop()
+    with stop_on_signal(supervisor.stop.set):
+        try:
+            if config.metrics.port is not None:
+                host = HostOperations(
+                    config.metrics.host, config.metrics.port, supervisor.probes, _merged(supervisor)
+                )
+                await host.start()
+                log.info("serving the host's /metrics (and /healthz, /readyz) on %s", host.url)
+            log.info("starting %d worker processes", processes)
+            keeping = [asyncio.create_task(supervisor.keep(slot)) for slot in supervisor.slots]
+            await supervisor.stop.wait()
+            log.info("stopping %d worker processes", processes)
+            status = await supervisor.wind_down()
+            for task in keeping:
+                task.cancel()
+            await asyncio.gather(*keeping, return_exceptions=True)
+            log.info("stopped" if status == 0 else "stopped, not cleanly (exit status 1)")
+            return status
+        finally:
+            if host is not None:
+                await host.stop()
 
 
 def _merged(supervisor: _Supervisor) -> Callable[[dict[str, str]], bytes]:
