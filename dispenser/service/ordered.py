@@ -148,7 +148,6 @@ class Forwarded(TagAllocator):
         """Forward ``tag``'s takes with ``forward``."""
         super().__init__(tag, store, clock, settings)
         self._forward = forward
-        self._clock_of = clock
 
     def try_take(self, count: int) -> IdBatch | None:
         """Never at hand: the owner's buffer is elsewhere."""
@@ -159,7 +158,7 @@ class Forwarded(TagAllocator):
         """Ask the owner (Unavailable when it does not answer before ``deadline``)."""
         if self.refusal is not None:
             raise self.refusal
-        ranges = await self._forward(self.tag, count, deadline - self._clock_of.monotonic())
+        ranges = await self._forward(self.tag, count, deadline - self._clock.monotonic())
         return IdBatch(tuple(ranges))
 
 
