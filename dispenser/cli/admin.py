@@ -304,8 +304,7 @@ def run_tag(args: argparse.Namespace, config: Config) -> int:
                 f"in {daily.time_zone} (e.g. {compose(20261128, 1, daily.width)}), step {info.step}"
             )
     elif args.tag_command == "set":
-        set_policy(args)  # checked before connecting
-        lease = ordered_of(args)
+        lease = ordered_of(args)  # set_policy checked the arguments before connecting (cli._check_arguments)
         if lease is not None or args.plain:
             _with_store(config, lambda store: _ordered(store, args.tag, lease))
             print(
