@@ -256,32 +256,7 @@ async def daily_cases(session: Session, inflight: int) -> list[CaseResult]:
     """``ids/1`` on the plain steady tag and on a daily tag of the same step, alternating; the best of each."""
     daily_tag = session.plan.daily_tag
     assert daily_tag is not None
-    daily_subject = f"{session.prefix}.segment.{daily_tag}"
-    body = THROUGHPUT_BODIES[0]
-    plain: Sample | None = None
-    daily: Sample | None = None
-    for _ in range(session.options.repeat):
-        plain = better(plain, await session.window(session.steady_subject, body, inflight, None))
-        check = sampled_count_check(body.count)
-        daily = better(daily, await session.window(daily_subject, body, inflight, check))
-    assert plain is not None
-    assert daily is not None
-    return [
-        session.record(
-            f"segment {body.label} @{inflight} {suffix}",
-            responder="dispenser",
-            kind="daily",
-            subject=subject,
-            body=body,
-            inflight=inflight,
-            step=session.plan.steady_step,
-            sample=sample,
-        )
-        for suffix, subject, sample in (
-            ("plain", session.steady_subject, plain),
-            ("daily", daily_subject, daily),
-        )
-    ]
+    return await _against_plain(session, inflight, "daily", daily_tag)
 
 
 async def permuted_cases(session: Session, inflight: int) -> list[CaseResult]:
@@ -292,34 +267,34 @@ async def permuted_cases(session: Session, inflight: int) -> list[CaseResult]:
     """
     permuted_tag = session.plan.permuted_tag
     assert permuted_tag is not None
-    permuted_subject = f"{session.prefix}.segment.{permuted_tag}"
-    cases: list[CaseResult] = []
-    for body in THROUGHPUT_BODIES[:1]:
-        plain: Sample | None = None
-        permuted: Sample | None = None
-        for _ in range(session.options.repeat):
-            plain = better(plain, await session.window(session.steady_subject, body, inflight, None))
-            check = sampled_count_check(body.count)
-            permuted = better(permuted, await session.window(permuted_subject, body, inflight, check))
-        assert plain is not None
-        assert permuted is not None
-        cases += [
-            session.record(
-                f"segment {body.label} @{inflight} {suffix}",
-                responder="dispenser",
-                kind="permuted",
-                subject=subject,
-                body=body,
-                inflight=inflight,
-                step=session.plan.steady_step,
-                sample=sample,
-            )
-            for suffix, subject, sample in (
-                ("plain", session.steady_subject, plain),
-                ("permuted", permuted_subject, permuted),
-            )
-        ]
-    return cases
+    return await _against_plain(session, inflight, "permuted", permuted_tag)
+
+
+async def _against_plain(session: Session, inflight: int, kind: str, tag: str) -> list[CaseResult]:
+    """``ids/1`` on the plain steady tag and on ``tag`` (a tag of ``kind``), alternating; the best of each."""
+    subject = f"{session.prefix}.segment.{tag}"
+    body = THROUGHPUT_BODIES[0]
+    plain: Sample | None = None
+    other: Sample | None = None
+    for _ in range(session.options.repeat):
+        plain = better(plain, await session.window(session.steady_subject, body, inflight, None))
+        check = sampled_count_check(body.count)
+        other = better(other, await session.window(subject, body, inflight, check))
+    assert plain is not None
+    assert other is not None
+    return [
+        session.record(
+            f"segment {body.label} @{inflight} {suffix}",
+            responder="dispenser",
+            kind=kind,
+            subject=each,
+            body=body,
+            inflight=inflight,
+            step=session.plan.steady_step,
+            sample=sample,
+        )
+        for suffix, each, sample in (("plain", session.steady_subject, plain), (kind, subject, other))
+    ]
 
 
 async def best_windows(
