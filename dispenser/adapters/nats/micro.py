@@ -19,12 +19,18 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.nuid import NUID
 
+from dispenser.core.errors import DispenserError
+from dispenser.messages import MSGPACK
+
 __all__ = [
+    "CONTENT_TYPE",
     "ERROR_CODE_HEADER",
     "ERROR_HEADER",
     "Endpoint",
     "MicroService",
     "control_subjects",
+    "is_msgpack",
+    "reply_headers",
 ]
 
 log = logging.getLogger(__name__)
@@ -33,6 +39,25 @@ ERROR_HEADER = "Nats-Service-Error"
 """Header of an error reply: the error's description (ADR-32)."""
 ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 """Header of an error reply: an HTTP-like status code, as a string (ADR-32)."""
+CONTENT_TYPE = "Content-Type"
+"""The request header whose value ``application/msgpack`` selects msgpack for the request and its reply."""
+_MSGPACK_HEADERS = {CONTENT_TYPE: MSGPACK}
+
+
+def is_msgpack(msg: Msg) -> bool:
+    """Whether a request asks for msgpack (its ``Content-Type``), for itself and its reply."""
+    return msg.headers is not None and msg.headers.get(CONTENT_TYPE) == MSGPACK
+
+
+def reply_headers(error: DispenserError | None, msgpack: bool) -> dict[str, str] | None:
+    """The headers of a reply: the encoding's, and an error reply's description and code (ADR-32)."""
+    if error is None:
+        return _MSGPACK_HEADERS if msgpack else None
+    headers = {ERROR_HEADER: error.message, ERROR_CODE_HEADER: str(error.status)}
+    if msgpack:
+        headers[CONTENT_TYPE] = MSGPACK
+    return headers
+
 
 CONTROL_PREFIX = "$SRV"
 VERBS = ("PING", "INFO", "STATS")

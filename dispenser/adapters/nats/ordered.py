@@ -19,16 +19,14 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
-from dispenser.adapters.nats.micro import ERROR_CODE_HEADER, ERROR_HEADER
+from dispenser.adapters.nats.micro import ERROR_HEADER, is_msgpack, reply_headers
 from dispenser.core.errors import DispenserError, Unavailable
-from dispenser.messages import MSGPACK, IdRequest, Reply, id_subject
+from dispenser.messages import IdRequest, Reply, id_subject
 from dispenser.service.answering import Answer, Answerer
 
 __all__ = ["OrderedRoute", "forward_over_nats", "owner_subject"]
 
 log = logging.getLogger(__name__)
-
-_CONTENT_TYPE = "Content-Type"  # the same header as service.CONTENT_TYPE (which imports this module)
 
 
 def owner_subject(prefix: str, tag: str) -> str:
@@ -79,7 +77,7 @@ class OrderedRoute:
             self.forwarded += 1
             await self._nc.publish(self.subject, msg.data, reply=msg.reply, headers=msg.headers)
         else:
-            await self._publish(msg, self._errors.error(self.tag, self._refusal(), _msgpack(msg)))
+            await self._publish(msg, self._errors.error(self.tag, self._refusal(), is_msgpack(msg)))
 
     async def begin(self, answerer: Answerer) -> None:
         """This worker owns the tag from now: answer from ``answerer`` (a fresh term's), one request at a time."""
@@ -134,7 +132,7 @@ class OrderedRoute:
 
     async def _answer_one(self, msg: Msg) -> None:
         answerer = self._answerer
-        msgpack = _msgpack(msg)
+        msgpack = is_msgpack(msg)
         if answerer is None or not self._serving():
             await self._publish(msg, self._errors.error(self.tag, self._refusal(), msgpack))
             return
@@ -156,12 +154,7 @@ class OrderedRoute:
     async def _publish(self, msg: Msg, answer: Answer) -> None:
         if not msg.reply:
             return
-        msgpack = _msgpack(msg)
-        error = answer.error
-        headers: dict[str, str] | None = {_CONTENT_TYPE: MSGPACK} if msgpack else None
-        if error is not None:
-            headers = {**(headers or {}), ERROR_HEADER: error.message, ERROR_CODE_HEADER: str(error.status)}
-        await self._nc.publish(msg.reply, answer.body, headers=headers)
+        await self._nc.publish(msg.reply, answer.body, headers=reply_headers(answer.error, is_msgpack(msg)))
 
 
 _REPLY = msgspec.json.Decoder(Reply)
@@ -195,7 +188,3 @@ def forward_over_nats(
         return [(i, i) for i in reply.ids or []]
 
     return forward
-
-
-def _msgpack(msg: Msg) -> bool:
-    return msg.headers is not None and msg.headers.get(_CONTENT_TYPE) == MSGPACK

@@ -18,11 +18,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from dispenser import __version__
-from dispenser.adapters.nats.micro import ERROR_CODE_HEADER, ERROR_HEADER, Endpoint, MicroService
+from dispenser.adapters.nats.micro import CONTENT_TYPE, Endpoint, MicroService, is_msgpack, reply_headers
 from dispenser.adapters.nats.ordered import OrderedRoute
 from dispenser.config import NatsConfig
 from dispenser.core.errors import DispenserError
-from dispenser.messages import MSGPACK, IdRequest, id_subject
+from dispenser.messages import IdRequest, id_subject
 from dispenser.service.answering import Answer, Answerer
 
 __all__ = ["CONTENT_TYPE", "NatsIdService"]
@@ -35,10 +35,6 @@ _SILENT_SERVER = 2.0
 SpecialHandler = Callable[[bytes, bool], Awaitable[Answer]] | OrderedRoute
 """A tag with a handler of its own (``leaf.snowflake.decode``): body and msgpack flag in, answer out; or an
 ordered tag's route, which takes the whole message (docs/ordered.md)."""
-
-CONTENT_TYPE = "Content-Type"
-"""The request header whose value ``application/msgpack`` selects msgpack for the request and its reply."""
-_MSGPACK_HEADERS = {CONTENT_TYPE: MSGPACK}
 
 
 class NatsIdService:
@@ -152,8 +148,7 @@ class NatsIdService:
         endpoint: Endpoint,
     ) -> None:
         """The round of a request the hot path did not answer: msgpack, a new body or tag, a special tag."""
-        headers = msg.headers
-        msgpack = headers is not None and headers.get(CONTENT_TYPE) == MSGPACK
+        msgpack = is_msgpack(msg)
         if tag in special:
             handler = special[tag]
             if isinstance(handler, OrderedRoute):
@@ -211,13 +206,7 @@ class NatsIdService:
             endpoint.count_error(f"{error.code}: {error.message}")
         if not msg.reply:
             return  # a publish without reply subject: nobody to answer
-        if error is None:
-            await self._nc.publish(msg.reply, answer.body, headers=_MSGPACK_HEADERS if msgpack else None)
-            return
-        headers = {ERROR_HEADER: error.message, ERROR_CODE_HEADER: str(error.status)}
-        if msgpack:
-            headers[CONTENT_TYPE] = MSGPACK
-        await self._nc.publish(msg.reply, answer.body, headers=headers)
+        await self._nc.publish(msg.reply, answer.body, headers=reply_headers(error, msgpack))
 
     def leave(self, kind: str) -> None:
         """Take no more requests of ``kind`` (and never subscribe it), for the rest of this run.
