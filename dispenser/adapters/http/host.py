@@ -145,11 +145,11 @@ class HostOperations:
         short: list[str] = []
         strict_refusal = False
         for child, answer in zip(serving, answers, strict=True):
-            body = _json_of(answer[1]) if answer is not None else {}
             if answer is None:
                 reasons.append(f"process {child.name}: /readyz did not answer")
                 states[child.name] = "silent"
                 continue
+            body = _json_of(answer[1])
             states[child.name] = str(body.get("status", answer[0]))
             reasons += [f"process {child.name}: {reason}" for reason in body.get("reasons", ())]
             short += [f"process {child.name}: {reason}" for reason in body.get("cannot_issue", ())]
