@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import datetime
 import os
-import platform
 import secrets
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from dispenser.tables import fmt_rate, render_table
 from dispenser_lab.bench.nats_load import Child, serving_worker, wait_ready
 from dispenser_lab.bench.nats_plan import BenchError
 from dispenser_lab.bench.servers import bench_servers
-from dispenser_lab.bench.stats import percentile, write_json
+from dispenser_lab.bench.stats import host_meta, percentile, write_json
 
 __all__ = ["AltCase", "Holders", "Report", "StorageRow", "main", "render", "run"]
 
@@ -536,12 +535,7 @@ def run(
         except DevServerError as exc:
             raise BenchError(f"cannot start a server: {exc}") from exc
     meta: dict[str, object] = {
-        "date": started.isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        **host_meta(started, load_before),
         "duration": duration,
         "warmup": warmup,
         "rows": rows,

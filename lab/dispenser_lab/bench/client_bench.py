@@ -12,7 +12,6 @@ import datetime
 import functools
 import json
 import os
-import platform
 import secrets
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from dispenser_lab.bench.deployment import (
 from dispenser_lab.bench.nats_load import Child, serving_worker, wait_ready
 from dispenser_lab.bench.nats_plan import BenchError
 from dispenser_lab.bench.servers import bench_servers
-from dispenser_lab.bench.stats import percentile, write_json
+from dispenser_lab.bench.stats import host_meta, percentile, write_json
 
 __all__ = ["CaseResult", "Target", "main", "run"]
 
@@ -479,12 +478,7 @@ def _meta(
     started: datetime.datetime, load_before: tuple[float, float, float], duration: float, warmup: float
 ) -> dict[str, object]:
     return {
-        "date": started.isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        **host_meta(started, load_before),
         "duration": duration,
         "warmup": warmup,
         "buffer": asdict(BufferSettings()),

@@ -7,8 +7,11 @@ The text tables are :mod:`dispenser.tables`, shared with ``watch`` and the soak.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
+import os
+import platform
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +21,7 @@ __all__ = [
     "CaseResult",
     "Latency",
     "Target",
+    "host_meta",
     "percentile",
     "summarize",
     "write_json",
@@ -167,3 +171,15 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
     """Write the report, pretty-printed, creating the parent directory if needed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **report}, indent=2) + "\n")
+
+
+def host_meta(started: datetime.datetime, load_before: tuple[float, float, float]) -> dict[str, object]:
+    """A report's first lines: when it ran, on what host, the load average before it and now."""
+    return {
+        "date": started.isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
