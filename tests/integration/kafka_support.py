@@ -33,6 +33,16 @@ def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:10]}"
 
 
+def serving_topics() -> dict[str, object]:
+    """Settings for :func:`kafka_env`: Kafka requests served, on request and reply topics and a group of their own."""
+    return {
+        "kafka_enabled": True,
+        "kafka_request_topic": unique("requests"),
+        "kafka_reply_topic": unique("replies"),
+        "kafka_group_id": unique("group"),
+    }
+
+
 def kafka_env(bootstrap: str, dsn: str | None = None, **settings: object) -> dict[str, str]:
     """``DISPENSER_*`` variables for a Kafka-only worker on ``bootstrap``; ``settings`` as ``SECTION_NAME``."""
     env = {

@@ -13,7 +13,7 @@ from dispenser.core.daily import DailyPolicy
 from dispenser.ports import SystemClock
 from dispenser_lab.servers.kafka import KafkaBroker
 
-from .kafka_support import kafka_config, unique
+from .kafka_support import kafka_config, serving_topics
 from .segment_support import prepare
 from .snowflake_support import ShiftableClock
 
@@ -30,10 +30,7 @@ async def test_a_daily_tag_over_kafka(kafka_broker: KafkaBroker, pg_dsn: str) ->
     config = kafka_config(
         kafka_broker.bootstrap,
         pg_dsn,
-        kafka_enabled=True,
-        kafka_request_topic=unique("requests"),
-        kafka_reply_topic=unique("replies"),
-        kafka_group_id=unique("group"),
+        **serving_topics(),
     )
     clock = ShiftableClock(NOON_MS - SystemClock().wall_ms())
     async with Worker(config, clock) as worker, KafkaIdClient(worker.config.kafka, timeout=20.0) as client:

@@ -14,7 +14,7 @@ from dispenser.service.permuted import load_permutation
 from dispenser_lab.servers.kafka import KafkaBroker
 from tests.secret_values import SECRETS
 
-from .kafka_support import kafka_config, unique
+from .kafka_support import kafka_config, serving_topics
 from .segment_support import prepare
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres]
@@ -29,10 +29,7 @@ async def test_a_permuted_tag_over_kafka(kafka_broker: KafkaBroker, pg_dsn: str,
     config = kafka_config(
         kafka_broker.bootstrap,
         pg_dsn,
-        kafka_enabled=True,
-        kafka_request_topic=unique("requests"),
-        kafka_reply_topic=unique("replies"),
-        kafka_group_id=unique("group"),
+        **serving_topics(),
         segment_permute_keys_dir=tmp_path,
     )
     async with Worker(config) as worker, KafkaIdClient(worker.config.kafka, timeout=20.0) as client:

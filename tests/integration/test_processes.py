@@ -30,7 +30,7 @@ from dispenser.registries import layout_of
 from dispenser_lab.servers import NatsServer, free_port
 from dispenser_lab.servers.kafka import KafkaBroker
 from dispenser_lab.servers.process import sigstop
-from tests.integration.kafka_support import create_topics, kafka_env, unique
+from tests.integration.kafka_support import create_topics, kafka_env, serving_topics
 from tests.integration.segment_support import (
     ask,
     client,
@@ -188,10 +188,7 @@ async def test_two_processes_share_the_kafka_request_topic_with_ids_unique_acros
     env = kafka_env(
         kafka_broker.bootstrap,
         pg_dsn,
-        kafka_enabled=True,
-        kafka_request_topic=unique("requests"),
-        kafka_reply_topic=unique("replies"),
-        kafka_group_id=unique("group"),
+        **serving_topics(),
         metrics_port=metrics_port,
         snowflake_state_dir=tmp_path / "state",
         log_level="INFO",
