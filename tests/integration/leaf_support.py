@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
 
 from dispenser_lab.servers.mariadb import MariaDBServer
 
-# Leaf's README (scripts/leaf_alloc.sql), as published.
-LEAF_DDL = """
-CREATE TABLE `leaf_alloc` (
-  `biz_tag` varchar(128)  NOT NULL DEFAULT '',
-  `max_id` bigint(20) NOT NULL DEFAULT '1',
-  `step` int(11) NOT NULL,
-  `description` varchar(256)  DEFAULT NULL,
-  `update_time` timestamp NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP,
-  PRIMARY KEY (`biz_tag`)
-) ENGINE=InnoDB;
-"""
-
-LEAF_SAMPLE_ROW = (
-    "insert into leaf_alloc(biz_tag, max_id, step, description) "
-    "values('leaf-segment-test', 1, 2000, 'Test leaf Segment Mode Get Id')"
+# Leaf's README (scripts/leaf_alloc.sql), as published: the lab's copy, the one the capture of Leaf's answers loads.
+LEAF_DDL, _LEAF_ROW = (
+    resources.files("dispenser_lab.leaf").joinpath("leaf_alloc.sql").read_text().split("\n\n")
 )
+LEAF_SAMPLE_ROW = _LEAF_ROW.strip().removesuffix(";")
 
 
 def _quote(text: str) -> str:
