@@ -115,8 +115,9 @@ async def test_sigterm_returns_the_rest_and_the_next_worker_hands_it_out_and_sig
     handed = set(answered)
     # a's rest, every ID of it, was handed out by b before anything new.
     assert all(i in handed for first, last in rest for i in range(first, last + 1))
-    # a lost nothing: every ID up to b's last is answered, but b's own rest (killed) and a's requests in
-    # flight at the stop (a request answered by no one, or whose reply was lost, is its IDs' only loss).
+    # a's rest came back whole (above); here: the tag starts at 1, and c's IDs lie above all of b's, so the
+    # killed b's rest was never handed out. (The IDs of requests in flight at a stop are not checked: a
+    # request answered by no one, or whose reply was lost, is their only loss.)
     up_to_b = sorted(answered[:by_b])
     assert up_to_b[0] == 1
     assert min(answered[by_b:]) > max(
