@@ -2,7 +2,7 @@
 
 A permuted tag's ID is 19 decimal digits: the key epoch ``e`` (1 to :data:`MAX_EPOCH`) then
 ``FF3-1(key_e, tweak(tag), n)``, the counter ``n`` (``0 <= n < 10**18``) enciphered over 18 decimal digits
-(NIST SP 800-38G Rev. 1, by the ``ff3`` package): ``ID = e * 10**18 + FF3-1(n)``. Per epoch that is a
+(NIST SP 800-38G Rev. 1, by :mod:`dispenser.core.ff3_1`): ``ID = e * 10**18 + FF3-1(n)``. Per epoch that is a
 bijection of ``[0, 10**18)``, so distinct counters give distinct IDs; IDs of two epochs differ in their
 first digit. Every ID is at least ``10**18`` (no plain counter reaches it) and below ``2**63``. Pure: the
 key comes in as bytes (see ``docs/permuted.md``).
@@ -13,9 +13,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 
-from ff3 import FF3Cipher  # type: ignore[import-untyped]  # pycryptodome's AES; no asyncio, no driver
+import numpy as np
 
 from dispenser.core.errors import BadRequest, TagExhausted
+from dispenser.core.ff3_1 import DIGITS, SPAN, FF31Cipher
 
 __all__ = [
     "DIGITS",
@@ -28,12 +29,6 @@ __all__ = [
     "tweak_of",
 ]
 
-DIGITS = 18
-"""Decimal digits of the enciphered counter."""
-
-SPAN: int = 10**DIGITS
-"""How many counters an epoch permutes: ``[0, SPAN)``."""
-
 MAX_COUNTER = SPAN - 1
 """The largest counter a permuted tag may reach."""
 
@@ -41,6 +36,10 @@ MAX_EPOCH = 8
 """The last key epoch: ``8 * 10**18 + (10**18 - 1)`` is below ``2**63``, epoch 9's IDs would not be."""
 
 _KEY_BYTES = (16, 24, 32)
+
+_BATCH_FROM = 4
+"""From this many IDs, :meth:`Permutation.ids` enciphers them together (one AES call per round for all): below
+it, one by one is cheaper than numpy's fixed cost (docs/benchmarks.md, "Permuted tags")."""
 
 
 class KeyFileError(ValueError):
@@ -82,7 +81,7 @@ def parse_key_file(text: str, where: str) -> dict[int, bytes]:
 
 
 def tweak_of(tag: str) -> str:
-    """FF3-1's 56-bit tweak, from the tag's name: one key shared by two tags still permutes each its own way."""
+    """FF3-1's 56-bit tweak (hex), from the tag's name: one key shared by two tags still permutes each its own way."""
     return hashlib.sha256(tag.encode()).digest()[:7].hex()
 
 
@@ -108,8 +107,8 @@ class Permutation:
         self.epoch = max(keys) if epoch is None else epoch
         if self.epoch not in keys:
             raise BadRequest(f"no key for epoch {self.epoch} of permuted tag {tag!r}")
-        tweak = tweak_of(tag)
-        self._ciphers = {e: FF3Cipher(key.hex(), tweak, 10) for e, key in keys.items()}
+        tweak = bytes.fromhex(tweak_of(tag))
+        self._ciphers = {e: FF31Cipher(key, tweak) for e, key in keys.items()}
 
     def encode(self, counter: int, epoch: int | None = None) -> int:
         """The ID of ``counter`` under ``epoch`` (default: :attr:`epoch`).
@@ -120,8 +119,7 @@ class Permutation:
         if not 0 <= counter <= MAX_COUNTER:
             raise self._exhausted(counter, counter)
         e = self.epoch if epoch is None else epoch
-        enciphered: str = self._ciphers[e].encrypt(f"{counter:018d}")
-        return e * SPAN + int(enciphered)
+        return e * SPAN + self._ciphers[e].encrypt(counter)
 
     def decode(self, permuted_id: int) -> tuple[int, int]:
         """The key epoch and the counter of ``permuted_id``.
@@ -135,7 +133,7 @@ class Permutation:
         cipher = self._ciphers.get(epoch)
         if cipher is None:
             raise BadRequest(f"no key for epoch {epoch} of tag {self.tag!r}: add it to the tag's key file")
-        return epoch, int(cipher.decrypt(f"{enciphered:018d}"))
+        return epoch, cipher.decrypt(enciphered)
 
     def ids(self, ranges: Iterable[Sequence[int]]) -> list[int]:
         """The IDs of every counter of ``ranges`` (inclusive ``(first, last)`` pairs), in order.
@@ -145,12 +143,16 @@ class Permutation:
         """
         cipher = self._ciphers[self.epoch]
         base = self.epoch * SPAN
-        out: list[int] = []
-        for first, last in ranges:
+        spans = list(ranges)
+        for first, last in spans:
             if first < 0 or last > MAX_COUNTER:
                 raise self._exhausted(first, last)
-            out.extend(base + int(cipher.encrypt(f"{n:018d}")) for n in range(first, last + 1))
-        return out
+        if sum(max(0, last - first + 1) for first, last in spans) < _BATCH_FROM:
+            return [base + cipher.encrypt(n) for first, last in spans for n in range(first, last + 1)]
+        counters = np.concatenate([np.arange(first, last + 1, dtype=np.uint64) for first, last in spans])
+        # base + a ciphertext < 9 * 10**18 < 2**64: no overflow; tolist() gives Python ints.
+        ids: list[int] = (cipher.encrypt_array(counters) + np.uint64(base)).tolist()
+        return ids
 
     def _exhausted(self, first: int, last: int) -> TagExhausted:
         return TagExhausted(

@@ -74,6 +74,44 @@ def test_the_cipher_is_the_ff3_1_package_s() -> None:
     assert permutation.encode(12345) == SPAN + int(expected)
 
 
+@settings(max_examples=100)
+@given(st.sampled_from([16, 24, 32]).flatmap(lambda n: st.binary(min_size=n, max_size=n)), any_counter)
+def test_ids_are_the_ff3_package_s_for_any_key_size(key: bytes, counter: int) -> None:
+    """For AES-128, -192 and -256 keys, encode and a batch around the counter are the ``ff3`` package's digits."""
+    permutation = Permutation("order", {3: key})
+    oracle = FF3Cipher(key.hex(), tweak_of("order"), 10)
+    first, last = max(0, counter - 2), min(MAX_COUNTER, counter + 2)
+    expected = [3 * SPAN + int(oracle.encrypt(f"{n:018d}")) for n in range(first, last + 1)]
+    assert permutation.encode(counter) == 3 * SPAN + int(oracle.encrypt(f"{counter:018d}"))
+    assert permutation.ids([(first, last)]) == expected
+
+
+def test_the_documented_example_still_decodes() -> None:
+    """docs/permuted.md's example: tag order, epoch 1's key 2de7…56d6, counter 17 is 1909854577332565212."""
+    permutation = Permutation("order", {1: KEY1})
+    assert permutation.decode(1909854577332565212) == (1, 17)
+    assert permutation.encode(17) == permutation.ids([(17, 17)])[0] == 1909854577332565212
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(any_counter, st.integers(0, 40)), max_size=6))
+def test_ids_of_any_ranges_are_encode_of_each_counter(starts: list[tuple[int, int]]) -> None:
+    """Any ranges, one by one or batched (short or long, at the space's edges): encode of each counter, in order."""
+    ranges = [(first, min(MAX_COUNTER, first + length - 1)) for first, length in starts]
+    expected = [PERMUTATION.encode(n) for first, last in ranges for n in range(first, last + 1)]
+    assert PERMUTATION.ids(ranges) == expected
+
+
+def test_a_large_batch_is_a_bijection_and_decodes() -> None:
+    """10,000 consecutive counters batched: 10,000 distinct IDs, each decoding to its counter."""
+    ids = PERMUTATION.ids([(MAX_COUNTER - 9_999, MAX_COUNTER)])
+    assert len(set(ids)) == 10_000
+    assert [PERMUTATION.decode(i) for i in ids[::97]] == [
+        (2, MAX_COUNTER - 9_999 + k) for k in range(0, 10_000, 97)
+    ]
+    assert ids[::1000] == [PERMUTATION.encode(MAX_COUNTER - 9_999 + k) for k in range(0, 10_000, 1000)]
+
+
 def test_consecutive_counters_do_not_give_increasing_ids() -> None:
     """A run of counters gives IDs in no order and far apart (what hides volume and order)."""
     ids = PERMUTATION.ids([(1, 200)])
