@@ -144,6 +144,10 @@ class Reply(Struct, omit_defaults=True):
     ranges: list[tuple[int, int]] | None = None
     error: ErrorBody | None = None
     request_id: str | None = None
+    permuted: bool = False
+    """``true``: the IDs are a permuted tag's (``docs/permuted.md``), in no order, one ``[id, id]`` range per
+    ID in the ``ranges`` format; the buffered client keeps them as a list, not as ranges above those it
+    holds. Absent (false) for every other reply."""
 
 
 class DecodeRequest(Struct, forbid_unknown_fields=True):

@@ -394,17 +394,20 @@ class Dispatcher:
 
     def _reply(self, tag: str, request: IdRequest, batch: RangesBatch, msgpack: bool) -> bytes:
         ranges = batch.ranges
-        if len(ranges) == 1 and not msgpack and request.request_id is None:  # the hot path's replies
+        # A permuted tag's reply says so (Reply.permuted): a buffered client keeps its IDs as a list.
+        permuted = tag in self._permuted
+        if len(ranges) == 1 and not msgpack and request.request_id is None and not permuted:  # the hot path's
             first, last = ranges[0]
             if request.format == "ranges":
                 return self._json.one_range(tag, first, last)
             return self._json.ids(tag, first, last)
+        rid = request.request_id
         if request.format == "ranges":
-            reply = Reply(tag=tag, ranges=list(ranges), request_id=request.request_id)
+            reply = Reply(tag=tag, ranges=list(ranges), request_id=rid, permuted=permuted)
         elif len(ranges) == 1:
             first, last = ranges[0]
-            reply = Reply(tag=tag, ids=list(range(first, last + 1)), request_id=request.request_id)
+            reply = Reply(tag=tag, ids=list(range(first, last + 1)), request_id=rid, permuted=permuted)
         else:
             ids = [i for first, last in ranges for i in range(first, last + 1)]
-            reply = Reply(tag=tag, ids=ids, request_id=request.request_id)
+            reply = Reply(tag=tag, ids=ids, request_id=rid, permuted=permuted)
         return encode_reply(reply, msgpack)
