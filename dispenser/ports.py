@@ -185,6 +185,18 @@ class SegmentStore(Protocol):
         """
         ...
 
+    async def set_permuted(self, tag: str, permuted: bool) -> TagInfo:
+        """Mark a tag permuted, or plain again (docs/permuted.md; workers take it in at their next tag refresh).
+
+        Safe for uniqueness either way: a plain counter is below ``10**18`` and a permuted ID at or above it,
+        which is why a tag past ``store_rules.MAX_MARKED_MAX_ID`` is refused.
+
+        Raises:
+            UnknownTag: no such tag.
+            BadRequest: marking a daily tag, or one past ``store_rules.MAX_MARKED_MAX_ID``.
+        """
+        ...
+
     async def remove_tag(self, tag: str) -> None:
         """Delete a tag. Its high water is kept: adding it again below that raises ``TagStartTooLow``.
 

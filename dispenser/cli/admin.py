@@ -124,8 +124,21 @@ def add_tag(add_parser: AddParser, common: argparse.ArgumentParser) -> None:
     _add_ordered(add)
     _add_permuted(add)
     tag_sub.add_parser("list", help="list tags with their next ID and step", parents=[common])
+    _add_set(tag_sub, common)
+    remove = tag_sub.add_parser(
+        "remove",
+        help="delete a tag (its high water is kept: adding it again below is refused)",
+        parents=[common],
+    )
+    remove.add_argument("tag", help="the tag's name")
+
+
+def _add_set(tag_sub: Any, common: argparse.ArgumentParser) -> None:
+    """``dispenser tag set``: a tag's step, ordering, permutation, or a daily tag's width or zone."""
     set_ = tag_sub.add_parser(
-        "set", help="change a tag's step, ordering, or a daily tag's width or zone", parents=[common]
+        "set",
+        help="change a tag's step, ordering, permutation, or a daily tag's width or zone",
+        parents=[common],
     )
     set_.add_argument("tag", help="the tag's name")
     set_.add_argument("--step", type=positive_int, help="IDs per segment (at least 1)")
@@ -138,12 +151,7 @@ def add_tag(add_parser: AddParser, common: argparse.ArgumentParser) -> None:
         "--time-zone", metavar="ZONE", help="a daily tag's zone (from the workers' next tag refresh)"
     )
     _add_ordered(set_, plain=True)
-    remove = tag_sub.add_parser(
-        "remove",
-        help="delete a tag (its high water is kept: adding it again below is refused)",
-        parents=[common],
-    )
-    remove.add_argument("tag", help="the tag's name")
+    _add_permuted(set_, existing=True)
 
 
 def add_import_leaf(add_parser: AddParser) -> None:
@@ -179,14 +187,26 @@ def add_import_leaf(add_parser: AddParser) -> None:
     )
 
 
-def _add_permuted(parser: argparse.ArgumentParser) -> None:
-    """``--permuted`` (docs/permuted.md)."""
+def _add_permuted(parser: argparse.ArgumentParser, *, existing: bool = False) -> None:
+    """``--permuted`` (docs/permuted.md); ``existing``: ``--no-permuted`` too (``tag set``)."""
     parser.add_argument(
         "--permuted",
         action="store_true",
         help="IDs that hide volume and order (docs/permuted.md): each worker answers a keyed permutation of "
-        "the counter with the tag's key file in segment.permute_keys_dir, and one without it refuses the tag",
+        "the counter with the tag's key file in segment.permute_keys_dir, and one without it refuses the tag"
+        + (
+            " (from its next tag refresh; until then it may answer plain IDs, never the same)"
+            if existing
+            else ""
+        ),
     )
+    if existing:
+        parser.add_argument(
+            "--no-permuted",
+            action="store_true",
+            help="take the mark off: workers without the key file answer plain IDs again (from their next "
+            "tag refresh); a worker with it permutes as long as it has the file (docs/permuted.md)",
+        )
 
 
 def _add_ordered(parser: argparse.ArgumentParser, *, plain: bool = False) -> None:
@@ -223,6 +243,18 @@ async def _ordered(store: Any, tag: str, ttl: float | None) -> None:
         if info.permuted:
             raise BadRequest(f"tag {tag!r} is permuted: its IDs are in no order by design (docs/permuted.md)")
     await set_ordered(store, tag, ttl)
+
+
+async def _mark(store: Any, tag: str, permuted: bool) -> TagInfo:
+    """Mark ``tag`` permuted (an ordered tag refused: the ordered route answers without the permutation) or not."""
+    if permuted:
+        _, leases = await _tags_and_leases(store)
+        if tag in leases:
+            raise BadRequest(
+                f"tag {tag!r} is ordered: a permuted tag's IDs are in no order (docs/permuted.md)"
+            )
+    info: TagInfo = await store.set_permuted(tag, permuted)
+    return info
 
 
 async def _tags_and_leases(store: Any) -> tuple[list[TagInfo], dict[str, float]]:
@@ -304,28 +336,42 @@ def run_tag(args: argparse.Namespace, config: Config) -> int:
                 f"in {daily.time_zone} (e.g. {compose(20261128, 1, daily.width)}), step {info.step}"
             )
     elif args.tag_command == "set":
-        lease = ordered_of(args)  # set_policy checked the arguments before connecting (cli._check_arguments)
-        if lease is not None or args.plain:
-            _with_store(config, lambda store: _ordered(store, args.tag, lease))
-            print(
-                f"tag {args.tag!r} is plain from the workers' next start (docs/ordered.md)"
-                if lease is None
-                else f"tag {args.tag!r} is ordered, lease {lease:g} s (within a second on every worker)"
-            )
-        if args.step is not None:
-            info = _with_store(config, lambda store: store.set_step(args.tag, args.step))
-            print(f"tag {info.tag!r}: step is now {info.step} (from its next segment)")
-        if args.width is not None or args.time_zone is not None:
-            info = _with_store(config, lambda store: _set_daily(store, args))
-            assert info.daily is not None
-            print(
-                f"daily tag {info.tag!r}: width {info.daily.width}, zone {info.daily.time_zone} (from the "
-                "workers' next tag refresh)"
-            )
+        _run_set(args, config)
     else:
         _with_store(config, lambda store: store.remove_tag(args.tag))
         print(f"removed tag {args.tag!r}")
     return 0
+
+
+def _run_set(args: argparse.Namespace, config: Config) -> None:
+    """``tag set``: each option given, one connection each, in this order."""
+    lease = ordered_of(args)  # set_policy checked the arguments before connecting (cli._check_arguments)
+    if lease is not None or args.plain:
+        _with_store(config, lambda store: _ordered(store, args.tag, lease))
+        print(
+            f"tag {args.tag!r} is plain from the workers' next start (docs/ordered.md)"
+            if lease is None
+            else f"tag {args.tag!r} is ordered, lease {lease:g} s (within a second on every worker)"
+        )
+    if args.permuted or args.no_permuted:
+        _with_store(config, lambda store: _mark(store, args.tag, args.permuted))
+        print(
+            f"tag {args.tag!r} is permuted from each worker's next tag refresh: a worker with its key file "
+            "answers permuted IDs, one without it refuses the tag (docs/permuted.md)"
+            if args.permuted
+            else f"tag {args.tag!r} is no longer marked permuted: workers without its key file answer plain "
+            "IDs from their next tag refresh; those with it permute until it is removed and they restart"
+        )
+    if args.step is not None:
+        info = _with_store(config, lambda store: store.set_step(args.tag, args.step))
+        print(f"tag {info.tag!r}: step is now {info.step} (from its next segment)")
+    if args.width is not None or args.time_zone is not None:
+        info = _with_store(config, lambda store: _set_daily(store, args))
+        assert info.daily is not None
+        print(
+            f"daily tag {info.tag!r}: width {info.daily.width}, zone {info.daily.time_zone} (from the "
+            "workers' next tag refresh)"
+        )
 
 
 def run_import_leaf(args: argparse.Namespace, config: Config) -> int:
@@ -398,11 +444,18 @@ def set_policy(args: argparse.Namespace) -> None:
         args.step is None
         and args.width is None
         and args.time_zone is None
-        and not (args.ordered or args.plain)
+        and not (args.ordered or args.plain or args.permuted or args.no_permuted)
     ):
         raise BadRequest(
-            "tag set: give --step, or a daily tag's --width or --time-zone, or --ordered or --plain"
+            "tag set: give --step, or a daily tag's --width or --time-zone, or --ordered or --plain, or "
+            "--permuted or --no-permuted"
         )
+    if args.permuted and args.no_permuted:
+        raise BadRequest("--permuted or --no-permuted: not both")
+    if args.permuted and args.ordered:
+        raise BadRequest("--permuted goes not with --ordered: a permuted tag's IDs are in no order")
+    if args.permuted and (args.width is not None or args.time_zone is not None):
+        raise BadRequest("--permuted goes not with --width or --time-zone: a daily tag is never permuted")
     DailyPolicy.checked(1 if args.width is None else args.width, args.time_zone or "UTC")
 
 

@@ -7,7 +7,17 @@ from dispenser.core.errors import BadRequest, TagExhausted
 from dispenser.core.residue import LEAF, Residue
 from dispenser.core.tags import validate_tag
 
-__all__ = ["MAX_DESCRIPTION", "MAX_ID", "MAX_STEP", "check_new_tag", "check_step", "no_room", "not_daily"]
+__all__ = [
+    "MAX_DESCRIPTION",
+    "MAX_ID",
+    "MAX_MARKED_MAX_ID",
+    "MAX_STEP",
+    "check_mark",
+    "check_new_tag",
+    "check_step",
+    "no_room",
+    "not_daily",
+]
 
 MAX_STEP = 2**31 - 1
 """``leaf_alloc.step`` is an ``int`` column (Leaf's ``int(11)``)."""
@@ -17,6 +27,15 @@ MAX_ID = 2**63 - 1
 
 MAX_DESCRIPTION = 256
 """``leaf_alloc.description`` is ``varchar(256)``: characters, not bytes."""
+
+
+MAX_MARKED_MAX_ID = 5 * 10**17
+"""The highest ``max_id`` of a tag that may be marked permuted once it exists (``tag set --permuted``).
+
+A permuted ID is at least ``10**18`` (``core.permute.SPAN``, not imported: it loads the cipher) and a plain
+counter below it, which is what keeps a tag's plain IDs apart from its permuted ones. A worker that has not
+seen the mark yet goes on fetching plain segments until its next tag refresh: half of ``10**18`` left is far
+more than any fleet fetches in that time (a step is at most ``2**31 - 1``)."""
 
 
 def check_step(step: int) -> None:
@@ -74,3 +93,18 @@ def not_daily(tag: str) -> BadRequest:
     return BadRequest(
         f"tag {tag!r} is not a daily tag: its IDs could meet a daily tag's; add a new tag with --daily"
     )
+
+
+def check_mark(tag: str, max_id: int, *, daily: bool) -> None:
+    """Raise BadRequest unless an existing tag may be marked permuted (docs/permuted.md).
+
+    Refused: a daily tag (its IDs are dates and counters, never permuted), and a tag whose ``max_id`` is
+    above :data:`MAX_MARKED_MAX_ID` (its plain IDs could reach the permuted IDs' range).
+    """
+    if daily:
+        raise BadRequest(f"tag {tag!r} is a daily tag: its IDs are dates and counters, never permuted")
+    if max_id > MAX_MARKED_MAX_ID:
+        raise BadRequest(
+            f"tag {tag!r} is at {max_id}, above {MAX_MARKED_MAX_ID}: its plain IDs could reach 10**18, where "
+            "permuted IDs begin; add a new tag with --permuted"
+        )

@@ -97,6 +97,10 @@ class FencedStore:
         """Not for an owner."""
         raise NotImplementedError
 
+    async def set_permuted(self, tag: str, permuted: bool) -> TagInfo:
+        """Not for an owner."""
+        raise NotImplementedError
+
     async def remove_tag(self, tag: str) -> None:
         """Not for an owner."""
         raise NotImplementedError

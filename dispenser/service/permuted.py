@@ -156,6 +156,10 @@ class MarkingStore:
         """The store's."""
         return await self._store.set_daily(tag, daily)
 
+    async def set_permuted(self, tag: str, permuted: bool) -> TagInfo:
+        """The store's."""
+        return await self._store.set_permuted(tag, permuted)
+
     async def remove_tag(self, tag: str) -> None:
         """The store's."""
         await self._store.remove_tag(tag)

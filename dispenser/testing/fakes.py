@@ -19,7 +19,7 @@ from dispenser.core.errors import (
 )
 from dispenser.core.ids import Kind
 from dispenser.core.residue import LEAF, Residue, StridedRange
-from dispenser.core.store_rules import MAX_ID, check_new_tag, check_step, no_room, not_daily
+from dispenser.core.store_rules import MAX_ID, check_mark, check_new_tag, check_step, no_room, not_daily
 from dispenser.ports import Allocation, Settled, TagInfo, WorkerLease
 
 __all__ = [
@@ -220,6 +220,20 @@ class MemorySegmentStore:
         if tag not in self._daily:
             raise not_daily(tag)
         self._daily[tag] = daily
+        return self._info(tag, row)
+
+    async def set_permuted(self, tag: str, permuted: bool) -> TagInfo:
+        """Mark a tag permuted or plain."""
+        await asyncio.sleep(0)
+        self._check()
+        row = self._rows.get(tag)
+        if row is None or parse_day_tag(tag) is not None:
+            raise UnknownTag(tag)
+        if permuted:
+            check_mark(tag, row.max_id, daily=tag in self._daily)
+            self._permuted.add(tag)
+        else:
+            self._permuted.discard(tag)
         return self._info(tag, row)
 
     async def remove_tag(self, tag: str) -> None:

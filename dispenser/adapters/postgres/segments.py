@@ -435,6 +435,22 @@ class PostgresSegmentStore:
             raise UnknownTag(tag)
         return info
 
+    async def set_permuted(self, tag: str, permuted: bool) -> TagInfo:
+        """Mark a tag permuted or plain (docs/permuted.md); workers take it in at their next tag refresh.
+
+        Raises:
+            UnknownTag: no such tag.
+            BadRequest: marking a daily tag, or one too far up (``store_rules.check_mark``); a schema before
+                version 10.
+            StoreUnavailable: PostgreSQL could not be reached.
+        """
+        with self._errors(f"marking {tag!r} {'permuted' if permuted else 'plain'}"):
+            async with lend(await self._ready(), self._timeout) as conn:
+                info = await tag_rows.set_permuted(conn, tag, permuted)
+        if info is None:
+            raise UnknownTag(tag)
+        return info
+
     async def remove_tag(self, tag: str) -> None:
         """Delete a tag's row; its ``max_id`` is kept (``dispenser_removed_tag``), so that a re-add below is refused.
 

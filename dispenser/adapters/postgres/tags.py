@@ -11,12 +11,13 @@ import asyncpg
 from dispenser.core.daily import DailyPolicy, parse_day_tag
 from dispenser.core.errors import BadRequest, TagExists, TagStartTooLow
 from dispenser.core.residue import LEAF, Residue
+from dispenser.core.store_rules import check_mark
 from dispenser.ports import TagInfo
 
 if TYPE_CHECKING:
     from dispenser.adapters.postgres.pool import Pooled
 
-__all__ = ["add_tag", "list_tags", "open_day", "remove_tag", "set_daily", "set_step"]
+__all__ = ["add_tag", "list_tags", "open_day", "remove_tag", "set_daily", "set_permuted", "set_step"]
 
 # update_time::timestamptz: a table carried over from Leaf may use ``timestamp`` (no zone); the cast is a
 # no-op on our own column and makes every TagInfo carry an aware datetime.
@@ -42,6 +43,15 @@ SELECT {_COLUMNS}, d.width, d.time_zone, p.biz_tag IS NOT NULL AS permuted
  WHERE biz_tag !~ {_DAY_ROW}
  ORDER BY biz_tag COLLATE "C"
 """
+# One tag with its policies, its leaf_alloc row locked: a fetch of the tag waits until its mark is written.
+_LOCK_TAG_PERMUTED = f"""
+SELECT {_COLUMNS}, d.width, d.time_zone, p.biz_tag IS NOT NULL AS permuted
+  FROM leaf_alloc LEFT JOIN dispenser_tag_daily d USING (biz_tag)
+       LEFT JOIN dispenser_tag_permuted p USING (biz_tag)
+ WHERE biz_tag = $1
+   FOR UPDATE OF leaf_alloc
+"""
+_FORGET_PERMUTED = "DELETE FROM dispenser_tag_permuted WHERE biz_tag = $1"
 _SET_PERMUTED = "INSERT INTO dispenser_tag_permuted (biz_tag) VALUES ($1) ON CONFLICT (biz_tag) DO NOTHING"
 _SET_DAILY = """
 INSERT INTO dispenser_tag_daily (biz_tag, width, time_zone) VALUES ($1, $2, $3)
@@ -230,6 +240,30 @@ async def set_daily(conn: Pooled, tag: str, daily: DailyPolicy) -> TagInfo | Non
         )
     info = _tag_info(row)
     return TagInfo(info.tag, info.max_id, info.step, info.description, info.update_time, daily)
+
+
+async def set_permuted(conn: Pooled, tag: str, permuted: bool) -> TagInfo | None:
+    """Mark an existing tag permuted, or not (``tag set --permuted|--no-permuted``); None when there is no such tag.
+
+    Raises:
+        BadRequest: marking a daily tag or one past ``MAX_MARKED_MAX_ID`` (``store_rules.check_mark``), or a
+            schema before version 10.
+    """
+    if parse_day_tag(tag) is not None:  # a day row is a counter, not a tag
+        return None
+    async with conn.transaction():
+        try:
+            row = await conn.fetchrow(_LOCK_TAG_PERMUTED, tag)
+        except asyncpg.UndefinedTableError:
+            raise BadRequest(
+                "the database's schema predates permuted tags (version 10): run `dispenser migrate` first"
+            ) from None
+        if row is None:
+            return None
+        if permuted:
+            check_mark(tag, row["max_id"], daily=row["width"] is not None)
+        await conn.execute(_SET_PERMUTED if permuted else _FORGET_PERMUTED, tag)
+    return dataclasses.replace(_tag_info(row), permuted=permuted)
 
 
 async def remove_tag(conn: Pooled, tag: str) -> bool:
