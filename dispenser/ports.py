@@ -25,6 +25,7 @@ __all__ = [
     "IdSource",
     "RangesBatch",
     "ReplayStore",
+    "ResidueCheck",
     "SegmentStore",
     "Settled",
     "SystemClock",
@@ -409,3 +410,24 @@ class SystemClock:
     async def sleep(self, seconds: float) -> None:
         """``asyncio.sleep(seconds)``."""
         await asyncio.sleep(seconds)
+
+
+class ResidueCheck(Protocol):
+    """Whether this worker may serve a tag's class: no other database serves an intersecting one.
+
+    :class:`~dispenser.service.residues.ResidueGuard` is the one implementation (docs/datacenters.md); the
+    segment allocator asks it before a tag's first ID (:class:`~dispenser.service.segments.TagAllocator`).
+    """
+
+    async def claim(self, tag: str, residue: Residue) -> None:
+        """Claim ``tag``'s class before its first ID is handed out.
+
+        Raises:
+            ResidueOverlap: another database serves an intersecting class of ``tag``.
+            DispenserError: the claim could not be made now (the fetch is tried again).
+        """
+        ...
+
+    def release(self, tag: str) -> None:
+        """The tag is gone from this worker."""
+        ...

@@ -245,6 +245,13 @@ class Refill:
             self.meter.record(now, count)
         return batch
 
+    def take_within(self, count: int, now: float) -> Range | None:
+        """:meth:`take` as one range when the current segment holds it all; ``None`` (nothing taken) else."""
+        run = self.buffer.take_within(count)
+        if run is not None:
+            self.meter.record(now, count)
+        return run
+
     def take_run(self, limit: int, now: float) -> Range | NeedSegment:
         """Up to ``limit`` IDs of one segment for a cursor; each ID counts as one request (one call each)."""
         run = self.buffer.take_run(limit)

@@ -127,7 +127,7 @@ class Residue:
         Ranges of a strided class are not contiguous; one-ID ranges are read right by every reader of the
         ``ranges`` format, which promises contiguous ``[first, last]`` pairs (docs/datacenters.md).
         """
-        if self.plain:
+        if self.stride == 1:  # self.plain, without a property call on every request
             return ordinals
         return IdBatch(tuple((i, i) for r in ordinals.ranges for i in self.ids(r)))
 

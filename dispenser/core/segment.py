@@ -8,6 +8,7 @@ segments out once, in increasing order, all-or-nothing per take. Pure: no I/O, n
 from __future__ import annotations
 
 import enum
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -101,6 +102,9 @@ class SegmentBuffer:
         self.prefetch_threshold = prefetch_threshold
         self._current: Segment | None = None
         self._position = 0  # next ID of the current segment
+        # wants_fetch's threshold as a position, computed once per segment rather than on every take:
+        # more than prefetch_threshold of the current segment is used once _position > _fetch_at.
+        self._fetch_at = -1
         self._queue: deque[Segment] = deque()
         self._available = 0  # IDs left in current + queue, kept so take() need not add them up
         self._high = -1  # last ID of the newest installed segment: installs must lie above it
@@ -133,13 +137,7 @@ class SegmentBuffer:
         True when nothing is in flight, no further segment is buffered, and either there is no
         current segment or more than ``prefetch_threshold`` of it is used.
         """
-        if self._fetching or self._queue:
-            return False
-        current = self._current
-        if current is None:
-            return True
-        used = self._position - current.first
-        return used > self.prefetch_threshold * current.size or self._position > current.last
+        return not self._fetching and not self._queue and self._position > self._fetch_at
 
     def shortfall(self, count: int) -> int:
         """How many IDs are missing to serve a take of ``count`` (0 when it can be served)."""
@@ -190,10 +188,27 @@ class SegmentBuffer:
             ranges.append((position, end))
             left -= end - position + 1
             position = end + 1
-        self._current = current
+        self._switch(current)
         self._position = position
         self._available -= count
         return IdBatch(tuple(ranges))
+
+    def take_within(self, count: int) -> Range | None:
+        """:meth:`take` of ``count`` IDs as one range when the current segment alone holds them, else ``None``.
+
+        ``None`` consumes nothing (call :meth:`take`): the hot path of a request, without an
+        :class:`IdBatch` built for a single range.
+        """
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        current = self._current
+        position = self._position
+        end = position + count - 1
+        if current is None or end > current.last:
+            return None
+        self._position = end + 1
+        self._available -= count
+        return (position, end)
 
     def take_run(self, limit: int) -> Range | NeedSegment:
         """Hand out up to ``limit`` IDs as one range of a single segment, or :data:`NEED_SEGMENT` if none is buffered.
@@ -210,7 +225,8 @@ class SegmentBuffer:
         assert current is not None  # _available > 0 implies a current segment
         position = self._position
         if position > current.last:  # used up: a queued segment exists, since IDs are available
-            current = self._current = self._queue.popleft()
+            current = self._queue.popleft()
+            self._switch(current)
             position = current.first
         end = min(current.last, position + limit - 1)
         self._position = end + 1
@@ -256,10 +272,18 @@ class SegmentBuffer:
         self._available += segment.size
         if self._current is None or (self._position > self._current.last and not self._queue):
             # The current segment is used up (or never existed) and none waits: switch at once.
-            self._current = segment
+            self._switch(segment)
             self._position = segment.first
         else:
             self._queue.append(segment)
+
+    def _switch(self, segment: Segment) -> None:
+        """Make ``segment`` the current one (the caller sets the position)."""
+        self._current = segment
+        # used > threshold * size  <=>  used > floor(threshold * size), as used is an integer; and
+        # position > last (used up) always wants one: hence the cap at size - 1.
+        size = segment.last - segment.first + 1
+        self._fetch_at = segment.first + min(math.floor(self.prefetch_threshold * size), size - 1)
 
     def fetch_failed(self) -> None:
         """Record that the in-flight fetch failed; the shell retries it with backoff."""

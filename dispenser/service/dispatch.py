@@ -13,7 +13,7 @@ import asyncio
 import bisect
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from dispenser.core.errors import (
@@ -25,6 +25,7 @@ from dispenser.core.errors import (
     StoreUnavailable,
     Unavailable,
 )
+from dispenser.core.ids import Range
 from dispenser.core.permute import Permutation
 from dispenser.core.tags import validate_tag
 from dispenser.messages import (
@@ -74,6 +75,11 @@ class Limits:
     """Seconds a request may wait (for a segment, the next millisecond, a recorded mark) before it fails."""
 
 
+def _no_run(tag: str, count: int) -> Range | None:
+    """The run path of a source without one: never a run (the batch path answers)."""
+    return None
+
+
 def _no_answer_in_time() -> StoreUnavailable:
     return StoreUnavailable("no answer before the request's deadline")
 
@@ -114,6 +120,9 @@ class Dispatcher:
                 never answered plain.
         """
         self._source = source
+        # A source that hands out a single range without building a batch (the segment allocator's
+        # try_run): reply_now's hot path; any other source answers from its batch.
+        self._try_run: Callable[[str, int], Range | None] = getattr(source, "try_run", _no_run)
         self._clock = clock
         self.limits = limits
         self.kind = kind
@@ -180,21 +189,24 @@ class Dispatcher:
         if request is None or tag not in self._tags:
             return None
         try:
-            batch = self._source.try_take(tag, request.count)
+            run = self._try_run(tag, request.count)  # nearly every request: one range, no batch built
+            batch = None if run is not None else self._source.try_take(tag, request.count)
         except DispenserError as exc:
             return self.error(tag, exc)
         except Exception as exc:
             return self._internal(tag, exc, False)
-        if batch is None:
-            return request
+        if run is None:
+            if batch is None:
+                return request
+            if len(batch.ranges) > 1:
+                self.inline += 1
+                return self._reply(tag, request, batch, False)
+            run = batch.ranges[0]
         self.inline += 1
-        ranges = batch.ranges
-        if len(ranges) == 1:  # remembered bodies carry no request_id
-            first, last = ranges[0]
-            if request.format == "ranges":
-                return self._json.one_range(tag, first, last)
-            return self._json.ids(tag, first, last)
-        return self._reply(tag, request, batch, False)
+        first, last = run  # remembered bodies carry no request_id
+        if request.format == "ranges":
+            return self._json.one_range(tag, first, last)
+        return self._json.ids(tag, first, last)
 
     def answer_now(
         self, tag: str, request: IdRequest, msgpack: bool = False, *, encode: bool = True

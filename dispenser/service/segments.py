@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from dispenser.core.errors import DispenserError, ResidueOverlap, StoreUnavailable, TagExhausted, UnknownTag
 from dispenser.core.ids import IdBatch, Range
@@ -21,7 +20,7 @@ from dispenser.core.rate import RateMeter
 from dispenser.core.refill import Again, Done, Fetch, Overlap, Refill, Stop
 from dispenser.core.residue import LEAF, Residue
 from dispenser.core.segment import NEED_SEGMENT, BufferStats
-from dispenser.ports import Allocation, Clock, SegmentStore
+from dispenser.ports import Allocation, Clock, ResidueCheck, SegmentStore
 from dispenser.service.daily import DailyTag, DailyTags
 from dispenser.service.refiller import Refiller, Refused
 from dispenser.service.timing import run_within
@@ -36,26 +35,6 @@ Sizer = Callable[["TagAllocator"], int]
 the configured step: the operator's floor."""
 
 log = logging.getLogger(__name__)
-
-
-class ResidueCheck(Protocol):
-    """Whether this worker may serve a tag's class: no other database serves an intersecting one.
-
-    :class:`~dispenser.service.residues.ResidueGuard` is the one implementation (docs/datacenters.md).
-    """
-
-    async def claim(self, tag: str, residue: Residue) -> None:
-        """Claim ``tag``'s class before its first ID is handed out.
-
-        Raises:
-            ResidueOverlap: another database serves an intersecting class of ``tag``.
-            DispenserError: the claim could not be made now (the fetch is tried again).
-        """
-        ...
-
-    def release(self, tag: str) -> None:
-        """The tag is gone from this worker."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,13 +132,25 @@ class TagAllocator:
         """Take from the buffer without waiting; ``None`` when it is short (then await :meth:`take`)."""
         if self.refusal is not None:
             return None
-        refill = self.refill
-        batch = refill.take(count, self._clock.monotonic())
-        if refill.wants_fetch:
+        batch = self.refill.take(count, self._clock.monotonic())
+        if self.buffer.wants_fetch:  # the engine's wants_fetch, one property call fewer
             self._start_fetch()
         if batch is NEED_SEGMENT:
             return None
         return self.residue.batch(batch)
+
+    def try_run(self, count: int) -> Range | None:
+        """:meth:`try_take` as one range of the current segment of a tag of Leaf's class, else ``None``.
+
+        ``None`` takes nothing (call :meth:`try_take`): the current segment holds too few, the tag is of a
+        residue class (its ordinals are not its IDs), or it is refused.
+        """
+        if self.refusal is not None or self.residue.stride != 1:
+            return None
+        run = self.refill.take_within(count, self._clock.monotonic())
+        if self.buffer.wants_fetch:
+            self._start_fetch()
+        return run
 
     async def take(self, count: int, deadline: float) -> IdBatch:
         """Take ``count`` IDs, waiting for the in-flight fetch until ``deadline`` (monotonic seconds).
@@ -442,6 +433,11 @@ class SegmentAllocator:
             return allocator.try_take(count)
         daily = self.daily.tags.get(tag)  # only once the plain tags missed: they pay nothing for it
         return None if daily is None else daily.try_take(count)
+
+    def try_run(self, tag: str, count: int) -> Range | None:
+        """``count`` IDs of a known plain tag as one range at once, or ``None`` (then :meth:`try_take`)."""
+        allocator = self._tags.get(tag)
+        return None if allocator is None else allocator.try_run(count)
 
     async def take(self, tag: str, count: int, deadline: float) -> IdBatch:
         """IDs of ``tag``, learning the tag and waiting for a segment as needed (until ``deadline``).

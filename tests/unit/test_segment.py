@@ -7,7 +7,7 @@ import itertools
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dispenser.core.ids import IdBatch
 from dispenser.core.segment import NEED_SEGMENT, Segment, SegmentBuffer
@@ -255,6 +255,31 @@ class DoubleBufferMachine(RuleBasedStateMachine):
             assert ids[0] > self.issued[-1]
         self.issued.extend(ids)
 
+    @initialize(threshold=st.sampled_from([0.0, 0.1, 0.5, 0.999, 1.0]) | st.floats(0.0, 1.0))
+    def threshold(self, threshold: float) -> None:
+        """Any prefetch threshold: wants_fetch's precomputed position must agree with its rule for each."""
+        self.buf = SegmentBuffer(prefetch_threshold=threshold)
+
+    @rule(count=st.integers(1, 300))
+    def take_within(self, count: int) -> None:
+        """The hot path's take: count IDs as one range of the current segment, or nothing at all."""
+        before = self.buf.remaining
+        current = self.buf.stats().current
+        run = self.buf.take_within(count)
+        if run is None:
+            assert current is None or current.remaining < count
+            assert self.buf.remaining == before
+            return
+        first, last = run
+        assert current is not None
+        assert first == current.position
+        assert last - first + 1 == count
+        assert last <= current.last  # within the current segment
+        assert self.buf.remaining == before - count
+        if self.issued:
+            assert first > self.issued[-1]
+        self.issued.extend(range(first, last + 1))
+
     @rule(limit=st.integers(1, 300))
     def take_run(self, limit: int) -> None:
         """Take a run for a cursor: one range of at most ``limit`` IDs, or nothing if none are buffered."""
@@ -309,6 +334,21 @@ class DoubleBufferMachine(RuleBasedStateMachine):
         if self.buf.wants_fetch:
             assert not stats.fetching
             assert not stats.next
+
+    @invariant()
+    def wants_fetch_follows_its_rule(self) -> None:
+        """Idle, nothing queued, and no current segment, or more than the threshold of it used, or all of it."""
+        stats = self.buf.stats()
+        current = stats.current
+        if stats.fetching or stats.next:
+            expected = False
+        elif current is None:
+            expected = True
+        else:
+            used = current.position - current.first
+            size = current.last - current.first + 1
+            expected = used > stats.prefetch_threshold * size or current.position > current.last
+        assert self.buf.wants_fetch == expected
 
 
 TestDoubleBuffer = DoubleBufferMachine.TestCase
