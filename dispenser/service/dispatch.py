@@ -55,10 +55,11 @@ path more than the answer itself."""
 _UNSETTLED_LOG_INTERVAL = 10.0
 """Seconds between warnings that the replay store is down (one per outage-ish, not one per request)."""
 
-MAX_PERMUTED_IDS = 1000
-"""The most IDs of a permuted tag one request gets, in either format (or ``limits.max_ids`` if lower): each
-is enciphered in the event loop (~70-150 µs on the development machine), so 1,000 hold the worker's other
-requests for ~0.1 s at most (docs/permuted.md)."""
+MAX_PERMUTED_IDS = 10_000
+"""The most IDs of a permuted tag one request gets, in either format (or ``limits.max_ids`` if lower). They are
+enciphered in the event loop, together (~0.5-1 µs an ID from 1,000 on, on the development machine), so 10,000
+hold the worker's other requests for ~10 ms; the reply's size binds first: 10,000 IDs as ``[id, id]`` ranges
+are ~420 KB of JSON, under NATS's and Kafka's default 1 MB message (docs/permuted.md)."""
 
 _REMEMBERED = 1024
 """How many request bodies and tag names the hot path remembers as valid (cleared when full)."""

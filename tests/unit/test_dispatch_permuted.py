@@ -72,8 +72,8 @@ async def test_a_permuted_tag_answers_at_most_max_ids_in_either_format() -> None
 
 @pytest.mark.parametrize("fmt", ["ids", "ranges"])
 async def test_a_permuted_tag_answers_at_most_max_permuted_ids(fmt: str) -> None:
-    """Past MAX_PERMUTED_IDS (the event loop's budget), whatever max_ids says; at it, the IDs."""
-    d = dispatcher(ScriptedSource(), max_ids=10_000, max_ranges=1_000_000)
+    """Past MAX_PERMUTED_IDS (the event loop's and the reply's budget), whatever max_ids says; at it, the IDs."""
+    d = dispatcher(ScriptedSource(), max_ids=2 * MAX_PERMUTED_IDS, max_ranges=1_000_000)
     over = d.answer_now(
         "order", d.decode("plain", b'{"count": %d, "format": "%s"}' % (MAX_PERMUTED_IDS + 1, fmt.encode()))
     )
