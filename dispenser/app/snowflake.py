@@ -107,12 +107,9 @@ async def start_snowflake(
     await generator.start()
     stack.push_async_callback(generator.stop)
 
-    def meter(tag: str, count: int) -> None:
-        # Snowflake serves any tag name: the book keeps a bounded table of meters in which invented names
-        # give way to each other first, and every tag served gets one (issue 33, item 6).
-        rates.record("snowflake", tag, count)
-
-    generator.on_issue = meter
+    # Snowflake serves any tag name: the book keeps a bounded table of meters in which invented names
+    # give way to each other first, and every tag served gets one (issue 33, item 6).
+    generator.on_issue = rates.record_snowflake
     if registration.from_cache:
         generator.relocate(pause=False)  # keep trying the registry; the cached ID stays ours
     if not isinstance(nc, Off):

@@ -123,6 +123,14 @@ class RateBook:
         now = self.clock.monotonic()
         self._meter_at(kind, tag, now).record(now, ids)
 
+    def record_snowflake(self, tag: str, ids: int) -> None:
+        """``record("snowflake", tag, ids)``, two calls shorter: every snowflake request passes here."""
+        now = self.clock.monotonic()
+        meter = self._snowflake.get(tag, now)
+        if meter is None:
+            meter = self._meter_at("snowflake", tag, now)
+        meter.record(now, ids)
+
     def _existing(self, kind: str, tag: str) -> RateMeter | None:
         """The meter of ``tag`` if it has one, not counted as a use."""
         return self._snowflake.peek(tag) if kind == "snowflake" else self._meters.get((kind, tag))

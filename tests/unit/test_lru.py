@@ -78,13 +78,17 @@ def test_a_capacity_must_be_positive_and_a_key_added_once() -> None:
         table.add("a", 2, 0.0)
 
 
-async def test_the_book_meters_a_real_tag_after_600_junk_ones_and_forgets_the_junk() -> None:
+@pytest.mark.parametrize("via", ["record", "record_snowflake"])
+async def test_the_book_meters_a_real_tag_after_600_junk_ones_and_forgets_the_junk(via: str) -> None:
     """600 junk snowflake tags, then `order` in two seconds: metered, kept through a flood; the junk forgotten.
 
     The table stays bounded, and a junk tag (one request) is forgotten a window after it, peers' events too.
+    Alike through ``record("snowflake", …)`` and ``record_snowflake`` (the generator's hot path).
     """
     clock = ManualClock()
     book = RateBook(clock, RateSettings(window=60), StepPolicy(), worker="w")
+    if via == "record_snowflake":
+        book.record = lambda kind, tag, ids: book.record_snowflake(tag, ids)  # type: ignore[method-assign]
     for i in range(600):
         book.record("snowflake", f"junk-{i}", 1)
     for _ in range(2):
