@@ -153,9 +153,8 @@ def _segment_ids(nats: NatsConfig) -> Part:
         "requests, reply subject kept, on `<prefix>.ordered.<tag>`, which only the holder subscribes; "
         "`unavailable` (503) while no worker holds it (docs/ordered.md). A permuted tag's IDs are "
         "`epoch * 10**18 + FF3-1(key, counter)`, 19 digits in no order, given one by one (in `ranges`, one "
-        "`[id, id]` range per ID; at most 1,000 a request in either format), in replies that say "
-        '`"permuted": true` (the buffered client keeps such IDs as a list); `unavailable` (503) '
-        "from a worker without the tag's key file (docs/permuted.md).",
+        "`[id, id]` range per ID; at most 1,000 a request in either format), in replies with "
+        '`"permuted": true`; `unavailable` (503) from a worker without the tag\'s key file (docs/permuted.md).',
         server="nats",
         messages=("idRequest",),
         parameters={"tag": _TAG},
@@ -255,18 +254,6 @@ def _nats_replies() -> Part:
         "examples": [
             {"name": "ids", "payload": {"tag": "order", "ids": [1001, 1002, 1003]}},
             {"name": "ranges", "payload": {"tag": "order", "ranges": [[1001, 1500]], "request_id": "9b1f2c"}},
-            {
-                "name": "permuted",
-                "payload": {
-                    "tag": "order",
-                    "ranges": [
-                        [1909854577332565212, 1909854577332565212],
-                        [1402316855271649437, 1402316855271649437],
-                    ],
-                    "request_id": "5d0e7a",
-                    "permuted": True,
-                },
-            },
             {
                 "name": "error",
                 "headers": {ERROR_HEADER: "unknown tag 'order'", ERROR_CODE_HEADER: "404"},
