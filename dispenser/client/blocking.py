@@ -8,9 +8,11 @@ are sized, and the ordering promise: ``docs/client.md``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from operator import length_hint
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, overload
 
@@ -28,14 +30,27 @@ _SLOW = 0.05
 
 
 class _Cursor:
-    __slots__ = ("end", "lock", "position", "run", "run_at")
+    """One tag's IDs in hand: an iterator over a range (a plain tag's) or a list (a permuted tag's)."""
+
+    __slots__ = ("end", "iterator", "listed", "lock", "next", "run", "run_at")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.position = 1
+        self.iterator: Iterator[int] = iter(())
+        self.next: Callable[[], int] = self.iterator.__next__
         self.end = 0
+        """A plain tag's: the last ID of :attr:`iterator`'s range."""
+        self.listed = False
         self.run = 1
         self.run_at = time.monotonic()
+
+    def hold(self, ids: range | list[int]) -> None:
+        """Hand out ``ids`` next."""
+        self.iterator = iter(ids)
+        self.next = self.iterator.__next__
+        self.listed = isinstance(ids, list)
+        if isinstance(ids, range):
+            self.end = ids.stop - 1
 
 
 class BlockingIdClient:
@@ -141,8 +156,7 @@ class BlockingIdClient:
         """Fill the empty cursor with the next run (the caller holds its lock)."""
         # Thresholds above the async client's: each run costs a crossing to the loop thread.
         cursor.run = next_run(cursor.run, time.monotonic() - cursor.run_at, _FAST, _SLOW)
-        first, last = self._call(self.client.take_run(tag, cursor.run))
-        cursor.position, cursor.end = first, last
+        cursor.hold(self._call(self.client.take_block(tag, cursor.run)))
         cursor.run_at = time.monotonic()
 
     def next_id(self, tag: str, kind: Kind = "segment") -> int:
@@ -151,12 +165,11 @@ class BlockingIdClient:
             return self._call(self.client.next_id(tag, kind))
         cursor = self._cursor(tag)
         with cursor.lock:
-            position = cursor.position
-            if position > cursor.end:
+            try:
+                return cursor.next()
+            except StopIteration:
                 self._refill(tag, cursor)
-                position = cursor.position
-            cursor.position = position + 1
-            return position
+                return cursor.next()
 
     @overload
     def take(
@@ -179,17 +192,21 @@ class BlockingIdClient:
         else:
             cursor = self._cursor(tag)
             with cursor.lock:
-                first = cursor.position
-                if first + count - 1 <= cursor.end:
-                    cursor.position = first + count
+                held = length_hint(cursor.iterator)
+                if not cursor.listed and held >= count:
+                    first = cursor.end + 1 - held
+                    cursor.hold(range(first + count, cursor.end + 1))
                     ranges = [(first, first + count - 1)]
                 else:
-                    # The cursor's rest, then the client's next IDs (all above it): one lock, so no other
-                    # thread's IDs come between.
-                    ranges = [(first, cursor.end)] if first <= cursor.end else []
-                    rest = count - len(range(first, cursor.end + 1))
-                    more = self._call(self.client.take(tag, rest, format="ranges"))
-                    cursor.position = cursor.end + 1
+                    # The cursor's rest, then the client's next IDs (a plain tag's all above it): one lock,
+                    # so no other thread's IDs come between.
+                    if cursor.listed:  # a permuted tag's: one range per ID
+                        ranges = [(i, i) for i in itertools.islice(cursor.iterator, count)]
+                    else:
+                        ranges = [(cursor.end + 1 - held, cursor.end)] if held else []
+                        cursor.hold(range(0))
+                    rest = count - min(held, count)
+                    more = self._call(self.client.take(tag, rest, format="ranges")) if rest else []
                     for a, b in more:
                         if ranges and ranges[-1][1] + 1 == a:
                             ranges[-1] = (ranges[-1][0], b)

@@ -13,13 +13,21 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from operator import length_hint
 from types import TracebackType
-from typing import Final, Literal, Protocol, Self, overload
+from typing import Final, Literal, Self, overload
 
 from dispenser.adapters.nats.client_transport import NatsIdTransport
 from dispenser.client.errors import DispenserUnavailable, IdRequestError
+from dispenser.client.listed import (
+    FIRST_POSITION,
+    PERMUTED_REQUEST_MAX,
+    REQUESTS_IN_FLIGHT,
+    Listed,
+    ListedRequests,
+    ids_of,
+)
+from dispenser.client.settings import BufferSettings, ClientStats, IdTransport, next_run
 from dispenser.config import KafkaConfig, NatsConfig
 from dispenser.core.errors import InvalidTag
 from dispenser.core.ids import Range
@@ -37,12 +45,6 @@ __all__ = ["BufferSettings", "ClientStats", "IdClient", "IdTransport", "next_run
 
 log = logging.getLogger(__name__)
 
-_RUN_SECONDS_LOW = 0.001
-"""A cursor run that lasted less than this doubles the next run (up to :data:`_MAX_RUN`)."""
-_RUN_SECONDS_HIGH = 0.02
-"""A cursor run that lasted more than this halves the next run (down to one ID)."""
-_MAX_RUN = 4096
-"""The longest cursor run: the meter hears of consumption at least every this many IDs."""
 _RATE_WINDOW = 1
 """Seconds per rate sample (the peak is the highest one-second average...)."""
 _PEAK_RETENTION = 60.0
@@ -55,80 +57,6 @@ _SEGMENT: Final = "segment"
 """next_id's default kind, tested by identity on the hot path (an equal string built at run time goes slow)."""
 
 
-class IdTransport(Protocol):
-    """How the client reaches the dispensers.
-
-    NATS: :class:`dispenser.adapters.nats.client_transport.NatsIdTransport`; Kafka:
-    :class:`dispenser.adapters.kafka.client_transport.KafkaIdTransport`.
-    """
-
-    async def start(self) -> None:
-        """Connect. Raises :class:`OSError` when the broker cannot be reached."""
-
-    async def close(self) -> None:
-        """Disconnect."""
-
-    async def request(self, kind: Kind, tag: str, request: IdRequest, timeout: float) -> Reply:
-        """One request, its reply (error replies included).
-
-        Raises:
-            TimeoutError: no reply within ``timeout`` seconds.
-            OSError: no worker serves the tag, or the broker cannot be reached.
-        """
-
-
-@dataclass(frozen=True, slots=True)
-class BufferSettings:
-    """How much the client holds per tag, and how long it waits."""
-
-    buffer_seconds: float = 3.0
-    """A range holds this many seconds of the client's measured rate (its peak of the last minute)."""
-    min_buffer: int = 100
-    """The smallest range asked for (the first one, and at low rates)."""
-    max_buffer: int = 1_000_000
-    """The largest range asked for (the workers' ``limits.max_ranges`` caps a request anyway)."""
-    max_request: int = 1_000_000
-    """The most IDs one request asks for (the workers' ``limits.max_ranges``); a bigger ``take`` needs several."""
-    timeout: float = 5.0
-    """Seconds a call waits for IDs when the buffer is empty and no outage is known yet."""
-    request_timeout: float = 3.0
-    """Seconds a request waits for its reply (above the workers' ``segment.fetch_deadline``, 2 s)."""
-    retry_initial: float = 0.05
-    """First pause after a refill failed, doubling up to ``retry_max``."""
-    retry_max: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.buffer_seconds <= 0:
-            raise ValueError(f"buffer_seconds must be positive, got {self.buffer_seconds}")
-        if not 1 <= self.min_buffer <= self.max_buffer:
-            raise ValueError(f"need 1 <= min_buffer <= max_buffer, got {self.min_buffer}, {self.max_buffer}")
-        if self.max_request < 1:
-            raise ValueError(f"max_request must be at least 1, got {self.max_request}")
-
-
-@dataclass(frozen=True, slots=True)
-class ClientStats:
-    """What one tag cost (segment kind), since the client started."""
-
-    tag: str
-    requests: int
-    """Requests sent to the workers for refills (retries included)."""
-    ids_received: int
-    """IDs in the ranges received (those dropped included)."""
-    ids_dropped: int
-    """IDs received and skipped: below those already held (a worker behind another), or above the range
-    asked for when a request carried the gap to a worker behind (the worker ahead answered it)."""
-    ids_held: int
-    """IDs in hand now (cursor and buffer): skipped if the client exits."""
-    last_range: int | None
-    """The size of the last range asked for."""
-
-    @property
-    def ids_handed_out(self) -> int:
-        """IDs returned to callers."""
-        return self.ids_received - self.ids_dropped - self.ids_held
-
-
 class _Tag:
     """One tag's cursor, refill engine and refill shell (segment kind)."""
 
@@ -139,6 +67,7 @@ class _Tag:
         "engine",
         "ids_dropped",
         "ids_received",
+        "listed",
         "name",
         "refiller",
         "requests",
@@ -151,6 +80,8 @@ class _Tag:
         now = client.clock.monotonic()
         self.name = name
         self.cursors = client._cursors
+        self.listed: Listed | None = None
+        """A permuted tag's IDs (the engine then holds their positions); ``None``: a plain tag's."""
         self.cursor: Iterator[int] = iter(())
         self.end = 0
         self.set_cursor(1, 0)  # empty
@@ -158,7 +89,8 @@ class _Tag:
             RateMeter(now, window=_RATE_WINDOW, retention=_PEAK_RETENTION),
             prefetch_threshold=0.0,
             overlap=Overlap.SKIP,  # two workers answer from two segments: one may be behind
-            cap=settings.max_request,
+            # The first request asks no more than a permuted tag's may: the reply says which the tag is.
+            cap=min(settings.max_request, PERMUTED_REQUEST_MAX),
             repeat_on_retry=True,  # a lost reply is asked for again by its request_id: the same range
         )
         self.refiller = Refiller(
@@ -177,7 +109,7 @@ class _Tag:
 
     @property
     def position(self) -> int:
-        """The next ID of the cursor; above :attr:`end` when it is empty."""
+        """The cursor's next position (a plain tag's: its next ID); above :attr:`end` when it is empty."""
         return self.end + 1 - length_hint(self.cursor)
 
     @position.setter
@@ -185,10 +117,25 @@ class _Tag:
         self.set_cursor(first, self.end)
 
     def set_cursor(self, first: int, last: int) -> None:
-        """The cursor hands out ``first`` to ``last`` next: a range iterator, whose ``__next__`` is next_id's."""
+        """The cursor hands out the IDs at ``first`` to ``last`` next; its ``__next__`` is next_id's.
+
+        A plain tag's: a range iterator. A permuted tag's: a list iterator over the IDs at those positions,
+        whose ``__next__`` costs the same.
+        """
         self.end = last
-        self.cursor = iter(range(first, last + 1))
+        listed = self.listed
+        if listed is None or first < FIRST_POSITION:  # plain IDs (those held when the tag became permuted)
+            self.cursor = iter(range(first, last + 1))
+        else:
+            self.cursor = iter(listed.ids(first, last))
         self.cursors[self.name] = self.cursor.__next__
+
+    def runs(self, first: int, last: int) -> list[Range]:
+        """The IDs at positions ``first`` to ``last`` as ranges: one, or a permuted tag's one per ID."""
+        listed = self.listed
+        if listed is None or first < FIRST_POSITION:
+            return [(first, last)]
+        return [(i, i) for i in listed.ids(first, last)]
 
     def in_cursor(self) -> int:
         return length_hint(self.cursor)
@@ -207,6 +154,7 @@ class _Workers:
         self._state = state
         self._client = client
         self._request: IdRequest | None = None
+        self._listed: ListedRequests | None = None  # a permuted tag's
         self.log = log
         self.subject = f"refill of {state.name!r}"
 
@@ -225,17 +173,50 @@ class _Workers:
     async def fetch(self, fetch: Fetch) -> list[tuple[int, int]]:
         """One request (a retry: the same, with its ``request_id``, so a lost reply costs no range).
 
+        A permuted tag's: several requests at once (:class:`ListedRequests`), its IDs kept in the tag's
+        :class:`Listed` and their positions returned to the engine.
+
         Raises:
             DispenserUnavailable: no reply, no worker, or a retryable error reply.
             Refused: a non-retryable error reply (an :class:`IdRequestError`).
         """
         state = self._state
+        listed = state.listed
+        if listed is not None and self._listed is not None:
+            return [listed.add(await self._listed.fetch(fetch, self.send))]
         request = self._request
         if request is None or not fetch.repeat:
             assert fetch.size is not None  # the client always gives a step
             request = self._request = IdRequest(
                 count=fetch.size, request_id=uuid.uuid4().hex, format="ranges"
             )
+        reply = await self.send(request)
+        if reply.permuted:  # the tag's first permuted reply: from here on, a list
+            return [self._permuted(reply)]
+        assert reply.ranges is not None  # checked by send
+        state.engine.cap = self._client.settings.max_request  # a plain tag: no more the first request's cap
+        return reply.ranges
+
+    def _permuted(self, reply: Reply) -> Range:
+        """A reply says the tag is permuted: keep its IDs as a list from now on, the plain ones held below."""
+        state = self._state
+        settings = self._client.settings
+        # No order guard on the IDs (the engine's, on their positions, never skips one): each is a counter
+        # the store granted once, to one worker, put through a bijection; the workers' counters are
+        # guarded (a segment is never handed out twice), and a retry's request_id is answered its first IDs.
+        listed = state.listed = Listed()
+        self._listed = ListedRequests(state.name, min(settings.max_request, PERMUTED_REQUEST_MAX))
+        state.engine.cap = min(settings.max_request, PERMUTED_REQUEST_MAX * REQUESTS_IN_FLIGHT)
+        return listed.add(ids_of(reply))
+
+    async def send(self, request: IdRequest) -> Reply:
+        """One request and its reply, which has ranges (or IDs).
+
+        Raises:
+            DispenserUnavailable: no reply, no worker, or a retryable error reply.
+            Refused: a non-retryable error reply (an :class:`IdRequestError`).
+        """
+        state = self._state
         state.requests += 1
         name = state.name
         client = self._client
@@ -247,7 +228,7 @@ class _Workers:
             raise DispenserUnavailable("unreachable", f"{name!r}: {exc}") from None
         error = reply.error
         if error is None and reply.ranges:
-            return reply.ranges
+            return reply
         if error is None:
             raise DispenserUnavailable("unavailable", f"{name!r}: a reply without ranges")
         if error.retryable:
@@ -269,19 +250,6 @@ class _Workers:
     def stopped(self, stop: Stop) -> None:
         """Never: the client skips an overlap (``Overlap.SKIP``) rather than refusing it."""
         log.error("refill of %r stopped: %s", self._state.name, stop.reason)
-
-
-def next_run(run: int, lasted: float, fast: float = _RUN_SECONDS_LOW, slow: float = _RUN_SECONDS_HIGH) -> int:
-    """The length of a cursor's next run, from how long its last run of ``run`` IDs lasted.
-
-    Doubled (up to :data:`_MAX_RUN`) when it went in under ``fast`` seconds, halved (down to 1) past
-    ``slow``: a busy caller comes back for more rarely, a quiet one holds few IDs it may never use.
-    """
-    if lasted < fast:
-        return min(run * 2, _MAX_RUN)
-    if lasted > slow:
-        return max(run // 2, 1)
-    return run
 
 
 class IdClient:
@@ -412,8 +380,8 @@ class IdClient:
     ) -> list[int] | list[Range]:
         """``count`` IDs of ``tag``, increasing: a list (``format="ids"``) or inclusive ranges (``"ranges"``).
 
-        Segment IDs come from the buffer (and are above every ID this client handed out before); snowflake
-        IDs are one request.
+        Segment IDs come from the buffer (and are above every ID this client handed out before; a permuted
+        tag's are in no order, one range per ID); snowflake IDs are one request.
 
         Raises:
             ValueError: ``count`` < 1.
@@ -427,11 +395,15 @@ class IdClient:
         else:
             state = self._tags.get(tag)
             if state is not None and (position := state.position) + count - 1 <= state.end:
+                if state.listed is None:
+                    state.position = position + count
+                    if format == "ids":
+                        return list(range(position, position + count))
+                    return [(position, position + count - 1)]
+                ranges = state.runs(position, position + count - 1)
                 state.position = position + count
-                if format == "ids":
-                    return list(range(position, position + count))
-                return [(position, position + count - 1)]
-            ranges = await self._take_slow(tag, count)
+            else:
+                ranges = await self._take_slow(tag, count)
         if format == "ids":
             return [i for first, last in ranges for i in range(first, last + 1)]
         return list(ranges)
@@ -439,19 +411,36 @@ class IdClient:
     async def take_run(self, tag: str, limit: int) -> Range:
         """Between 1 and ``limit`` IDs of ``tag`` as one range, for a cursor of the caller's own.
 
-        The blocking client keeps one per tag this way. Raises as :meth:`next_id`.
+        A permuted tag's IDs make no range: one a call, ``(id, id)`` (:meth:`take_block` gives more). Raises
+        as :meth:`next_id`.
         """
+        ids = await self._block(tag, limit, 1)
+        return (ids[0], ids[-1])
+
+    async def take_block(self, tag: str, limit: int) -> range | list[int]:
+        """Between 1 and ``limit`` IDs of ``tag``, for a cursor of the caller's own.
+
+        A plain tag's as a range (increasing), a permuted tag's as a list. The blocking client keeps one per
+        tag this way. Raises as :meth:`next_id`.
+        """
+        return await self._block(tag, limit, limit)
+
+    async def _block(self, tag: str, limit: int, listed_limit: int) -> range | list[int]:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         state = self._state(tag)
-        while True:
-            first = state.position
-            if first <= state.end:
-                last = min(state.end, first + limit - 1)
-                state.position = last + 1
-                return (first, last)
+        while (first := state.position) > state.end:
             if not self._refill_cursor(state):
                 await self._wait(state, 1)
+        listed = state.listed
+        if listed is None or first < FIRST_POSITION:
+            last = min(state.end, first + limit - 1)
+            ids: range | list[int] = range(first, last + 1)
+        else:
+            last = min(state.end, first + listed_limit - 1)
+            ids = listed.ids(first, last)
+        state.position = last + 1
+        return ids
 
     def stats(self, tag: str) -> ClientStats | None:
         """What ``tag`` cost so far (segment kind), or ``None`` if it was never asked for."""
@@ -485,9 +474,7 @@ class IdClient:
         state = self._state(tag)
         while True:
             if state.position <= state.end:  # refilled while we waited
-                position = state.position
-                state.position = position + 1
-                return position
+                return next(state.cursor)
             if self._refill_cursor(state):
                 continue
             await self._wait(state, 1)
@@ -515,18 +502,19 @@ class IdClient:
                 ranges: list[Range] = []
                 rest = count
                 if in_cursor > 0:
-                    ranges.append((state.position, state.end))
+                    ranges += state.runs(state.position, state.end)
                     rest -= in_cursor
                     state.set_cursor(state.end + 1, state.end)
                 batch = engine.take(rest, self.clock.monotonic())
                 assert batch is not NEED_SEGMENT  # checked above
                 if engine.wants_fetch:
                     self._start_refill(state)
-                for first, last in batch.ranges:
-                    if ranges and ranges[-1][1] + 1 == first:
-                        ranges[-1] = (ranges[-1][0], last)
-                    else:
-                        ranges.append((first, last))
+                for positions in batch.ranges:
+                    for first, last in state.runs(*positions):
+                        if ranges and ranges[-1][1] + 1 == first:
+                            ranges[-1] = (ranges[-1][0], last)
+                        else:
+                            ranges.append((first, last))
                 return ranges
             await self._wait(state, count)
 

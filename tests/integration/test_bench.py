@@ -101,7 +101,10 @@ def test_bench_nats_reports_every_case(
 def test_bench_client_reports_every_case(
     nats_server: NatsServer, pg_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A tiny `dispenser bench client` run measures every case, next_id against a bare await, and judges the five targets."""
+    """A tiny `dispenser bench client` run measures every case, the ratios, and judges the six targets.
+
+    A permuted tag beside the plain one: next_id timed call by call, then from the buffer against the plain tag.
+    """
     path = tmp_path / "bench-client.json"
     status = main(
         [
@@ -121,6 +124,7 @@ def test_bench_client_reports_every_case(
         "nc.request per ID @64",
         "IdClient.next_id",
         "IdClient.take(1000)",
+        "IdClient.next_id, permuted tag",
         "BlockingIdClient.next_id x1 threads",
         "BlockingIdClient.next_id x4 threads",
     ]
@@ -129,7 +133,13 @@ def test_bench_client_reports_every_case(
     requests = {c["name"]: c["requests_per_million_ids"] for c in report["cases"]}
     assert requests["nc.request per ID @1"] == 1_000_000
     assert requests["IdClient.next_id"] < 1_000
-    assert len(report["targets"]) == 5
+    assert len(report["targets"]) == 6
+    permuted = report["permuted_vs_plain"]
+    assert permuted["rounds"] == 5
+    assert permuted["permuted_calls_per_s"] > 0
+    assert permuted["ratio"] == pytest.approx(
+        permuted["permuted_calls_per_s"] / permuted["plain_calls_per_s"]
+    )
     ratio = report["next_id_vs_await"]
     assert ratio["rounds"] == 9
     assert ratio["bare_calls_per_s"] > 0

@@ -1,7 +1,8 @@
 """``dispenser bench client``: the buffered client against a request per ID, in one process.
 
 Local (servers and a worker started here) or against a deployment (:mod:`dispenser_lab.bench.deployment`).
-The cases, how calls are timed and the figures: ``docs/benchmarks.md`` ("The buffered client").
+Locally it also measures ``next_id`` on a permuted tag beside the plain one (docs/permuted.md). The cases,
+how calls are timed and the figures: ``docs/benchmarks.md`` ("The buffered client", "Permuted tags").
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ from dispenser_lab.bench.deployment import (
 )
 from dispenser_lab.bench.nats_load import Child, serving_worker, wait_ready
 from dispenser_lab.bench.nats_plan import BenchError
-from dispenser_lab.bench.servers import bench_servers
+from dispenser_lab.bench.servers import (
+    bench_servers,
+    prepare_permuted_tag,
+    prepare_tags,
+    remove_tags,
+    write_bench_key,
+)
 from dispenser_lab.bench.stats import host_meta, percentile, write_json
 
 __all__ = ["CaseResult", "Target", "main", "run"]
@@ -44,6 +51,11 @@ __all__ = ["CaseResult", "Target", "main", "run"]
 _YIELD_EVERY = 1000
 _AWAIT_ROUNDS = 9
 """Rounds of next_id against a bare await (the median round is reported)."""
+_PERMUTED_ROUNDS = 5
+"""Rounds of next_id from the buffer, the plain tag's against the permuted tag's (the median is reported)."""
+_HELD_WAIT = 10.0
+"""Seconds a from-the-buffer round waits for a tag's buffer to hold its calls (it times what is held after)."""
+_STEP = 100_000
 
 
 @dataclass(slots=True)
@@ -116,6 +128,24 @@ class AwaitRatio:
     """The median over the rounds of ``next_id``'s rate over the bare await's in the same round."""
 
 
+@dataclass(frozen=True, slots=True)
+class PermutedRatio:
+    """``next_id`` on a permuted tag against the plain tag, one client, from IDs already in hand.
+
+    Each round waits until both tags' buffers hold ``calls`` IDs, then times ``calls`` calls of each in a
+    row without yielding (no refill runs meanwhile: what the calls cost, not what the workers supply).
+    """
+
+    rounds: int
+    calls: int
+    plain_calls_per_s: float
+    """The median round's rate of the plain tag."""
+    permuted_calls_per_s: float
+    """The median round's rate of the permuted tag."""
+    ratio: float
+    """The median over the rounds of the permuted tag's rate over the plain tag's in the same round."""
+
+
 @dataclass(slots=True)
 class Report:
     """Cases, targets and what the run was."""
@@ -124,6 +154,7 @@ class Report:
     targets: list[Target]
     meta: dict[str, object] = field(default_factory=dict)
     await_ratio: AwaitRatio | None = None
+    permuted: PermutedRatio | None = None
 
 
 def _percentile_us(sorted_ns: Sequence[int], q: float) -> float:
@@ -236,8 +267,12 @@ async def _measure(
     *,
     say: Callable[[str], None],
     timeout: float = 5.0,
-) -> tuple[list[CaseResult], AwaitRatio]:
-    """Every case on ``tag``, and next_id against a bare await; ``child``: the worker started here, or ``None``."""
+    permuted_tag: str | None = None,
+) -> tuple[list[CaseResult], AwaitRatio, PermutedRatio | None]:
+    """Every case on ``tag``, and next_id against a bare await; ``child``: the worker started here, or ``None``.
+
+    With ``permuted_tag``, next_id on it too: timed call by call, then from the buffer against ``tag``'s.
+    """
     subject = f"leaf.segment.{tag}"
     nc = await nats.connect(nats_url, name="dispenser-bench-client", allow_reconnect=False)
     cases: list[CaseResult] = []
@@ -285,6 +320,24 @@ async def _measure(
                 f"  next_id {fmt_rate(ratio.next_id_calls_per_s)} calls/s against a bare await's "
                 f"{fmt_rate(ratio.bare_calls_per_s)}: {ratio.ratio:.2f}"
             )
+            permuted = None
+            if permuted_tag is not None:
+                name = permuted_tag
+
+                async def permuted_next_id() -> int:
+                    await client.next_id(name)
+                    return 1
+
+                await _loop(permuted_next_id, warmup, _Timer())
+                await case(
+                    "IdClient.next_id, permuted tag", functools.partial(_timed, permuted_next_id, duration)
+                )
+                calls = max(_YIELD_EVERY, int(duration * 20_000))
+                permuted = await _from_buffer(client, tag, permuted_tag, _PERMUTED_ROUNDS, calls)
+                say(
+                    f"  next_id from the buffer: permuted {fmt_rate(permuted.permuted_calls_per_s)} calls/s "
+                    f"against plain {fmt_rate(permuted.plain_calls_per_s)}: {permuted.ratio:.2f}"
+                )
 
         blocking = BlockingIdClient.over_nats(nats_url, settings)
         await asyncio.to_thread(blocking.start)
@@ -299,7 +352,42 @@ async def _measure(
             await asyncio.to_thread(blocking.close)
     finally:
         await nc.close()
-    return cases, ratio
+    return cases, ratio, permuted
+
+
+async def _held(client: IdClient, tag: str, calls: int) -> int:
+    """IDs of ``tag`` in hand once the buffer holds ``calls`` (or after :data:`_HELD_WAIT` seconds)."""
+    deadline = time.monotonic() + _HELD_WAIT
+    while True:
+        stats = client.stats(tag)
+        held = 0 if stats is None else stats.ids_held
+        if held >= calls or time.monotonic() > deadline:
+            return held
+        await asyncio.sleep(0.01)  # the refills run meanwhile
+
+
+async def _from_buffer(client: IdClient, plain: str, permuted: str, rounds: int, calls: int) -> PermutedRatio:
+    """``next_id`` of ``permuted`` against ``plain`` from the IDs in hand, ``rounds`` rounds in alternating order."""
+    next_id = client.next_id
+
+    async def run(tag: str, n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):  # never suspends while IDs are held: no refill runs in the timing
+            await next_id(tag)
+        return time.perf_counter() - start
+
+    pairs: list[tuple[float, float]] = []
+    timed = calls
+    for n in range(rounds):
+        timed = max(1, min(calls, await _held(client, plain, calls), await _held(client, permuted, calls)))
+        if n % 2:
+            permuted_seconds, plain_seconds = await run(permuted, timed), await run(plain, timed)
+        else:
+            plain_seconds, permuted_seconds = await run(plain, timed), await run(permuted, timed)
+        pairs.append((timed / plain_seconds, timed / permuted_seconds))
+    pairs.sort(key=lambda pair: pair[1] / pair[0])
+    plain_rate, permuted_rate = pairs[len(pairs) // 2]
+    return PermutedRatio(rounds, timed, plain_rate, permuted_rate, permuted_rate / plain_rate)
 
 
 async def _blocks(calls: int, block: Callable[[], Awaitable[None]]) -> float:
@@ -353,7 +441,7 @@ async def _timed(call: Callable[[], Awaitable[int]], duration: float) -> _Timer:
     return timer
 
 
-def _targets(cases: Sequence[CaseResult], ratio: AwaitRatio) -> list[Target]:
+def _targets(cases: Sequence[CaseResult], ratio: AwaitRatio, permuted: PermutedRatio | None) -> list[Target]:
     by_name = {c.name: c for c in cases}
     best_request = max(by_name["nc.request per ID @1"].ids_per_s, by_name["nc.request per ID @64"].ids_per_s)
     next_id = by_name["IdClient.next_id"]
@@ -379,18 +467,38 @@ def _targets(cases: Sequence[CaseResult], ratio: AwaitRatio) -> list[Target]:
             f"median of {ratio.rounds} rounds)",
             ratio.ratio >= 0.75,
         ),
+        *(
+            []
+            if permuted is None
+            else [
+                Target(
+                    "permuted next_id >= 0.5 of plain, from the buffer",
+                    f"{permuted.ratio:.2f} ({permuted.permuted_calls_per_s:,.0f} against "
+                    f"{permuted.plain_calls_per_s:,.0f} calls/s, median of {permuted.rounds} rounds)",
+                    permuted.ratio >= 0.5,
+                )
+            ]
+        ),
     ]
 
 
-def _ratio_lines(ratio: AwaitRatio | None) -> list[str]:
-    if ratio is None:
-        return []
-    return [
-        f"next_id against a bare await (untimed calls, {ratio.rounds} rounds of {ratio.calls:,} each, "
-        f"median): {fmt_rate(ratio.next_id_calls_per_s)} against {fmt_rate(ratio.bare_calls_per_s)} "
-        f"calls/s, {ratio.ratio:.2f}",
-        "",
-    ]
+def _ratio_lines(ratio: AwaitRatio | None, permuted: PermutedRatio | None) -> list[str]:
+    lines = []
+    if ratio is not None:
+        lines += [
+            f"next_id against a bare await (untimed calls, {ratio.rounds} rounds of {ratio.calls:,} each, "
+            f"median): {fmt_rate(ratio.next_id_calls_per_s)} against {fmt_rate(ratio.bare_calls_per_s)} "
+            f"calls/s, {ratio.ratio:.2f}",
+            "",
+        ]
+    if permuted is not None:
+        lines += [
+            f"next_id from the buffer, permuted tag against plain (untimed calls, {permuted.rounds} rounds "
+            f"of {permuted.calls:,} each, median): {fmt_rate(permuted.permuted_calls_per_s)} against "
+            f"{fmt_rate(permuted.plain_calls_per_s)} calls/s, {permuted.ratio:.2f}",
+            "",
+        ]
+    return lines
 
 
 def render(report: Report) -> str:
@@ -418,7 +526,7 @@ def render(report: Report) -> str:
             ],
         ),
         "",
-        *_ratio_lines(report.await_ratio),
+        *_ratio_lines(report.await_ratio, report.permuted),
         "targets:",
         *(f"  [{'ok' if t.passed else 'MISSED'}] {t.name}: {t.measured}" for t in report.targets),
     ]
@@ -449,15 +557,16 @@ def run(
             print(text, file=sys.stderr, flush=True)
 
     tag = f"bench-client-{secrets.token_hex(3)}"
+    permuted_tag = f"{tag}-permuted"
     started = datetime.datetime.now(datetime.UTC)
     load_before = os.getloadavg()
     if deployment is not None:
         with deployment_tag(deployment, 100_000) as tag:
             say(f"deployment: NATS {deployment.nats_url}, tag {tag}")
-            cases, ratio = run_async(_measure(deployment.nats_url, tag, None, duration, warmup, say=say))
+            cases, ratio, _ = run_async(_measure(deployment.nats_url, tag, None, duration, warmup, say=say))
         meta = _meta(started, load_before, duration, warmup)
         meta["deployment"] = {"tag": tag, "created": deployment.create_dsn is not None}
-        return Report(cases, _targets(cases, ratio), meta, ratio)
+        return Report(cases, _targets(cases, ratio, None), meta, ratio)
     with tempfile.TemporaryDirectory(prefix="dispenser-bench-client-") as tmp:
         workdir = Path(tmp)
         if os.geteuid() == 0:
@@ -467,11 +576,24 @@ def run(
                 if dsn is None:  # not reachable: need_postgres is the default
                     raise BenchError("no PostgreSQL to run against")
                 say(f"servers: NATS {url}, PostgreSQL {dsn}")
-                with serving_worker(url, dsn, workdir, [(tag, 100_000, 1)], say) as child:
-                    cases, ratio = run_async(_measure(url, tag, child, duration, warmup, say=say))
+                keys = workdir / "keys"  # the permuted tag's key: a fresh random one
+                write_bench_key(keys, permuted_tag)
+                run_async(prepare_tags(dsn, []))  # migrated, for the permuted tag
+                run_async(prepare_permuted_tag(dsn, permuted_tag, _STEP))
+                settings = {"DISPENSER_SEGMENT_PERMUTE_KEYS_DIR": str(keys)}
+                try:
+                    with serving_worker(
+                        url, dsn, workdir, [(tag, _STEP, 1)], say, settings=settings
+                    ) as child:
+                        cases, ratio, permuted = run_async(
+                            _measure(url, tag, child, duration, warmup, say=say, permuted_tag=permuted_tag)
+                        )
+                finally:
+                    run_async(remove_tags(dsn, [(permuted_tag, _STEP, 1)]))
         except DevServerError as exc:
             raise BenchError(f"cannot start a server: {exc}") from exc
-    return Report(cases, _targets(cases, ratio), _meta(started, load_before, duration, warmup), ratio)
+    meta = _meta(started, load_before, duration, warmup)
+    return Report(cases, _targets(cases, ratio, permuted), meta, ratio, permuted)
 
 
 def _meta(
@@ -519,6 +641,7 @@ def main(argv: Sequence[str]) -> int:
                 "cases": [c.as_dict() for c in report.cases],
                 "targets": [asdict(t) for t in report.targets],
                 "next_id_vs_await": None if report.await_ratio is None else asdict(report.await_ratio),
+                "permuted_vs_plain": None if report.permuted is None else asdict(report.permuted),
             },
         )
         print(f"\nwrote {args.json}")

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -356,12 +356,18 @@ def make_case(
 
 @contextlib.contextmanager
 def serving_worker(
-    url: str, dsn: str, workdir: Path, tags: Sequence[tuple[str, int, int]], say: Callable[[str], None]
+    url: str,
+    dsn: str,
+    workdir: Path,
+    tags: Sequence[tuple[str, int, int]],
+    say: Callable[[str], None],
+    *,
+    settings: Mapping[str, str] | None = None,
 ) -> Iterator[Child]:
     """A ``dispenser serve`` child process on ``url`` and ``dsn``, with ``tags`` added for it (removed after).
 
-    Segment mode only, logs at WARNING, its state under ``workdir``. On exit the worker is stopped (an
-    unclean exit is said, with the tail of its log) and the tags removed.
+    Segment mode only, logs at WARNING, its state under ``workdir``, ``settings`` (``DISPENSER_*``) on top.
+    On exit the worker is stopped (an unclean exit is said, with the tail of its log) and the tags removed.
     """
     run_async(prepare_tags(dsn, tags))
     env = dict(os.environ) | {
@@ -370,6 +376,7 @@ def serving_worker(
         "DISPENSER_LOG_LEVEL": "WARNING",
         "DISPENSER_SNOWFLAKE_ENABLED": "false",
         "XDG_STATE_HOME": str(workdir / "state"),
+        **(settings or {}),
     }
     child = Child(
         "dispenser worker", [sys.executable, "-m", "dispenser", "serve"], workdir / "worker.log", env
