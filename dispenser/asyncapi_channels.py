@@ -169,13 +169,14 @@ def _segment_ids(nats: NatsConfig) -> Part:
     id_request = {
         "name": "IdRequest",
         "title": "ID request",
-        "summary": 'Empty, or {"count": n, "format": "ids"|"ranges", "request_id": "…"}; an empty body is one ID.',
+        "summary": 'Empty, or {"count": n, "format": "ids"|"ranges"|"sqids", "request_id": "…"}; empty: one ID.',
         "contentType": JSON,
         "headers": _headers({NATS_CONTENT_TYPE: _nats_content_type()}),
         "payload": _ref("components/schemas", "IdRequest"),
         "examples": [
             {"name": "ids", "payload": {"count": 3}},
             {"name": "retryable", "payload": {"count": 1000, "format": "ranges", "request_id": "9b1f2c"}},
+            {"name": "sqids", "payload": {"count": 2, "format": "sqids"}},
         ],
     }
     return Part("segmentIds", channel, {"serveSegmentIds": serve}, {"idRequest": id_request})
@@ -238,7 +239,7 @@ def _nats_replies() -> Part:
     reply = {
         "name": "Reply",
         "title": "ID reply",
-        "summary": "Exactly one of ids, ranges (inclusive, increasing) or error.",
+        "summary": "Exactly one of ids, ranges (inclusive, increasing), sqids (12-character strings) or error.",
         "contentType": JSON,
         "headers": _headers(
             {
@@ -254,6 +255,7 @@ def _nats_replies() -> Part:
         "examples": [
             {"name": "ids", "payload": {"tag": "order", "ids": [1001, 1002, 1003]}},
             {"name": "ranges", "payload": {"tag": "order", "ranges": [[1001, 1500]], "request_id": "9b1f2c"}},
+            {"name": "sqids", "payload": {"tag": "order", "sqids": ["p5drq7BwsFlD"], "permuted": True}},
             {
                 "name": "error",
                 "headers": {ERROR_HEADER: "unknown tag 'order'", ERROR_CODE_HEADER: "404"},

@@ -33,6 +33,7 @@ __all__ = [
     "Kind",
     "RateEvent",
     "Reply",
+    "ReplyFormat",
     "ResidueClaims",
     "TagResidue",
     "clock_subject",
@@ -83,6 +84,9 @@ def clock_subject(prefix: str) -> str:
 
 
 Format = Literal["ids", "ranges"]
+"""The formats the clients ask for."""
+ReplyFormat = Literal["ids", "ranges", "sqids"]
+"""The formats a request may ask for: the clients' and ``sqids`` (each ID as a 12-character string)."""
 REQUEST_ID_MAX_LENGTH: Final = 128
 """The longest ``request_id`` (the ``dispenser_request.request_id`` column is ``varchar(128)``)."""
 REQUEST_ID_PATTERN: Final = r"^[!-~]+$(?!\n)"
@@ -108,8 +112,9 @@ class IdRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Idempotency key: a retry with the same key within the worker's TTL gets the same IDs. 1 to 128
     characters of printable ASCII without space (``!`` to ``~``); unguessable (a UUID), since any caller
     who sends the same key within the TTL gets the same IDs: it is not a credential."""
-    format: Format = "ids"
-    """``ids``: a list of IDs; ``ranges``: inclusive ``[first, last]`` pairs, for large batches."""
+    format: ReplyFormat = "ids"
+    """``ids``: a list of IDs; ``ranges``: inclusive ``[first, last]`` pairs, for large batches; ``sqids``: each
+    ID as a 12-character Sqids string, in ``sqids`` (docs/permuted.md, "The string form")."""
 
 
 class KafkaIdRequest(IdRequest, forbid_unknown_fields=True, omit_defaults=True):
@@ -137,7 +142,7 @@ class ErrorBody(Struct, frozen=True):
 
 
 class Reply(Struct, omit_defaults=True):
-    """The answer to an :class:`IdRequest`: exactly one of ``ids``, ``ranges`` or ``error`` is set."""
+    """The answer to an :class:`IdRequest`: exactly one of ``ids``, ``ranges``, ``sqids`` or ``error`` is set."""
 
     tag: str
     ids: list[int] | None = None
@@ -148,6 +153,9 @@ class Reply(Struct, omit_defaults=True):
     """``true``: the IDs are a permuted tag's (``docs/permuted.md``), in no order, one ``[id, id]`` range per
     ID in the ``ranges`` format; the buffered client keeps them as a list, not as ranges above those it
     holds. Absent (false) for every other reply."""
+    sqids: list[str] | None = None
+    """The IDs in the ``sqids`` format, in the order ``ids`` would give them: each decodes to its ID
+    (``dispenser decode``); hides nothing of a plain tag's counter."""
 
 
 class DecodeRequest(Struct, forbid_unknown_fields=True):

@@ -149,6 +149,7 @@ _EXTRA_OF = {
     "ff3": "server",
     "kazoo": "server",
     "prometheus_client": "server",
+    "sqids": "server",
     "uvloop": "server",
 }
 

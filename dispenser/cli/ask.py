@@ -93,7 +93,11 @@ def add_decode(add_parser: AddParser) -> None:
         help="take a snowflake ID apart (time, datacenter, worker, sequence) with the configured layout, "
         "or with --tag a permuted tag's ID (its key epoch and counter, with the key file)",
     )
-    decode.add_argument("id", type=int, help="a snowflake ID, in decimal (with --tag: a permuted tag's ID)")
+    decode.add_argument(
+        "id",
+        help="a snowflake ID (with --tag: a permuted tag's ID), in decimal or as its 12-character string of "
+        "the sqids format",
+    )
     decode.add_argument(
         "--tag",
         help="a permuted tag: decode with its key file in segment.permute_keys_dir (docs/permuted.md)",
@@ -174,12 +178,14 @@ def run_check(_args: argparse.Namespace, config: Config) -> int:
 
 def run_decode(args: argparse.Namespace, config: Config) -> int:
     """Print the parts of a snowflake ID, or a permuted tag's key epoch and counter (``--tag``)."""
+    from dispenser.core.sqids_form import read_id  # noqa: PLC0415 - imports sqids (the [server] extra)
     from dispenser.registries import layout_of  # noqa: PLC0415
     from dispenser.service.decode import decode_id  # noqa: PLC0415
 
+    value = read_id(args.id)
     if args.tag is not None:
-        return _decode_permuted(args.tag, args.id, config)
-    reply = decode_id(layout_of(config.snowflake), args.id)
+        return _decode_permuted(args.tag, value, config)
+    reply = decode_id(layout_of(config.snowflake), value)
     print(f"id:        {reply.id}")
     print(f"time:      {reply.time}  ({reply.timestamp_ms} ms since 1970)")
     if reply.datacenter_id is not None:

@@ -27,6 +27,7 @@ from dispenser.core.errors import (
 )
 from dispenser.core.ids import Range
 from dispenser.core.permute import Permutation
+from dispenser.core.sqids_form import MAX_SQIDS, sqids_of
 from dispenser.core.tags import validate_tag
 from dispenser.messages import (
     ErrorBody,
@@ -168,7 +169,9 @@ class Dispatcher:
         self.check_size(body)
         request = decode_request(body, msgpack)
         self._check_count(request, tag)
-        if not msgpack and request.request_id is None:  # a body with a request_id is not sent again soon
+        # Not a body with a request_id (not sent again soon), nor one in the sqids format: reply_now's fast path
+        # answers numbers only.
+        if not msgpack and request.request_id is None and request.format != "sqids":
             if len(self._bodies) >= _REMEMBERED:
                 self._bodies.clear()
             self._bodies[body] = request
@@ -385,7 +388,9 @@ class Dispatcher:
         if tag in self._permuted:  # enciphered one by one, in the event loop: see MAX_PERMUTED_IDS
             limit = min(limits.max_ids, MAX_PERMUTED_IDS)
         else:
-            limit = limits.max_ids if request.format == "ids" else limits.max_ranges
+            limit = limits.max_ranges if request.format == "ranges" else limits.max_ids
+        if request.format == "sqids":  # each string ~11 µs in the event loop: see MAX_SQIDS
+            limit = min(limit, MAX_SQIDS)
         if count > limit:
             raise CountTooLarge(count, limit, request.format)
 
@@ -409,6 +414,9 @@ class Dispatcher:
         ranges = batch.ranges
         # A permuted tag's reply says so (Reply.permuted): a buffered client keeps its IDs as a list.
         permuted = tag in self._permuted
+        if request.format == "sqids":  # each ID as a string (core/sqids_form.py)
+            reply = Reply(tag=tag, sqids=sqids_of(ranges), request_id=request.request_id, permuted=permuted)
+            return encode_reply(reply, msgpack)
         if len(ranges) == 1 and not msgpack and request.request_id is None and not permuted:  # the hot path's
             first, last = ranges[0]
             if request.format == "ranges":

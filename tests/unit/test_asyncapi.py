@@ -252,7 +252,15 @@ def test_every_subject_topic_and_header_is_described() -> None:
     assert set(codes) == {"not_json", "not_an_object", "field_missing", "no_value", "too_large"}
     schemas = document["components"]["schemas"]
     assert set(schemas["IdRequest"]["properties"]) == {"count", "request_id", "format"}
-    assert set(schemas["Reply"]["properties"]) == {"tag", "ids", "ranges", "error", "request_id", "permuted"}
+    assert set(schemas["Reply"]["properties"]) == {
+        "tag",
+        "ids",
+        "ranges",
+        "error",
+        "request_id",
+        "permuted",
+        "sqids",
+    }
     assert set(schemas["ErrorBody"]["required"]) == {"code", "message", "retryable"}
 
 

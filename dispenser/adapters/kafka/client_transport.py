@@ -33,7 +33,7 @@ from dispenser.adapters.kafka.connection import (
     topic_partitions,
 )
 from dispenser.config import KafkaConfig
-from dispenser.messages import MSGPACK, Format, IdRequest, KafkaIdRequest, Kind, Reply
+from dispenser.messages import MSGPACK, IdRequest, KafkaIdRequest, Kind, Reply, ReplyFormat
 
 __all__ = ["KafkaIdRequester", "KafkaIdTransport"]
 
@@ -170,7 +170,7 @@ class KafkaIdRequester:
         count: int = 1,
         *,
         kind: Kind = "segment",
-        format: Format = "ids",
+        format: ReplyFormat = "ids",
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> Reply:
