@@ -178,11 +178,10 @@ def run_check(_args: argparse.Namespace, config: Config) -> int:
 
 def run_decode(args: argparse.Namespace, config: Config) -> int:
     """Print the parts of a snowflake ID, or a permuted tag's key epoch and counter (``--tag``)."""
-    from dispenser.core.sqids_form import read_id  # noqa: PLC0415 - imports sqids (the [server] extra)
     from dispenser.registries import layout_of  # noqa: PLC0415
     from dispenser.service.decode import decode_id  # noqa: PLC0415
 
-    value = read_id(args.id)
+    value = _id_of(args.id)
     if args.tag is not None:
         return _decode_permuted(args.tag, value, config)
     reply = decode_id(layout_of(config.snowflake), value)
@@ -193,6 +192,19 @@ def run_decode(args: argparse.Namespace, config: Config) -> int:
     print(f"worker:    {reply.worker_id}")
     print(f"sequence:  {reply.sequence}")
     return 0
+
+
+def _id_of(text: str) -> int:
+    """An ID in decimal (a negative one too: the decoder says why it is none), or its sqids-format string.
+
+    The sqids package (the [server] extra) is imported for a string only: a client-only install decodes
+    decimal snowflake IDs as before.
+    """
+    if text.isascii() and text.removeprefix("-").isdigit():
+        return int(text)
+    from dispenser.core.sqids_form import from_sqid  # noqa: PLC0415
+
+    return from_sqid(text)
 
 
 def _decode_permuted(tag: str, permuted_id: int, config: Config) -> int:

@@ -1,9 +1,9 @@
 """The ``sqids`` reply format: each ID as a short string, by the ``sqids`` package (sqids.org, Sqids' spec).
 
-The default Sqids alphabet (62 letters and digits) and blocklist, and a minimum length of
-:data:`MIN_LENGTH`: every ID, ``0`` to ``2**63 - 1``, is exactly 12 characters (docs/permuted.md, "The string
-form"). It is an encoding, not a cipher: anyone with the
-package reads the number back, so a plain tag's string shows its counter as plainly as the number does.
+The default Sqids alphabet (62 letters and digits) and blocklist, and a minimum length of :data:`MIN_LENGTH`:
+every ID, ``0`` to ``2**63 - 1``, is exactly 12 characters (docs/permuted.md, "The string form"). It is an
+encoding, not a cipher: anyone with the package reads the number back, so a plain tag's string shows its
+counter as plainly as the number does.
 
 Distinct IDs give distinct strings (decoding undoes encoding, whatever blocklist minted the string), so the
 form keeps every ID unique. :func:`from_sqid` takes only the string this release makes of a number (a typo
@@ -12,7 +12,6 @@ almost always turns the string into another number's non-canonical form, and is 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 
 from sqids import Sqids
@@ -26,7 +25,6 @@ __all__ = [
     "MAX_SQID_ID",
     "MIN_LENGTH",
     "from_sqid",
-    "read_id",
     "sqids_of",
     "to_sqid",
 ]
@@ -46,9 +44,6 @@ requests ~11 ms at most (docs/permuted.md, "The string form")."""
 
 MAX_SQID_ID = 2**63 - 1
 """The largest ID a string may stand for: IDs are positive 64-bit signed integers."""
-
-_DECIMAL = re.compile(r"-?[0-9]+")
-"""A number in decimal (a negative one too: the decoder says why it is no ID)."""
 
 _SQIDS = Sqids(min_length=MIN_LENGTH)  # the default alphabet and blocklist (sqids 0.5.x)
 
@@ -75,14 +70,3 @@ def from_sqid(text: str) -> int:
     if len(numbers) != 1 or not 0 <= numbers[0] <= MAX_SQID_ID or to_sqid(numbers[0]) != text:
         raise BadRequest(f"{text[:40]!r} is no ID in the sqids form (docs/permuted.md, 'The string form')")
     return numbers[0]
-
-
-def read_id(text: str) -> int:
-    """An ID written either way: decimal digits, or its string in the sqids form (``dispenser decode``).
-
-    Raises:
-        BadRequest: neither (see :func:`from_sqid`).
-    """
-    if _DECIMAL.fullmatch(text):
-        return int(text)
-    return from_sqid(text)

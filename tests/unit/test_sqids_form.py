@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from dispenser.cli import main
 from dispenser.core.errors import BadRequest
 from dispenser.core.permute import MAX_EPOCH, SPAN, Permutation
-from dispenser.core.sqids_form import ALPHABET, MAX_SQID_ID, MIN_LENGTH, from_sqid, read_id, sqids_of, to_sqid
+from dispenser.core.snowflake import SnowflakeLayout
+from dispenser.core.sqids_form import ALPHABET, MAX_SQID_ID, MIN_LENGTH, from_sqid, sqids_of, to_sqid
 from tests.secret_values import SECRETS
 
 PERMUTED = st.integers(SPAN, (MAX_EPOCH + 1) * SPAN - 1)
@@ -29,7 +30,6 @@ def test_a_permuted_ids_string_decodes_back_to_it(value: int) -> None:
     """Round trip over the permuted IDs, edges and random values: 12 characters of the alphabet."""
     text = to_sqid(value)
     assert from_sqid(text) == value
-    assert read_id(text) == value
     assert len(text) == MIN_LENGTH
     assert set(text) <= set(ALPHABET)
 
@@ -70,12 +70,6 @@ def test_no_ids_string_is_refused(text: str) -> None:
         from_sqid(text)
 
 
-def test_read_id_takes_decimal_too() -> None:
-    """`dispenser decode` takes either spelling; a negative number is left to the decoder to refuse."""
-    assert read_id("1909854577332565212") == 1909854577332565212
-    assert read_id("-5") == -5
-
-
 def test_decode_tag_gives_the_same_epoch_and_counter_for_the_string(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -90,3 +84,14 @@ def test_decode_tag_gives_the_same_epoch_and_counter_for_the_string(
     assert "counter:   17\n" in as_number
     assert main(["decode", "--tag", "order", "p5drq7BwsFlx"]) == 1
     assert "no ID in the sqids form" in capsys.readouterr().err
+    assert main(["decode", "--tag", "order", "1_000"]) == 1  # neither decimal digits nor a string
+    assert "no ID in the sqids form" in capsys.readouterr().err
+
+
+def test_decode_takes_a_snowflake_ids_string(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --tag: a snowflake ID's string decodes as its number does."""
+    snowflake_id = SnowflakeLayout().compose(1_795_251_696_389, 7, 42)
+    assert main(["decode", str(snowflake_id)]) == 0
+    as_number = capsys.readouterr().out
+    assert main(["decode", to_sqid(snowflake_id)]) == 0
+    assert capsys.readouterr().out == as_number
