@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -16,6 +16,9 @@ from dispenser.arguments import positive_float, positive_int
 from dispenser.cli.common import AddParser, uvloop_suits
 from dispenser.config import Config
 from dispenser.runner import run_async
+
+if TYPE_CHECKING:
+    from dispenser.messages import ReplyFormat
 
 __all__ = [
     "add_check",
@@ -38,7 +41,11 @@ def add_get(add_parser: AddParser) -> None:
     )
     get.add_argument("tag", help="the tag (segment: created with `dispenser tag add`; snowflake: any name)")
     get.add_argument("count", type=positive_int, nargs="?", default=1, help="how many IDs (default 1)")
-    get.add_argument("--ranges", action="store_true", help="ask for ranges; print 'first last' per line")
+    form = get.add_mutually_exclusive_group()
+    form.add_argument("--ranges", action="store_true", help="ask for ranges; print 'first last' per line")
+    form.add_argument(
+        "--sqids", action="store_true", help="ask for each ID as its 12-character string (docs/permuted.md)"
+    )
     get.add_argument(
         "--kind", choices=["segment", "snowflake"], default="segment", help="generator (default segment)"
     )
@@ -110,8 +117,9 @@ def run_get(args: argparse.Namespace, config: Config) -> int:
     from dispenser.messages import Reply, id_subject  # noqa: PLC0415
 
     body: dict[str, Any] = {"count": args.count}
-    if args.ranges:
-        body["format"] = "ranges"
+    form: ReplyFormat = "ranges" if args.ranges else "sqids" if args.sqids else "ids"
+    if form != "ids":
+        body["format"] = form
     if args.request_id:
         body["request_id"] = args.request_id
     subject = id_subject(config.nats.subject_prefix, args.kind, args.tag)
@@ -125,7 +133,7 @@ def run_get(args: argparse.Namespace, config: Config) -> int:
                     args.tag,
                     args.count,
                     kind=args.kind,
-                    format="ranges" if args.ranges else "ids",
+                    format=form,
                     request_id=args.request_id,
                 )
             except TimeoutError:
@@ -150,6 +158,8 @@ def run_get(args: argparse.Namespace, config: Config) -> int:
         out.writelines(f"{first} {last}\n" for first, last in reply.ranges)
     elif reply.ids is not None:
         out.writelines(f"{i}\n" for i in reply.ids)
+    elif reply.sqids is not None:
+        out.writelines(f"{s}\n" for s in reply.sqids)
     return 0
 
 

@@ -22,7 +22,7 @@ from dispenser.messages import Reply
 from dispenser.service.permuted import load_permutation
 from dispenser_lab.servers import NatsServer
 
-from .segment_support import running_worker
+from .segment_support import ask, client, ids_of, running_worker
 from .test_permuted import KEY1, cli
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
@@ -67,6 +67,10 @@ async def test_a_plain_tag_marked_then_unmarked_while_workers_serve_it(
         url_a = a.http.url
         plain += (await take(url_a)).ids or []
         assert plain == [1, 2, 3, 4, 5]
+        async with client(nats_server.url) as nc:  # the tag remembered as plain on NATS's fast path
+            for _ in range(2):
+                plain += ids_of(await ask(nc, "leaf.segment.order", b'{"count": 2}'))
+            assert plain[5:] == [6, 7, 8, 9]
         assert await cli("tag", "set", "order", "--permuted") == 0
         refused: list[Reply] = []
 
@@ -81,6 +85,10 @@ async def test_a_plain_tag_marked_then_unmarked_while_workers_serve_it(
         await until(keyless_refuses, what="the keyless worker refuses the marked tag")
         assert refused[0].error is not None
         assert (refused[0].error.code, refused[0].error.retryable) == ("unavailable", True)
+        async with client(nats_server.url) as nc:  # and dropped from the fast path: refused there too
+            error = (await ask(nc, "leaf.segment.order", b'{"count": 2}')).error
+            assert error is not None
+            assert error.code == "unavailable"
         async with running_worker(worker(nats_server.url, pg_dsn, keyed)) as b:
             assert b.http is not None
             permuted += (await take(b.http.url)).ids or []

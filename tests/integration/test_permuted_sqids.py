@@ -42,9 +42,10 @@ async def test_sqids_over_nats_and_http_decode_to_the_counters_ids(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Strings over NATS and HTTP, integers between them: counters 1.. in order; a plain tag's too."""
+    """Strings over NATS, HTTP and `dispenser get --sqids`, integers between: counters 1.. in order; plain too."""
     monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
     monkeypatch.setenv("DISPENSER_SEGMENT_PERMUTE_KEYS_DIR", str(tmp_path))
+    monkeypatch.setenv("DISPENSER_NATS_URL", nats_server.url)
     assert await cli("migrate") == 0
     assert await cli("tag", "add", "order", "--step", "50", "--permuted") == 0
     assert await cli("tag", "add", "plain", "--step", "50") == 0
@@ -65,9 +66,12 @@ async def test_sqids_over_nats_and_http_decode_to_the_counters_ids(
             assert response.status == 200
             over_http = strings(msgspec.json.decode(await response.read(), type=Reply))
         got += [from_sqid(s) for s in over_http]
+        capsys.readouterr()
+        assert await cli("get", "order", "2", "--sqids") == 0  # one string a line
+        got += [from_sqid(s) for s in capsys.readouterr().out.split()]
         plain = strings(await ask(nc, "leaf.segment.plain", b'{"count": 3, "format": "sqids"}'))
     permutation = load_permutation(tmp_path, "order")
-    assert got == [permutation.encode(n) for n in range(1, 10)]
+    assert got == [permutation.encode(n) for n in range(1, 12)]
     assert [from_sqid(s) for s in plain] == [1, 2, 3]  # a plain tag's strings hide nothing
     capsys.readouterr()
     assert await cli("decode", "--tag", "order", over_http[-1]) == 0
