@@ -149,3 +149,27 @@ async def test_deadlines_leave_no_task_once_nothing_is_waited_on() -> None:
     await clock.advance(0.1)
     assert waiting.result() is True
     assert not any(task.get_name() == "deadlines" for task in asyncio.all_tasks())
+
+
+async def test_a_burst_of_expiries_starts_one_sleeper_and_each_still_fails_on_time() -> None:
+    """64 requests arriving in one turn of the loop (NATS hands them over together): one sleeping task, not 64.
+
+    Before the fix each push found the new sleeper not yet asleep (``_wake_at`` unset) and replaced it: a task
+    made and cancelled per request on the request_id path. Deadlines out of order still fail each on time.
+    """
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[int]] = [loop.create_future() for _ in range(64)]
+    offsets = [1.0 + (i % 8) / 8 for i in range(63)] + [0.5]  # the last one earliest: a restart, rightly
+    for future, offset in zip(futures, offsets, strict=True):
+        deadlines.expire(future, clock.monotonic() + offset, lambda: TimeoutError("late"))
+    sleepers = [t for t in asyncio.all_tasks() if t.get_name() == "deadlines"]
+    assert len(sleepers) <= 2  # the first, and the one the earlier deadline put in its place
+    await clock.advance(0.5)
+    assert futures[-1].done()
+    assert not any(f.done() for f in futures[:-1])
+    await clock.advance(0.5)
+    assert [f.done() for f in futures[:-1]] == [i % 8 == 0 for i in range(63)]
+    await clock.advance(1.0)
+    assert all(isinstance(f.exception(), TimeoutError) for f in futures)
