@@ -193,7 +193,8 @@ class _Workers:
         reply = await self.send(request)
         if reply.permuted:  # the tag's first permuted reply: from here on, a list
             return [self._permuted(reply)]
-        assert reply.ranges is not None  # checked by send
+        if not reply.ranges:
+            raise DispenserUnavailable("unavailable", f"{state.name!r}: a reply without ranges")
         state.engine.cap = self._client.settings.max_request  # a plain tag: no more the first request's cap
         return reply.ranges
 
@@ -210,7 +211,7 @@ class _Workers:
         return listed.add(ids_of(reply))
 
     async def send(self, request: IdRequest) -> Reply:
-        """One request and its reply, which has ranges (or IDs).
+        """One request and its reply, which has IDs (in ranges or a list).
 
         Raises:
             DispenserUnavailable: no reply, no worker, or a retryable error reply.
@@ -227,10 +228,10 @@ class _Workers:
         except OSError as exc:
             raise DispenserUnavailable("unreachable", f"{name!r}: {exc}") from None
         error = reply.error
-        if error is None and reply.ranges:
+        if error is None and (reply.ranges or reply.ids):
             return reply
         if error is None:
-            raise DispenserUnavailable("unavailable", f"{name!r}: a reply without ranges")
+            raise DispenserUnavailable("unavailable", f"{name!r}: a reply without IDs")
         if error.retryable:
             raise DispenserUnavailable(error.code, error.message)
         raise Refused(IdRequestError(error.code, error.message, False))

@@ -73,21 +73,22 @@ class Listed:
 
 
 def ids_of(reply: Reply) -> list[int]:
-    """The IDs of a reply, one per ``[id, id]`` range of a permuted tag's (or a list).
+    """The IDs of a reply: its list, or its ranges (the first reply, asked before the tag was known permuted).
 
-    A plain reply's IDs too: a tag whose permuted mark was taken off, or a worker that has not seen the mark
-    yet (``docs/permuted.md``), answers plain ranges, which a tag served as a list keeps in the list, as
-    unique as the permuted ones (a request asks at most :data:`PERMUTED_REQUEST_MAX`).
+    A permuted tag's refills ask for a list: half the bytes of ``[id, id]`` ranges. A plain reply's IDs too: a
+    tag whose permuted mark was taken off, or a worker that has not seen the mark yet (``docs/permuted.md``),
+    answers plain IDs, which a tag served as a list keeps in the list, as unique as the permuted ones (a
+    request asks at most :data:`PERMUTED_REQUEST_MAX`).
     """
-    if reply.ranges is not None:
-        return [i for first, last in reply.ranges for i in range(first, last + 1)]
-    return list(reply.ids or ())
+    if reply.ids is not None:
+        return reply.ids
+    return [i for first, last in reply.ranges or () for i in range(first, last + 1)]
 
 
 class ListedRequests:
     """A permuted tag's refills as requests of at most :data:`PERMUTED_REQUEST_MAX` IDs each, sent at once.
 
-    Each request has its own ``request_id``; a retry (:attr:`Fetch.repeat`) sends again, with their
+    Each asks for a list (``format="ids"``) and has its own ``request_id``; a retry (:attr:`Fetch.repeat`) sends again, with their
     ``request_id``, only the requests not answered yet, and keeps the answers it has.
 
     Args:
@@ -113,9 +114,7 @@ class ListedRequests:
             counts = [self.per_request] * (size // self.per_request)
             if size % self.per_request:
                 counts.append(size % self.per_request)
-            self._requests = [
-                IdRequest(count=n, request_id=uuid.uuid4().hex, format="ranges") for n in counts
-            ]
+            self._requests = [IdRequest(count=n, request_id=uuid.uuid4().hex, format="ids") for n in counts]
             self._answered = {}
         waiting = [n for n in range(len(self._requests)) if n not in self._answered]
         replies = await asyncio.gather(*(send(self._requests[n]) for n in waiting), return_exceptions=True)

@@ -27,7 +27,7 @@ def counter_of(permuted_id: int) -> int:
 
 
 class PermutedFleet:
-    """Answers like workers serving a permuted tag: one ``[id, id]`` range per counter, ``permuted: true``.
+    """Answers like workers serving a permuted tag: a list, or one ``[id, id]`` range per ID; ``permuted: true``.
 
     At most :data:`MAX_PERMUTED_IDS` a request (``count_too_large`` past it, as a worker answers); a
     ``request_id`` is answered its first IDs again. ``lose`` drops the next replies after the IDs were
@@ -60,22 +60,26 @@ class PermutedFleet:
             await asyncio.sleep(self.delay)
         finally:
             self.in_flight -= 1
-        assert request.request_id is not None
-        assert request.format == "ranges"
-        reply = self.answers.get(request.request_id)
+        rid = request.request_id
+        assert rid is not None
+        reply = self.answers.get(rid)
         if reply is None:
             first, self.counter = self.counter, self.counter + request.count
             if self.plain:
-                reply = Reply(tag=tag, ranges=[(first, self.counter - 1)], request_id=request.request_id)
+                ids = list(range(first, self.counter))
+                ranges = [(first, self.counter - 1)]
             elif request.count > MAX_PERMUTED_IDS:
                 error = ErrorBody("count_too_large", f"count {request.count} is over the limit", False)
                 return Reply(tag=tag, error=error)
             else:
                 ids = [SPAN + n * MULTIPLIER % SPAN for n in range(first, self.counter)]
-                reply = Reply(
-                    tag=tag, ranges=[(i, i) for i in ids], request_id=request.request_id, permuted=True
-                )
-            self.answers[request.request_id] = reply
+                ranges = [(i, i) for i in ids]
+            permuted = not self.plain
+            if request.format == "ids":
+                reply = Reply(tag=tag, ids=ids, request_id=rid, permuted=permuted)
+            else:
+                reply = Reply(tag=tag, ranges=ranges, request_id=rid, permuted=permuted)
+            self.answers[rid] = reply
         if self.lose:
             self.lose -= 1
             raise TimeoutError("no reply in time")
@@ -118,6 +122,10 @@ async def test_next_id_and_take_serve_a_permuted_tag_refilled_ahead() -> None:
     assert stats is not None
     assert (stats.ids_dropped, stats.ids_handed_out) == (0, len(got))
     assert all(r.count <= MAX_PERMUTED_IDS for r in fleet.requests)
+    assert [r.format for r in fleet.requests[:2]] == [
+        "ranges",
+        "ids",
+    ]  # a list once the tag is known permuted
 
 
 async def test_a_large_take_is_several_requests_in_flight_at_once() -> None:
