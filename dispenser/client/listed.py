@@ -46,15 +46,18 @@ class Listed:
     """A permuted tag's IDs by position: the refill engine holds positions, this list the IDs at them.
 
     Positions are handed out in increasing order (the engine's segments, the cursor's runs), so the IDs
-    below the first position asked for are dropped as it moves on.
+    below the first position asked for are forgotten as it moves on: dropped from the list once they are
+    half of it (amortised, rather than shifting the whole list at every cursor run).
     """
 
-    __slots__ = ("_base", "_ids")
+    __slots__ = ("_base", "_ids", "_low")
 
     def __init__(self) -> None:
         self._ids: list[int] = []
         self._base = FIRST_POSITION
         """The position of ``_ids[0]``."""
+        self._low = FIRST_POSITION
+        """The lowest position not forgotten."""
 
     def add(self, ids: Sequence[int]) -> Range:
         """Keep ``ids`` (at least one) at the next positions; return those positions, for the engine."""
@@ -64,12 +67,14 @@ class Listed:
 
     def ids(self, first: int, last: int) -> list[int]:
         """The IDs at positions ``first`` to ``last``; those below ``first`` are forgotten (handed out)."""
+        assert first >= self._low, (first, self._low)  # positions are never asked for twice
+        self._low = first
         drop = first - self._base
-        assert drop >= 0, (first, self._base)  # positions are never asked for twice
-        if drop:
+        if drop > len(self._ids) // 2:
             del self._ids[:drop]
             self._base = first
-        return self._ids[: last - first + 1]
+            drop = 0
+        return self._ids[drop : drop + last - first + 1]
 
 
 def ids_of(reply: Reply) -> list[int]:
@@ -88,8 +93,8 @@ def ids_of(reply: Reply) -> list[int]:
 class ListedRequests:
     """A permuted tag's refills as requests of at most :data:`PERMUTED_REQUEST_MAX` IDs each, sent at once.
 
-    Each asks for a list (``format="ids"``) and has its own ``request_id``; a retry (:attr:`Fetch.repeat`) sends again, with their
-    ``request_id``, only the requests not answered yet, and keeps the answers it has.
+    Each asks for a list (``format="ids"``) and has its own ``request_id``; a retry (:attr:`Fetch.repeat`)
+    sends again, with their ``request_id``, only the requests not answered yet, and keeps the answers it has.
 
     Args:
         tag: the tag.
