@@ -24,18 +24,28 @@ __all__ = ["PostgresReplayStore"]
 # Many answers at once (group commit). Ordered by key, so that two workers' batches lock the rows they share
 # in the same order (no deadlock between them). Ranges travel as array literals ('{1,100,201,300}'): unnest
 # cannot take an array of arrays of different lengths.
+#
+# Only the rows whose held answer is not the one sent come back (a race lost, a key used before): nearly
+# every row is ours, and decoding it back into a Settled cost the worker about 1 µs a row for nothing (measured:
+# the store alone, 64 answers at a time, client CPU 9.3-10.1 -> 8.3-8.9 µs an answer at best).
 _SETTLE_MANY: Final = """
-INSERT INTO dispenser_request AS held (kind, biz_tag, request_id, count, format, ranges, expires_at)
-SELECT r.kind, r.tag, r.request_id, r.count, r.format, r.ranges::bigint[], now() + make_interval(secs => r.ttl)
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::float8[])
-       AS r(kind, tag, request_id, count, format, ranges, ttl)
- ORDER BY r.kind, r.tag, r.request_id
-ON CONFLICT (kind, biz_tag, request_id) DO UPDATE SET
-    count      = CASE WHEN held.expires_at <= now() THEN EXCLUDED.count      ELSE held.count      END,
-    format     = CASE WHEN held.expires_at <= now() THEN EXCLUDED.format     ELSE held.format     END,
-    ranges     = CASE WHEN held.expires_at <= now() THEN EXCLUDED.ranges     ELSE held.ranges     END,
-    expires_at = CASE WHEN held.expires_at <= now() THEN EXCLUDED.expires_at ELSE held.expires_at END
-RETURNING held.kind, held.biz_tag, held.request_id, held.count, held.format, held.ranges
+WITH sent AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::float8[])
+        AS r(kind, tag, request_id, count, format, ranges, ttl)
+), held AS (
+    INSERT INTO dispenser_request AS held (kind, biz_tag, request_id, count, format, ranges, expires_at)
+    SELECT s.kind, s.tag, s.request_id, s.count, s.format, s.ranges::bigint[], now() + make_interval(secs => s.ttl)
+      FROM sent s
+     ORDER BY s.kind, s.tag, s.request_id
+    ON CONFLICT (kind, biz_tag, request_id) DO UPDATE SET
+        count      = CASE WHEN held.expires_at <= now() THEN EXCLUDED.count      ELSE held.count      END,
+        format     = CASE WHEN held.expires_at <= now() THEN EXCLUDED.format     ELSE held.format     END,
+        ranges     = CASE WHEN held.expires_at <= now() THEN EXCLUDED.ranges     ELSE held.ranges     END,
+        expires_at = CASE WHEN held.expires_at <= now() THEN EXCLUDED.expires_at ELSE held.expires_at END
+    RETURNING held.kind, held.biz_tag, held.request_id, held.count, held.format, held.ranges
+)
+SELECT held.* FROM held JOIN sent s ON (held.kind, held.biz_tag, held.request_id) = (s.kind, s.tag, s.request_id)
+ WHERE (held.count, held.format, held.ranges) IS DISTINCT FROM (s.count, s.format, s.ranges::bigint[])
 """
 
 MAX_BATCH: Final = 512
@@ -46,7 +56,9 @@ WRITERS: Final = 2
 (PostgreSQL flushes concurrent commits together), and the pool keeps connections for segment fetches."""
 
 _Key = tuple[str, str, str]
-_Row = tuple[int, str, str, float]  # count, format, ranges as an array literal, ttl
+_Row = tuple[
+    int, str, str, float, tuple[tuple[int, int], ...]
+]  # count, format, the ranges' literal, ttl, ranges
 _Batch = dict[_Key, tuple[_Row, list[asyncio.Future[Settled]]]]
 
 _SWEEP: Final = """
@@ -104,7 +116,7 @@ class PostgresReplayStore:
         if queued is not None:
             queued[1].append(future)  # copies of one request (one worker's cache makes them rare): one row
         else:
-            self._queue[key] = ((count, format, literal, ttl), [future])
+            self._queue[key] = ((count, format, literal, ttl, ranges), [future])
         if len(self._writers) < WRITERS:
             self._writers.add(asyncio.create_task(self._write(), name="replay-store-write"))
         return future
@@ -160,14 +172,12 @@ class PostgresReplayStore:
             )
             for r in rows
         }
-        for key, (_, futures) in batch.items():
+        for key, (row, futures) in batch.items():
             settled = held.get(key)
+            if settled is None:  # not returned: the held answer is the one sent
+                settled = Settled(row[0], row[1], row[4])
             for future in futures:
-                if future.done():
-                    continue  # its request gave up (deadline); the record stands
-                if settled is None:  # an upsert returns every row; never seen
-                    future.set_exception(RuntimeError(f"no row returned for {key!r}"))
-                else:
+                if not future.done():  # else its request gave up (deadline); the record stands
                     future.set_result(settled)
 
     async def _write_apart(self, batch: _Batch, keys: list[_Key], refused: StoreRefusedValue) -> None:
