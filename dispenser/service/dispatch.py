@@ -388,7 +388,7 @@ class Dispatcher:
         if count < 1:
             raise InvalidCount(count)
         limits = self.limits
-        if tag in self._permuted:  # enciphered one by one, in the event loop: see MAX_PERMUTED_IDS
+        if tag in self._permuted:  # enciphered in the event loop: see MAX_PERMUTED_IDS
             limit = min(limits.max_ids, MAX_PERMUTED_IDS)
         else:
             limit = limits.max_ranges if request.format == "ranges" else limits.max_ids
@@ -406,7 +406,7 @@ class Dispatcher:
         """
         permutation = self._permuted.get(tag)
         if permutation is not None:
-            return PermutedBatch([(i, i) for i in permutation.ids(batch.ranges)])
+            return PermutedBatch.of(permutation.ids(batch.ranges))
         if tag in self._marked:
             raise Unavailable(
                 f"tag {tag!r} is permuted and this worker has no key file for it (segment.permute_keys_dir)"
@@ -432,6 +432,10 @@ class Dispatcher:
             first, last = ranges[0]
             reply = Reply(tag=tag, ids=list(range(first, last + 1)), request_id=rid, permuted=permuted)
         else:
-            ids = [i for first, last in ranges for i in range(first, last + 1)]
+            ids = (
+                batch.ids  # as enciphered, not flattened back from their ranges
+                if isinstance(batch, PermutedBatch)
+                else [i for first, last in ranges for i in range(first, last + 1)]
+            )
             reply = Reply(tag=tag, ids=ids, request_id=rid, permuted=permuted)
         return encode_reply(reply, msgpack)

@@ -38,6 +38,13 @@ class PermutedBatch:
     """A permuted tag's IDs as a batch: one ``(id, id)`` range per ID, in the order they were drawn."""
 
     ranges: Sequence[tuple[int, int]]
+    ids: list[int]
+    """The same IDs as a list: an ``ids`` reply takes them as they are (flattening 10,000 ranges back costs ~1.4 ms)."""
+
+    @classmethod
+    def of(cls, ids: list[int]) -> PermutedBatch:
+        """The batch of ``ids``."""
+        return cls([(i, i) for i in ids], ids)
 
 
 def key_file(directory: str | Path, tag: str) -> Path:
