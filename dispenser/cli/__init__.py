@@ -146,8 +146,9 @@ _EXTRA_OF = {
     "aiomysql": "leaf-import",
     "aiokafka": "server",
     "asyncpg": "server",
-    "ff3": "server",
+    "Crypto": "server",  # pycryptodome: AES under permuted tags' FF3-1 (core/ff3_1.py)
     "kazoo": "server",
+    "numpy": "server",  # permuted tags' batches (core/ff3_1.py)
     "prometheus_client": "server",
     "sqids": "server",
     "uvloop": "server",

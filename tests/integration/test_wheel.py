@@ -147,6 +147,13 @@ async def test_the_wheel_alone_in_a_clean_venv_is_a_typed_licensed_client(
     assert served.stdout == ""
     assert served.stderr.count("\n") == 1, served.stderr
     assert "pip install 'leaf-dispenser[server]'" in served.stderr
+    # A permuted tag's ID needs the cipher's libraries (numpy, pycryptodome) to decode: named too, no traceback.
+    decoded = await asyncio.to_thread(
+        _run, bin_dir / "dispenser", "decode", "--tag", "order", "1909854577332565212"
+    )
+    assert decoded.returncode == 2, decoded.stdout + decoded.stderr
+    assert "Traceback" not in decoded.stderr
+    assert "pip install 'leaf-dispenser[server]'" in decoded.stderr
     # Outside a checkout (the test's directory, not the repository's: from there it would write into it).
     schemas = await asyncio.to_thread(_run, bin_dir / "dispenser", "schemas", cwd=tmp_path)
     assert schemas.returncode == 2, schemas.stdout + schemas.stderr
