@@ -31,7 +31,7 @@ class PermutedFleet:
 
     At most :data:`MAX_PERMUTED_IDS` a request (``count_too_large`` past it, as a worker answers); a
     ``request_id`` is answered its first IDs again. ``lose`` drops the next replies after the IDs were
-    drawn; ``plain`` answers plain ranges instead (the tag removed and added again); ``delay`` holds each
+    drawn (kept in ``lost``); ``plain`` answers plain ranges instead (the tag removed and added again); ``delay`` holds each
     reply, so that requests sent together are in flight together (``most_in_flight``).
     """
 
@@ -40,6 +40,7 @@ class PermutedFleet:
         self.requests: list[IdRequest] = []
         self.answers: dict[str, Reply] = {}
         self.lose = 0
+        self.lost: list[int] = []
         self.plain = False
         self.delay = 0.0
         self.in_flight = 0
@@ -61,8 +62,7 @@ class PermutedFleet:
         finally:
             self.in_flight -= 1
         rid = request.request_id
-        assert rid is not None
-        reply = self.answers.get(rid)
+        reply = None if rid is None else self.answers.get(rid)
         if reply is None:
             first, self.counter = self.counter, self.counter + request.count
             if self.plain:
@@ -79,11 +79,20 @@ class PermutedFleet:
                 reply = Reply(tag=tag, ids=ids, request_id=rid, permuted=permuted)
             else:
                 reply = Reply(tag=tag, ranges=ranges, request_id=rid, permuted=permuted)
-            self.answers[rid] = reply
+            if rid is not None:
+                self.answers[rid] = reply
         if self.lose:
             self.lose -= 1
+            self.lost += reply.ids or [a for a, _ in reply.ranges or ()]
             raise TimeoutError("no reply in time")
         return reply
+
+
+def ids_held(client: IdClient) -> int:
+    """The IDs of ``order`` the client holds."""
+    stats = client.stats("order")
+    assert stats is not None
+    return stats.ids_held
 
 
 def assert_distinct_counters(ids: list[int]) -> None:
@@ -141,18 +150,24 @@ async def test_a_large_take_is_several_requests_in_flight_at_once() -> None:
     assert REQUESTS_IN_FLIGHT >= 4
 
 
-async def test_a_lost_reply_is_asked_again_alone_by_its_request_id() -> None:
-    """One of a refill's 3 requests loses its reply: only it is sent again, with its request_id; no ID twice."""
+async def test_a_lost_reply_is_asked_again_alone_and_its_ids_are_a_gap() -> None:
+    """One of a refill's 3 requests loses its reply: only it is sent again; its IDs are never handed out."""
     fleet = PermutedFleet()
     async with IdClient(fleet, FAST) as client:
         got = await client.take("order", 10)  # the tag is known permuted from here
         sent_before = len(fleet.requests)
+        held = ids_held(client)
         fleet.lose = 1
         got += await client.take("order", 3 * MAX_PERMUTED_IDS)
     assert_distinct_counters(got)
-    sent = [r.request_id for r in fleet.requests[sent_before:]]
-    assert len(sent) == len(set(sent)) + 1  # the lost one again, and no other request twice
     assert len(got) == 10 + 3 * MAX_PERMUTED_IDS
+    assert fleet.lost
+    assert not set(fleet.lost) & set(got)
+    refills = fleet.requests[sent_before:]
+    assert all(r.request_id is None and r.format == "ids" for r in refills)  # no replay record to write
+    assert sum(r.count for r in refills) >= 3 * MAX_PERMUTED_IDS - held + len(
+        fleet.lost
+    )  # the lost one again
 
 
 @pytest.mark.parametrize("first_plain", [True, False])
