@@ -95,7 +95,7 @@ class ListedRequests:
     Each asks for a list (``format="ids"``), without a ``request_id``: the fleet records the answer to a
     ``request_id`` in its replay store, and a permuted tag's answer is up to 10,000 separate IDs, which cost
     the workers about three times the IDs' own work (a client drew ~0.5 million permuted IDs a second with a
-    ``request_id``, 1.3-1.9 million without, one worker, ``docs/benchmarks.md``). What a lost reply then costs
+    ``request_id``, 1-2 million without, one worker, ``docs/benchmarks.md``). What a lost reply then costs
     is a gap of its counters, never a repeat: the client installs only replies it received, and the counters
     run to ``10**18``. A retry (:attr:`Fetch.repeat`) sends again only the requests not answered yet, and
     keeps the answers it has.
