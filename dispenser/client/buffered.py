@@ -4,7 +4,8 @@
 from the workers in the background, sized and installed by the workers' own refill engine
 (:class:`~dispenser.core.refill.Refill`) through the workers' own refill shell
 (:class:`~dispenser.service.refiller.Refiller`); this module adds the cursor and the transport's side.
-How it buffers, retries and what it skips: ``docs/client.md``.
+A permuted tag's IDs, which make no ranges, are kept as a list (:mod:`dispenser.client.listed`). How it
+buffers, retries and what it skips: ``docs/client.md``.
 """
 
 from __future__ import annotations

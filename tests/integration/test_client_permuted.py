@@ -12,13 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.cli import main
 from dispenser.client import BlockingIdClient, BufferSettings, IdClient
 from dispenser.core.permute import SPAN
 from dispenser.service.permuted import load_permutation
 from dispenser_lab.servers import NatsServer
+from dispenser_lab.servers.kafka import KafkaBroker
 
-from .segment_support import client, running_worker, wait_serving
+from .kafka_support import kafka_config, serving_topics
+from .segment_support import client, prepare, running_worker, wait_serving
 from .test_permuted import KEY1, config
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
@@ -105,3 +108,26 @@ async def test_the_blocking_client_serves_a_permuted_tag(
     assert len(got) == 420
     assert_permuted(got, tmp_path)
     assert plain == list(range(1, 61))
+
+
+@pytest.mark.kafka
+async def test_the_client_over_kafka_serves_a_permuted_tag(
+    kafka_broker: KafkaBroker, pg_dsn: str, tmp_path: Path
+) -> None:
+    """IdClient.over_kafka on a permuted tag: next_id and take across refills, distinct and decodable IDs."""
+    await prepare(pg_dsn, [("plain", 50)])
+    async with await PostgresSegmentStore.connect(pg_dsn) as store:
+        await store.add_tag("order", 50, permuted=True)
+    (tmp_path / "order.keys").write_text(f"1 {KEY1}\n")
+    cfg = kafka_config(kafka_broker.bootstrap, pg_dsn, **serving_topics(), segment_permute_keys_dir=tmp_path)
+    settings = BufferSettings(min_buffer=20, max_buffer=50, request_timeout=20.0, timeout=30.0)
+    async with running_worker(cfg), IdClient.over_kafka(cfg.kafka, settings) as ids:
+        got = [await ids.next_id("order") for _ in range(200)]
+        got += await ids.take("order", 120)
+        plain = [await ids.next_id("plain") for _ in range(60)]
+        stats = ids.stats("order")
+    assert len(got) == 320
+    assert_permuted(got, tmp_path)
+    assert plain == list(range(1, 61))
+    assert stats is not None
+    assert stats.requests >= 4  # several refills
