@@ -27,6 +27,7 @@ from dispenser.client.listed import (
     Listed,
     ListedRequests,
     ids_of,
+    may_be_permuted,
 )
 from dispenser.client.settings import BufferSettings, ClientStats, IdTransport, next_run
 from dispenser.config import KafkaConfig, NatsConfig
@@ -156,6 +157,7 @@ class _Workers:
         self._client = client
         self._request: IdRequest | None = None
         self._listed: ListedRequests | None = None  # a permuted tag's
+        self._capped = False  # a request over PERMUTED_REQUEST_MAX was refused: no more such requests
         self.log = log
         self.subject = f"refill of {state.name!r}"
 
@@ -172,31 +174,33 @@ class _Workers:
         return self._state.in_cursor()
 
     async def fetch(self, fetch: Fetch) -> list[tuple[int, int]]:
-        """One request (a retry: the same, with its ``request_id``, so a lost reply costs no range).
-
-        A permuted tag's: several requests at once (:class:`ListedRequests`), its IDs kept in the tag's
-        :class:`Listed` and their positions returned to the engine.
+        """One request (a retry: the same, with its ``request_id``), or a permuted tag's :class:`ListedRequests`.
 
         Raises:
             DispenserUnavailable: no reply, no worker, or a retryable error reply.
             Refused: a non-retryable error reply (an :class:`IdRequestError`).
         """
-        state = self._state
-        listed = state.listed
-        if listed is not None and self._listed is not None:
+        if (listed := self._state.listed) is not None and self._listed is not None:
             return [listed.add(await self._listed.fetch(fetch, self.send))]
         request = self._request
         if request is None or not fetch.repeat:
             assert fetch.size is not None  # the client always gives a step
-            request = self._request = IdRequest(
-                count=fetch.size, request_id=uuid.uuid4().hex, format="ranges"
-            )
-        reply = await self.send(request)
+            request = self._request = _ranges(fetch.size)
+        try:
+            reply = await self.send(request)
+        except Refused as refused:
+            if not may_be_permuted(refused, request):
+                raise
+            # tag set --permuted under this client? A permuted tag's request gets at most 10,000 IDs.
+            request = self._request = _ranges(PERMUTED_REQUEST_MAX)
+            reply = await self.send(request)
+            self._capped = True
         if reply.permuted:  # the tag's first permuted reply: from here on, a list
             return [self._permuted(reply)]
         if not reply.ranges:
-            raise DispenserUnavailable("unavailable", f"{state.name!r}: a reply without ranges")
-        state.engine.cap = self._client.settings.max_request  # a plain tag: no more the first request's cap
+            raise DispenserUnavailable("unavailable", f"{self._state.name!r}: a reply without ranges")
+        if not self._capped:  # a plain tag: no more the first request's cap
+            self._state.engine.cap = self._client.settings.max_request
         return reply.ranges
 
     def _permuted(self, reply: Reply) -> Range:
@@ -204,8 +208,7 @@ class _Workers:
         state = self._state
         settings = self._client.settings
         # No order guard on the IDs (the engine's, on their positions, never skips one): each is a counter
-        # the store granted once, to one worker, put through a bijection; the workers' counters are
-        # guarded (a segment is never handed out twice), and a retry's request_id is answered its first IDs.
+        # the store granted once (it guards the counters), put through a bijection.
         listed = state.listed = Listed()
         self._listed = ListedRequests(state.name, min(settings.max_request, PERMUTED_REQUEST_MAX))
         state.engine.cap = min(settings.max_request, PERMUTED_REQUEST_MAX * REQUESTS_IN_FLIGHT)
@@ -558,7 +561,7 @@ class IdClient:
     async def _request_direct(self, kind: Kind, tag: str, count: int) -> list[Range]:
         """One request, not buffered (snowflake IDs); a lost reply is asked again with the same ``request_id``."""
         _check_tag(tag)
-        request = IdRequest(count=count, request_id=uuid.uuid4().hex, format="ranges")
+        request = _ranges(count)
         deadline = self.clock.monotonic() + self.settings.timeout
         while True:
             try:
@@ -576,6 +579,11 @@ class IdClient:
             if not reply.ranges:
                 raise DispenserUnavailable("unavailable", f"{tag!r}: a reply without ranges")
             return [(first, last) for first, last in reply.ranges]
+
+
+def _ranges(count: int) -> IdRequest:
+    """A plain tag's refill: ``count`` IDs as ranges, with a ``request_id`` of its own."""
+    return IdRequest(count=count, request_id=uuid.uuid4().hex, format="ranges")
 
 
 def _check_tag(tag: str) -> None:

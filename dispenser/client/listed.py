@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
+from dispenser.client.errors import IdRequestError
 from dispenser.core.ids import Range
 from dispenser.core.refill import Fetch
 from dispenser.messages import IdRequest, Reply
@@ -25,6 +26,7 @@ __all__ = [
     "Listed",
     "ListedRequests",
     "ids_of",
+    "may_be_permuted",
 ]
 
 FIRST_POSITION = 2**64
@@ -74,6 +76,16 @@ class Listed:
             self._base = first
             drop = 0
         return self._ids[drop : drop + last - first + 1]
+
+
+def may_be_permuted(refused: Refused, request: IdRequest) -> bool:
+    """Whether a refusal may say the tag became permuted: ``count_too_large`` for more than such a tag gets."""
+    error = refused.error
+    return (
+        isinstance(error, IdRequestError)
+        and error.code == "count_too_large"
+        and request.count > PERMUTED_REQUEST_MAX
+    )
 
 
 def ids_of(reply: Reply) -> list[int]:

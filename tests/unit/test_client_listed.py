@@ -199,6 +199,29 @@ async def test_a_tag_switched_between_plain_and_permuted_is_served_on(first_plai
     assert stats.ids_handed_out == 165
 
 
+async def test_a_busy_client_of_a_tag_switched_to_permuted_goes_on() -> None:
+    """Refills of 20,000, then `tag set --permuted`: the refused 20,000 is asked again as 10,000, then a list."""
+    fleet = PermutedFleet()
+    fleet.plain = True
+    n = MAX_PERMUTED_IDS
+    settings = BufferSettings(min_buffer=2 * n, max_buffer=2 * n, timeout=1.0, retry_initial=0.005)
+    async with IdClient(fleet, settings) as client:
+        before = await client.take("order", 3 * n)
+        await settle()  # the next refill of 20,000 in
+        fleet.plain = False
+        switched = len(fleet.requests)
+        after = await client.take("order", 5 * n)
+        after += [await client.next_id("order") for _ in range(n)]
+    assert before == list(range(1, 3 * n + 1))
+    got = before + after
+    assert len(got) == len(set(got)) == 9 * n
+    permuted = [i for i in got if i >= SPAN]
+    assert len(permuted) >= 3 * n  # after the plain IDs held (up to two ranges of 20,000)
+    assert len({counter_of(i) for i in permuted} | {i for i in got if i < SPAN}) == len(got)
+    assert fleet.requests[switched].count > n  # refused (count_too_large), then asked as 10,000
+    assert fleet.requests[switched + 1].count == n
+
+
 async def test_a_plain_tags_first_request_is_capped_then_its_ranges_are_not() -> None:
     """A plain tag's first take of 5 requests' worth costs one request more (the most, then the rest)."""
     fleet = PermutedFleet()
