@@ -7,14 +7,16 @@ refilled ahead like a plain tag's ranges, and the plain tag beside it keeps its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import time
 from pathlib import Path
 
 import pytest
 
 from dispenser.adapters.postgres.segments import PostgresSegmentStore
 from dispenser.cli import main
-from dispenser.client import BlockingIdClient, BufferSettings, IdClient
+from dispenser.client import BlockingIdClient, BufferSettings, DispenserUnavailable, IdClient
 from dispenser.core.permute import SPAN
 from dispenser.service.permuted import load_permutation
 from dispenser_lab.servers import NatsServer
@@ -23,6 +25,7 @@ from dispenser_lab.servers.kafka import KafkaBroker
 from .kafka_support import kafka_config, serving_topics
 from .segment_support import client, prepare, running_worker, wait_serving
 from .test_permuted import KEY1, config
+from .test_permuted_mark import worker as refreshing
 
 pytestmark = [pytest.mark.nats, pytest.mark.postgres]
 
@@ -131,3 +134,51 @@ async def test_the_client_over_kafka_serves_a_permuted_tag(
     assert plain == list(range(1, 61))
     assert stats is not None
     assert stats.requests >= 4  # several refills
+
+
+async def draw(ids: IdClient, count: int) -> list[int]:
+    """``count`` IDs of ``order`` by next_id, asking again after DispenserUnavailable (a worker refusing)."""
+    got: list[int] = []
+    deadline = time.monotonic() + 10.0
+    while len(got) < count:
+        try:
+            got.append(await ids.next_id("order"))
+        except DispenserUnavailable:
+            assert time.monotonic() < deadline, "no IDs for 10 s"
+            await asyncio.sleep(0.05)  # paces the retries of this caller
+    return got
+
+
+async def test_a_running_client_goes_on_when_its_tag_is_switched_to_permuted(
+    nats_server: NatsServer, pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tag set --permuted` under a client, then a worker with the key file for one without: no ID twice.
+
+    The plain IDs held come first, in order; then permuted IDs, each a counter not drawn before.
+    """
+    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
+    assert await cli("migrate") == 0
+    assert await cli("tag", "add", "order", "--step", "50") == 0
+    keyless, keyed = tmp_path / "none", tmp_path / "keys"
+    keyless.mkdir()
+    keyed.mkdir()
+    (keyed / "order.keys").write_text(f"1 {KEY1}\n")
+    async with contextlib.AsyncExitStack() as stack:
+        ids = await stack.enter_async_context(IdClient.over_nats(nats_server.url, SMALL))
+        plain_worker = contextlib.AsyncExitStack()
+        await plain_worker.enter_async_context(running_worker(refreshing(nats_server.url, pg_dsn, keyless)))
+        before = await draw(ids, 100)
+        assert await cli("tag", "set", "order", "--permuted") == 0
+        await stack.enter_async_context(running_worker(refreshing(nats_server.url, pg_dsn, keyed)))
+        await plain_worker.aclose()
+        after = await draw(ids, 300)
+    assert before == list(range(1, 101))
+    got = before + after
+    assert len(got) == len(set(got))
+    plain = [i for i in got if i < SPAN]
+    assert got[: len(plain)] == plain == sorted(plain)  # the plain IDs held first, in order
+    permuted = got[len(plain) :]
+    assert len(permuted) >= 150
+    assert_permuted(permuted, keyed)
+    counters = {load_permutation(keyed, "order").decode(i)[1] for i in permuted}
+    assert not counters & set(plain)  # the counter went on: none drawn twice
