@@ -181,7 +181,7 @@ class _Workers:
             Refused: a non-retryable error reply (an :class:`IdRequestError`).
         """
         if (listed := self._state.listed) is not None and self._listed is not None:
-            return [listed.add(await self._listed.fetch(fetch, self.send))]
+            return [listed.add(*await self._listed.fetch(fetch, self.send))]
         request = self._request
         if request is None or not fetch.repeat:
             assert fetch.size is not None  # the client always gives a step

@@ -60,11 +60,12 @@ class Listed:
         self._low = FIRST_POSITION
         """The lowest position not forgotten."""
 
-    def add(self, ids: Sequence[int]) -> Range:
-        """Keep ``ids`` (at least one) at the next positions; return those positions, for the engine."""
+    def add(self, *parts: Sequence[int]) -> Range:
+        """Keep the IDs of ``parts`` (at least one) at the next positions; return them, for the engine."""
         first = self._base + len(self._ids)
-        self._ids.extend(ids)
-        return (first, first + len(ids) - 1)
+        for ids in parts:
+            self._ids.extend(ids)
+        return (first, self._base + len(self._ids) - 1)
 
     def ids(self, first: int, last: int) -> list[int]:
         """The IDs at positions ``first`` to ``last``; those below ``first`` are forgotten (handed out)."""
@@ -123,8 +124,8 @@ class ListedRequests:
         self._requests: list[IdRequest] = []
         self._answered: dict[int, list[int]] = {}
 
-    async def fetch(self, fetch: Fetch, send: Callable[[IdRequest], Awaitable[Reply]]) -> list[int]:
-        """The IDs of one refill of ``fetch.size`` IDs, its requests sent through ``send`` at once.
+    async def fetch(self, fetch: Fetch, send: Callable[[IdRequest], Awaitable[Reply]]) -> list[list[int]]:
+        """The IDs of one refill of ``fetch.size`` IDs, a list per request, its requests sent through ``send`` at once.
 
         Raises:
             Refused: a request was refused (what the others answered is a gap).
@@ -148,4 +149,4 @@ class ListedRequests:
                 self._answered[n] = ids_of(reply)
         if failure is not None:
             raise failure
-        return [i for n in range(len(self._requests)) for i in self._answered[n]]
+        return [self._answered[n] for n in range(len(self._requests))]
