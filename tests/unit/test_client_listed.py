@@ -6,14 +6,15 @@ import asyncio
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispenser.client import BlockingIdClient, BufferSettings, IdClient
+from dispenser.client import BlockingIdClient, BufferSettings, DispenserUnavailable, IdClient
 from dispenser.client.listed import FIRST_POSITION, PERMUTED_REQUEST_MAX, REQUESTS_IN_FLIGHT, Listed
 from dispenser.messages import ErrorBody, IdRequest, Kind, Reply
 from dispenser.service.dispatch import MAX_PERMUTED_IDS
 from dispenser.testing import settle
+from dispenser.testing.clock import ManualClock
 
 SPAN = 10**18
 MULTIPLIER = 123_456_789_012_345_677  # odd, not a multiple of 5: n -> n * M mod 10**18 is a bijection
@@ -31,7 +32,7 @@ class PermutedFleet:
 
     At most :data:`MAX_PERMUTED_IDS` a request (``count_too_large`` past it, as a worker answers); a
     ``request_id`` is answered its first IDs again. ``lose`` drops the next replies after the IDs were
-    drawn (kept in ``lost``); ``plain`` answers plain ranges instead (the tag removed and added again); ``delay`` holds each
+    drawn (those of a request without a ``request_id`` kept in ``lost``); ``plain`` answers plain ranges instead (the tag removed and added again); ``delay`` holds each
     reply, so that requests sent together are in flight together (``most_in_flight``).
     """
 
@@ -83,7 +84,8 @@ class PermutedFleet:
                 self.answers[rid] = reply
         if self.lose:
             self.lose -= 1
-            self.lost += reply.ids or [a for a, _ in reply.ranges or ()]
+            if rid is None:  # with a request_id, a retry gets these IDs again
+                self.lost += reply.ids or [a for a, _ in reply.ranges or ()]
             raise TimeoutError("no reply in time")
         return reply
 
@@ -179,24 +181,35 @@ async def test_a_tag_switched_between_plain_and_permuted_is_served_on(first_plai
     """
     fleet = PermutedFleet()
     fleet.plain = first_plain
-    settings = BufferSettings(min_buffer=10, max_buffer=10, timeout=1.0, retry_initial=0.005)
-    async with IdClient(fleet, settings) as client:
-        before = [await client.next_id("order") for _ in range(15)]
+    settings = BufferSettings(min_buffer=100, max_buffer=100, timeout=1.0, retry_initial=0.005)
+    clock = ManualClock()
+    async with IdClient(fleet, settings, clock) as client:
+
+        async def slowly(n: int) -> list[int]:
+            # 30 ms a call: the cursor's runs stay at one ID, so the buffer holds the rest of each range.
+            got = []
+            for _ in range(n):
+                got.append(await client.next_id("order"))
+                await clock.advance(0.03)
+            return got
+
+        before = await slowly(3)
+        drawn = fleet.counter - 1  # counters drawn before the switch: the range in use and the next
         fleet.plain = not first_plain
-        after = [await client.next_id("order") for _ in range(100)]
+        after = await slowly(400)
         after += await client.take("order", 50)
         stats = client.stats("order")
     got = before + after
-    assert len(got) == len(set(got)) == 165
+    assert len(got) == len(set(got)) == 453
     plain = [i for i in got if i < SPAN]
     permuted = [i for i in got if i >= SPAN]
     assert plain
     assert permuted
     assert len(set(map(counter_of, permuted)) | set(plain)) == len(got)  # every counter once
-    if first_plain:
-        assert got[: len(plain)] == plain == sorted(plain)  # the plain IDs held come first, in order
+    if first_plain:  # the plain IDs held come first, in order, all of them: none lost to the switch
+        assert got[: len(plain)] == plain == list(range(1, drawn + 1))
     assert stats is not None
-    assert stats.ids_handed_out == 165
+    assert stats.ids_handed_out == 453
 
 
 async def test_a_busy_client_of_a_tag_switched_to_permuted_goes_on() -> None:
@@ -280,3 +293,61 @@ def test_listed_hands_out_each_id_once_in_the_order_it_arrived(steps: list[tuple
         out += listed.ids(position, end)
         position = end + 1
     assert out == added[: position - FIRST_POSITION]
+
+
+calls = st.lists(
+    st.tuples(
+        st.sampled_from(["next_id", "take", "take_ranges", "take_block", "lose", "switch", "settle"]),
+        st.integers(1, 300),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(deadline=None, max_examples=100)
+@given(ops=calls, min_buffer=st.integers(1, 60), first_plain=st.booleans())
+def test_no_id_twice_whatever_the_calls_and_the_fleet_do(
+    ops: list[tuple[str, int]], min_buffer: int, first_plain: bool
+) -> None:
+    """next_id, take and take_block mixed, replies lost, the tag switched either way: no ID, no counter twice."""
+    asyncio.run(_drive(ops, min_buffer, first_plain))
+
+
+async def _drive(ops: list[tuple[str, int]], min_buffer: int, first_plain: bool) -> None:
+    fleet = PermutedFleet()
+    fleet.plain = first_plain
+    quick = BufferSettings(
+        min_buffer=min_buffer,
+        max_buffer=max(min_buffer, 200),
+        timeout=1.0,
+        retry_initial=0.001,
+        retry_max=0.002,
+    )
+    got: list[int] = []
+    async with IdClient(fleet, quick) as client:
+        for op, n in ops:
+            try:
+                if op == "next_id":
+                    for _ in range(n):
+                        got.append(await client.next_id("order"))
+                elif op == "take":
+                    got += await client.take("order", n)
+                elif op == "take_ranges":
+                    got += [
+                        i for a, b in await client.take("order", n, format="ranges") for i in range(a, b + 1)
+                    ]
+                elif op == "take_block":
+                    got += await client.take_block("order", n)
+                elif op == "lose":
+                    fleet.lose = 1 + n % 3
+                elif op == "switch":
+                    fleet.plain = not fleet.plain
+                else:
+                    await settle()
+            except DispenserUnavailable:  # a lost reply: a call finding the buffer empty meanwhile is told so
+                await asyncio.sleep(0.003)
+    assert len(got) == len(set(got))
+    counters = [counter_of(i) if i >= SPAN else i for i in got]  # a plain ID is its counter
+    assert len(counters) == len(set(counters))
+    assert not set(fleet.lost) & set(got)
