@@ -153,7 +153,7 @@ def _segment_ids(nats: NatsConfig) -> Part:
         "requests, reply subject kept, on `<prefix>.ordered.<tag>`, which only the holder subscribes; "
         "`unavailable` (503) while no worker holds it (docs/ordered.md). A permuted tag's IDs are "
         "`epoch * 10**18 + FF3-1(key, counter)`, 19 digits in no order, given one by one (in `ranges`, one "
-        "`[id, id]` range per ID; at most 1,000 a request in either format), in replies with "
+        "`[id, id]` range per ID; at most 10,000 a request in either format), in replies with "
         '`"permuted": true`; `unavailable` (503) from a worker without the tag\'s key file (docs/permuted.md).',
         server="nats",
         messages=("idRequest",),
