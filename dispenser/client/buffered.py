@@ -355,7 +355,7 @@ class IdClient:
     # -- the hot path ------------------------------------------------------------------------------
 
     async def next_id(self, tag: str, kind: Kind = _SEGMENT) -> int:
-        """The next ID of ``tag``: strictly above every ID this client handed out for ``tag`` before.
+        """The next ID of ``tag``: above every ID handed out for it before (a permuted tag's: new, in no order).
 
         Raises:
             DispenserUnavailable: the buffer is empty and no worker answers (retryable).
@@ -383,7 +383,7 @@ class IdClient:
     async def take(
         self, tag: str, count: int, *, kind: Kind = "segment", format: Format = "ids"
     ) -> list[int] | list[Range]:
-        """``count`` IDs of ``tag``, increasing: a list (``format="ids"``) or inclusive ranges (``"ranges"``).
+        """``count`` IDs of ``tag``, a list (``format="ids"``) or inclusive ranges (``"ranges"``).
 
         Segment IDs come from the buffer (and are above every ID this client handed out before; a permuted
         tag's are in no order, one range per ID); snowflake IDs are one request.
