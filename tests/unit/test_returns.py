@@ -8,27 +8,11 @@ import pytest
 
 from dispenser.core.errors import StoreUnavailable
 from dispenser.core.residue import Residue
-from dispenser.ports import Allocation
 from dispenser.service.returns import return_unused
-from dispenser.service.segments import AllocatorSettings, SegmentAllocator
+from dispenser.service.segments import SegmentAllocator
 from dispenser.testing.clock import ManualClock, settle
 from dispenser.testing.fakes import MemorySegmentStore
-
-FAST = AllocatorSettings(retry_initial=0.01, retry_max=0.02, unknown_tag_refresh_interval=0.0)
-
-
-class SlowReplyStore(MemorySegmentStore):
-    """The memory store, whose grants' replies are held while ``gate`` is clear (granted, not yet answered)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
-        allocation = await super().next_segment(tag, step, above=above)
-        await self.gate.wait()
-        return allocation
+from tests.unit.returns_support import FAST, SlowReplyStore
 
 
 async def worker(store: MemorySegmentStore, clock: ManualClock) -> SegmentAllocator:

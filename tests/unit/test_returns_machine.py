@@ -16,30 +16,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from dispenser.ports import Allocation
 from dispenser.service.returns import return_unused
-from dispenser.service.segments import AllocatorSettings, SegmentAllocator
+from dispenser.service.segments import SegmentAllocator
 from dispenser.testing.clock import ManualClock, settle
-from dispenser.testing.fakes import MemorySegmentStore
+from tests.unit.returns_support import FAST, SlowReplyStore
 
 T = TypeVar("T")
 
-FAST = AllocatorSettings(retry_initial=0.01, retry_max=0.02, unknown_tag_refresh_interval=0.0)
 TAG = "order"
-
-
-class GatedStore(MemorySegmentStore):
-    """The memory store whose grants are made at once but answered only while ``gate`` is set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def next_segment(self, tag: str, step: int | None = None, *, above: int = -1) -> Allocation:
-        allocation = await super().next_segment(tag, step, above=above)
-        await self.gate.wait()
-        return allocation
 
 
 class ReturnsMachine(RuleBasedStateMachine):
@@ -49,7 +33,7 @@ class ReturnsMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.clock = ManualClock()
-        self.store = GatedStore()
+        self.store = SlowReplyStore()
         self.run(self.store.add_tag(TAG, 50))
         self.workers: dict[int, SegmentAllocator] = {}
         self.takes: list[asyncio.Task[list[int]]] = []
