@@ -37,6 +37,15 @@ async def cli(*args: str) -> int:
     return await asyncio.to_thread(main, list(args))
 
 
+async def permuted_and_plain(monkeypatch: pytest.MonkeyPatch, dsn: str, keys: Path) -> None:
+    """The CLI pointed at ``dsn`` and ``keys``; the schema migrated; tags ``order`` (permuted) and ``plain``, step 50."""
+    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", dsn)
+    monkeypatch.setenv("DISPENSER_SEGMENT_PERMUTE_KEYS_DIR", str(keys))
+    assert await cli("migrate") == 0
+    assert await cli("tag", "add", "order", "--step", "50", "--permuted") == 0
+    assert await cli("tag", "add", "plain", "--step", "50") == 0
+
+
 async def take_everywhere(nats_url: str, dsn: str, keys: Path, run: int) -> tuple[list[int], list[int]]:
     """The permuted tag's IDs over NATS (ids, ranges, a request_id and its retry) and Leaf's HTTP API; plain's."""
     got: list[int] = []
@@ -66,11 +75,7 @@ async def test_a_permuted_tag_over_nats_and_http_then_a_key_rotation(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """IDs unique, not increasing, decodable with `decode --tag`; after a rotation, epoch 2's, none repeated."""
-    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
-    monkeypatch.setenv("DISPENSER_SEGMENT_PERMUTE_KEYS_DIR", str(tmp_path))
-    assert await cli("migrate") == 0
-    assert await cli("tag", "add", "order", "--step", "50", "--permuted") == 0
-    assert await cli("tag", "add", "plain", "--step", "50") == 0
+    await permuted_and_plain(monkeypatch, pg_dsn, tmp_path)
     assert await cli("tag", "list") == 0
     listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
     assert "[permuted]" in listed["order"]

@@ -23,7 +23,7 @@ from dispenser_lab.servers.kafka import KafkaBroker
 
 from .kafka_support import kafka_config, serving_topics
 from .segment_support import ask, client, ids_of, prepare, running_worker
-from .test_permuted import KEY1, cli, config
+from .test_permuted import KEY1, cli, config, permuted_and_plain
 
 
 def strings(reply: Reply) -> list[str]:
@@ -43,12 +43,8 @@ async def test_sqids_over_nats_and_http_decode_to_the_counters_ids(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Strings over NATS, HTTP and `dispenser get --sqids`, integers between: counters 1.. in order; plain too."""
-    monkeypatch.setenv("DISPENSER_POSTGRES_DSN", pg_dsn)
-    monkeypatch.setenv("DISPENSER_SEGMENT_PERMUTE_KEYS_DIR", str(tmp_path))
     monkeypatch.setenv("DISPENSER_NATS_URL", nats_server.url)
-    assert await cli("migrate") == 0
-    assert await cli("tag", "add", "order", "--step", "50", "--permuted") == 0
-    assert await cli("tag", "add", "plain", "--step", "50") == 0
+    await permuted_and_plain(monkeypatch, pg_dsn, tmp_path)
     (tmp_path / "order.keys").write_text(f"1 {KEY1}\n")
     got: list[int] = []
     async with (
