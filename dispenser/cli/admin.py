@@ -215,7 +215,7 @@ def _add_ordered(parser: argparse.ArgumentParser, *, plain: bool = False) -> Non
         "--ordered",
         action="store_true",
         help="strictly increasing across the fleet (docs/ordered.md): one worker at a time answers it over "
-        "NATS, the others forward; HTTP and Kafka refuse it",
+        "NATS, the others forward (HTTP and Kafka requests too, over NATS; refused without NATS)",
     )
     parser.add_argument(
         "--lease",
