@@ -484,26 +484,21 @@ def daily_of(args: argparse.Namespace) -> DailyPolicy | None:
 
 async def _add_or_resume(store: SegmentStore, args: argparse.Namespace, daily: DailyPolicy | None) -> TagInfo:
     """``tag add``: with ``--resume``, a removed tag starts at its high water (or ``--start``, if higher)."""
-    residue_class, permuted = residue_of(args), args.permuted
-    try:
+
+    async def add(start: int) -> TagInfo:
         return await store.add_tag(
             args.tag,
             args.step,
-            args.start,
+            start,
             args.description,
-            residue=residue_class,
+            residue=residue_of(args),
             daily=daily,
-            permuted=permuted,
+            permuted=args.permuted,
         )
+
+    try:
+        return await add(args.start)
     except TagStartTooLow as exc:
         if not args.resume:
             raise
-        return await store.add_tag(
-            args.tag,
-            args.step,
-            exc.high_water,
-            args.description,
-            residue=residue_class,
-            daily=daily,
-            permuted=permuted,
-        )
+        return await add(exc.high_water)
