@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import pstats
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,24 +193,13 @@ def render_report(report: Report) -> str:
             f"process, {fmt_ratio(ratio(many.responder_us_per_request, one.responder_us_per_request))} x its "
             "server CPU per request\n"
         )
-    daily = [c for c in cases if c.kind == "daily"]
-    for plain, case in zip(daily[::2], daily[1::2], strict=True):
-        share = ratio(case.requests_per_s, plain.requests_per_s)
-        out.write(
-            f"daily @{case.inflight}: {fmt_rate(case.requests_per_s)} req/s on a daily tag, "
-            f"{fmt_rate(plain.requests_per_s)} on a plain one ({fmt_ratio(share, percent=True)}); worker "
-            f"{fmt_us(case.responder_us_per_request)} vs {fmt_us(plain.responder_us_per_request)} µs per "
-            f"request; p999 {fmt_ms(case.p999_ms)} ms vs {fmt_ms(plain.p999_ms)} ms\n"
-        )
-    permuted = [c for c in cases if c.kind == "permuted"]
-    for plain, case in zip(permuted[::2], permuted[1::2], strict=True):
-        share = ratio(case.requests_per_s, plain.requests_per_s)
-        out.write(
-            f"permuted {case.format}/{case.count} @{case.inflight}: {fmt_rate(case.requests_per_s)} req/s on a permuted tag, "
-            f"{fmt_rate(plain.requests_per_s)} on a plain one ({fmt_ratio(share, percent=True)}); worker "
-            f"{fmt_us(case.responder_us_per_request)} vs {fmt_us(plain.responder_us_per_request)} µs per "
-            f"request; p999 {fmt_ms(case.p999_ms)} ms vs {fmt_ms(plain.p999_ms)} ms\n"
-        )
+    _against_plain(out, [c for c in cases if c.kind == "daily"], lambda case: "daily", "a daily tag")
+    _against_plain(
+        out,
+        [c for c in cases if c.kind == "permuted"],
+        lambda case: f"permuted {case.format}/{case.count}",
+        "a permuted tag",
+    )
     switch_rows = [
         [
             c.name,
@@ -250,6 +239,20 @@ def render_report(report: Report) -> str:
     if report.profile:
         out.write("\nworker profile (cProfile, by own time)\n" + report.profile)
     return out.getvalue()
+
+
+def _against_plain(
+    out: io.StringIO, pairs: Sequence[CaseResult], label: Callable[[CaseResult], str], on: str
+) -> None:
+    """A line per (plain, tag kind) pair of cases, measured alternately: rates, the worker's CPU, p999."""
+    for plain, case in zip(pairs[::2], pairs[1::2], strict=True):
+        share = ratio(case.requests_per_s, plain.requests_per_s)
+        out.write(
+            f"{label(case)} @{case.inflight}: {fmt_rate(case.requests_per_s)} req/s on {on}, "
+            f"{fmt_rate(plain.requests_per_s)} on a plain one ({fmt_ratio(share, percent=True)}); worker "
+            f"{fmt_us(case.responder_us_per_request)} vs {fmt_us(plain.responder_us_per_request)} µs per "
+            f"request; p999 {fmt_ms(case.p999_ms)} ms vs {fmt_ms(plain.p999_ms)} ms\n"
+        )
 
 
 def profile_summary(path: Path, lines: int = 30) -> str:
