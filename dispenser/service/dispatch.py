@@ -77,11 +77,6 @@ class Limits:
     """Seconds a request may wait (for a segment, the next millisecond, a recorded mark) before it fails."""
 
 
-def _no_run(tag: str, count: int) -> Range | None:
-    """The run path of a source without one: never a run (the batch path answers)."""
-    return None
-
-
 def _no_answer_in_time() -> StoreUnavailable:
     return StoreUnavailable("no answer before the request's deadline")
 
@@ -124,7 +119,8 @@ class Dispatcher:
         self._source = source
         # A source that hands out a single range without building a batch (the segment allocator's
         # try_run): reply_now's hot path; any other source answers from its batch.
-        self._try_run: Callable[[str, int], Range | None] = getattr(source, "try_run", _no_run)
+        # (None: a source without one, the snowflake generator: a test per request, not a call.)
+        self._try_run: Callable[[str, int], Range | None] | None = getattr(source, "try_run", None)
         self._clock = clock
         self.limits = limits
         self.kind = kind
@@ -193,7 +189,8 @@ class Dispatcher:
         if request is None or tag not in self._tags:
             return None
         try:
-            run = self._try_run(tag, request.count)  # nearly every request: one range, no batch built
+            try_run = self._try_run
+            run = None if try_run is None else try_run(tag, request.count)  # nearly every one: no batch built
             batch = None if run is not None else self._source.try_take(tag, request.count)
         except DispenserError as exc:
             return self.error(tag, exc)
