@@ -18,6 +18,7 @@ from dispenser_lab.servers.kafka_wire import metadata
 from dispenser_lab.servers.process import port_is_free
 
 from .kafka_support import TopicReader, create_topics, produce, unique
+from .zk_support import eventually
 
 pytestmark = pytest.mark.kafka
 
@@ -46,7 +47,13 @@ async def test_the_shared_broker_serves_admin_produce_and_consume(kafka_broker: 
         try:
             response = await admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
             assert [(name, code) for name, code, *_ in response.topic_errors] == [(topic, 0)]
-            assert topic in await admin.list_topics()
+            # The controller acknowledged it; the broker answering list_topics learns it from the metadata log a
+            # moment later (KRaft): it must appear (seen missing on the first ask once, in a fresh-clone run).
+
+            async def listed() -> None:
+                assert topic in await admin.list_topics()
+
+            await eventually(listed, timeout=10.0, interval=0.05, what=f"{topic} listed")
         finally:
             await admin.close()
         await produce(kafka_broker.bootstrap, topic, [(1, b"k", b"v", [("h", b"1")])])
